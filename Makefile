@@ -1,0 +1,59 @@
+# disttrain — developer entry points. `make demo` and `make test` work on a
+# fresh Debian machine as root: they install what they need.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+EXTRAS ?= operator,trainer,dev
+PYTEST_ARGS ?=
+
+.PHONY: help venv demo test test-unit test-dist test-cluster test-e2e lint manifests bench clean
+
+help: ## list targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { apt-get update && apt-get install -y python3 python3-venv; }
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch is pinned (see pyproject.toml); the editable install keeps tests on the working tree.
+	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
+	touch $@
+
+venv: $(STAMP) ## create .venv with every extra installed
+
+demo: $(STAMP) ## run the data-parallel digits job on 2 local CPU workers
+	$(VENV)/bin/disttrain local manifests/examples/data-parallel.yaml
+
+test: $(STAMP) cluster-prereqs ## install everything and run the whole suite (all tiers)
+	$(PY) -m pytest $(PYTEST_ARGS) tests
+
+test-unit: $(STAMP) ## unit tier only
+	$(PY) -m pytest $(PYTEST_ARGS) tests/unit
+
+test-dist: $(STAMP) ## multi-process gloo tier only
+	$(PY) -m pytest $(PYTEST_ARGS) tests/dist
+
+test-cluster: $(STAMP) cluster-prereqs ## local-cluster tier only
+	$(PY) -m pytest $(PYTEST_ARGS) tests/cluster
+
+test-e2e: $(STAMP) cluster-prereqs ## end-to-end tier (any cluster: KUBECONFIG, else the local one)
+	$(PY) -m pytest $(PYTEST_ARGS) tests/e2e
+
+lint: $(STAMP) ## ruff
+	$(VENV)/bin/ruff check operator trainer tests benchmarks hack
+
+manifests: $(STAMP) ## regenerate the CRD from the API model
+	$(VENV)/bin/disttrain crd > manifests/crd/disttrainjobs.yaml
+
+bench: $(STAMP) ## run the benchmarks (see benchmarks/README.md)
+	$(PY) benchmarks/ddp_sync.py
+
+clean: ## remove the venv and caches
+	rm -rf $(VENV) .pytest_cache build *.egg-info
+
+# The local cluster (issue: Local cluster): cluster-up, cluster-down, images, kind-up.
+include hack/cluster.mk

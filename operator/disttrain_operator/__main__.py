@@ -1,0 +1,5 @@
+import sys
+
+from disttrain_operator.cli import main
+
+sys.exit(main())

@@ -1,0 +1,12 @@
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = subparsers.add_parser("operator", help="(not implemented yet)", description="(not implemented yet)")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    raise SystemExit("disttrain operator: not implemented yet")

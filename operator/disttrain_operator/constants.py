@@ -1,0 +1,43 @@
+"""Names shared by the operator, the local launcher and the trainer.
+
+The env contract is the only interface between whoever starts a worker (the
+operator's pods, `disttrain local`) and the trainer: keep it in one place.
+"""
+
+from __future__ import annotations
+
+# --- env contract (set by the operator and by `disttrain local`) -------------
+ENV_MASTER_ADDR = "MASTER_ADDR"
+ENV_MASTER_PORT = "MASTER_PORT"
+ENV_WORLD_SIZE = "WORLD_SIZE"
+ENV_RANK = "RANK"  # set when a process is one rank; absent in a pod with procsPerWorker > 1
+ENV_LOCAL_RANK = "LOCAL_RANK"
+ENV_NODE_RANK = "NODE_RANK"  # = worker pod index
+ENV_NPROC_PER_NODE = "NPROC_PER_NODE"
+ENV_JOB = "DISTTRAIN_JOB"
+ENV_CONFIG = "DISTTRAIN_CONFIG"  # path of the spec rendered as JSON
+ENV_RESTART_ATTEMPT = "DISTTRAIN_RESTART_ATTEMPT"
+# Optional overrides (defaults come from the spec):
+ENV_CHECKPOINT_DIR = "DISTTRAIN_CHECKPOINT_DIR"  # default spec.checkpoint.path
+ENV_RUN_DIR = "DISTTRAIN_RUN_DIR"  # JSON-lines metrics logs, summary.json, plots
+ENV_METRICS_PORT = "DISTTRAIN_METRICS_PORT"  # base port; rank serves base + LOCAL_RANK; 0 = off
+ENV_TERMINATION_LOG = "DISTTRAIN_TERMINATION_LOG"  # rank 0 writes its summary JSON here
+ENV_DEVICE = "DISTTRAIN_DEVICE"  # force "cpu" or "cuda"
+
+DEFAULT_MASTER_PORT = 29500
+DEFAULT_TERMINATION_LOG = "/dev/termination-log"
+CONFIG_FILENAME = "config.json"
+CONFIG_MOUNT_DIR = "/etc/disttrain"
+
+# --- labels and annotations ---------------------------------------------------
+LABEL_JOB = "disttrain.dev/job-name"
+LABEL_REPLICA_INDEX = "disttrain.dev/replica-index"
+LABEL_ROLE = "disttrain.dev/role"
+LABEL_RESTART_ATTEMPT = "disttrain.dev/restart-attempt"
+ROLE_WORKER = "worker"
+ROLE_AGGREGATOR = "aggregator"
+ROLE_CLIENT = "client"
+ROLE_SERVER = "server"
+
+GPU_RESOURCE = "nvidia.com/gpu"
+METRICS_PREFIX = "disttrain_"
