@@ -1,24 +1,42 @@
 """The `DistTrainJob` API (`disttrain.dev/v1alpha1`) as one typed model.
 
 This module is the single source of truth: the CRD's OpenAPI schema is generated
-from these dataclasses (see `crd.py`), `disttrain validate` and the operator parse
-manifests with `parse_job`, and the trainer parses its mounted config with
-`parse_spec`. It imports nothing beyond the standard library so that the trainer
-image and the CLI can use it without kopf.
+from these dataclasses (see `crd.py`), `disttrain validate` and the operator load
+manifests with `validation.load_job` (schema + cross-field rules), and the
+trainer parses its mounted config with `parse_spec`. It imports nothing beyond
+the standard library so that the trainer image and the CLI can use it without kopf.
 
-Field metadata (`fld(...)`) carries what the schema needs: the JSON name,
-minimum/maximum, pattern, description. Enumerations are `Literal` types.
-Cross-field rules that a schema cannot express live in `validation.py`.
+Field metadata (`fld(...)`, see `dataparse.py`) carries what the schema needs:
+the JSON name, minimum/maximum, pattern, description. Enumerations are
+`Literal` types. Cross-field rules that a schema cannot express live in
+`validation.py`. The status model (`JobStatus`) is written by the operator.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import re
-import types
-import typing
-from dataclasses import MISSING, dataclass, field
-from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from disttrain_operator.dataparse import (  # re-exported: others import these from api
+    QUANTITY_PATTERN,
+    FieldError,
+    Object,
+    Quantity,
+    SpecError,
+    Time,
+    describe,
+    fld,
+    json_name,
+    parse_dataclass,
+    to_json,
+)
+
+__all__ = [
+    "API_VERSION", "DistTrainJob", "FieldError", "JobSpec", "JobStatus", "Object", "Quantity",
+    "SpecError", "Time", "fld", "json_name", "parse_job", "parse_job_partial", "parse_spec",
+    "parse_status", "to_json",
+]
 
 GROUP = "disttrain.dev"
 VERSION = "v1alpha1"
@@ -42,56 +60,17 @@ FedStrategy = Literal["fedavg", "fedprox"]
 FedCompression = Literal["none", "int8", "topk"]
 FedPartitionKind = Literal["iid", "dirichlet"]
 CleanPodPolicy = Literal["Running", "All", "None"]
+Phase = Literal["Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended"]
+ConditionStatus = Literal["True", "False", "Unknown"]
 
 BUILTIN_MODELS = ("mlp", "cnn", "gpt")
 # A built-in name, or an import path "package.module:factory".
 MODEL_NAME_PATTERN = r"^(mlp|cnn|gpt|[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*)$"
 ACT_CKPT_PATTERN = r"^(none|sqrt|every:[1-9][0-9]*)$"
-# Kubernetes resource quantity (the API server's own grammar, simplified).
-QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$"
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 # Pod names are "<job>-worker-<index>" and must stay within 63 characters.
 MAX_JOB_NAME = 45
-
-
-class Quantity(str):
-    """A Kubernetes quantity: YAML may give it as a number or a string."""
-
-
-class Object(dict):  # type: ignore[type-arg]
-    """A free-form object passed through to Kubernetes (pod template, volume)."""
-
-
-def fld(
-    default: Any = MISSING,
-    *,
-    factory: Any = MISSING,
-    json: str | None = None,
-    minimum: float | None = None,
-    maximum: float | None = None,
-    exclusive_minimum: bool = False,
-    pattern: str | None = None,
-    desc: str = "",
-) -> Any:
-    meta = {
-        "json": json,
-        "minimum": minimum,
-        "maximum": maximum,
-        "exclusive_minimum": exclusive_minimum,
-        "pattern": pattern,
-        "description": desc,
-    }
-    if factory is not MISSING:
-        return field(default_factory=factory, metadata=meta)
-    return field(default=default, metadata=meta)
-
-
-def json_name(f: dataclasses.Field[Any]) -> str:
-    explicit = f.metadata.get("json")
-    if explicit:
-        return str(explicit)
-    head, *rest = f.name.split("_")
-    return head + "".join(part[:1].upper() + part[1:] for part in rest)
+TOP_LEVEL_FIELDS = ("apiVersion", "kind", "metadata", "spec", "status")
 
 
 # --------------------------------------------------------------------------- spec
@@ -108,7 +87,7 @@ class Resources:
 class Workers:
     replicas: int = fld(2, minimum=1, maximum=1024, desc="Worker pods.")
     procs_per_worker: int = fld(1, minimum=1, maximum=64, desc="Training processes per pod (usually = GPUs per pod).")
-    resources: Resources = fld(factory=Resources)
+    resources: Resources = fld(factory=Resources, desc="Per-pod resources (requests = limits).")
     template: Object = fld(
         factory=Object,
         desc="Pod-spec overrides merged into every worker pod: nodeSelector, tolerations, affinity, "
@@ -138,7 +117,13 @@ class ModelSpec:
 @dataclass(frozen=True, kw_only=True)
 class DataSpec:
     name: DataName = fld("digits", desc="digits (scikit-learn), pytext (text shipped with CPython), synthetic.")
-    batch_size: int = fld(256, minimum=1, desc="Global batch size per optimizer step.")
+    batch_size: int = fld(
+        256,
+        minimum=1,
+        desc="Global batch size per optimizer step, split evenly over data-parallel ranks, micro-batches "
+        "(when parallelism.pipeline > 1) and gradAccumulation micro-steps. In federated mode: each client's "
+        "local batch size.",
+    )
     seed: int = fld(0, minimum=0, desc="Seed for the split, the sampler and model initialisation.")
     shards: int = fld(4, minimum=1, maximum=4096, desc="Shard files the dataset is packed into.")
     synthetic_samples: int = fld(8192, minimum=1, desc="Samples of the synthetic dataset.")
@@ -146,10 +131,10 @@ class DataSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class OptimizerSpec:
-    name: Optim = fld("sgd")
+    name: Optim = fld("sgd", desc="sgd (with momentum), adam or adamw.")
     lr: float = fld(0.1, minimum=0.0, exclusive_minimum=True, desc="Learning rate at baseBatchSize.")
-    momentum: float = fld(0.9, minimum=0.0, maximum=1.0)
-    weight_decay: float = fld(0.0, minimum=0.0)
+    momentum: float = fld(0.9, minimum=0.0, maximum=1.0, desc="SGD momentum (ignored by adam/adamw).")
+    weight_decay: float = fld(0.0, minimum=0.0, desc="L2 penalty (decoupled for adamw).")
     scale_lr: ScaleRule = fld("linear", json="scaleLR", desc="Large-batch rule: lr x (batchSize / baseBatchSize).")
     base_batch_size: int = fld(256, minimum=1, desc="Batch size the lr was tuned for.")
     warmup_steps: int = fld(0, minimum=0, desc="Gradual warmup from lr/scale to the scaled lr.")
@@ -184,32 +169,32 @@ class CheckpointSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class ElasticSpec:
-    min_replicas: int = fld(1, minimum=1)
-    max_replicas: int = fld(4, minimum=1)
+    min_replicas: int = fld(1, minimum=1, desc="Smallest gang (pods) the job may shrink to.")
+    max_replicas: int = fld(4, minimum=1, desc="Largest gang (pods) the job may grow back to.")
     schedule_timeout_seconds: int = fld(60, minimum=1, desc="Wait this long for a full-size gang before shrinking.")
 
 
 @dataclass(frozen=True, kw_only=True)
 class FedPartition:
-    kind: FedPartitionKind = fld("dirichlet")
+    kind: FedPartitionKind = fld("dirichlet", desc="iid or dirichlet (label-skewed, non-IID) split over clients.")
     alpha: float = fld(0.5, minimum=0.0, exclusive_minimum=True, desc="Dirichlet concentration (smaller = more skew).")
 
 
 @dataclass(frozen=True, kw_only=True)
 class FederatedSpec:
-    clients: int = fld(10, minimum=1)
-    clients_per_round: int = fld(5, minimum=1)
-    rounds: int = fld(30, minimum=1)
-    local_epochs: int = fld(1, minimum=1)
-    strategy: FedStrategy = fld("fedavg")
+    clients: int = fld(10, minimum=1, desc="Simulated clients, spread over the worker pods.")
+    clients_per_round: int = fld(5, minimum=1, desc="Clients sampled per round (<= clients).")
+    rounds: int = fld(30, minimum=1, desc="Federated rounds.")
+    local_epochs: int = fld(1, minimum=1, desc="Local epochs per client per round.")
+    strategy: FedStrategy = fld("fedavg", desc="fedavg or fedprox.")
     proximal_mu: float = fld(0.01, minimum=0.0, desc="FedProx proximal term.")
-    compression: FedCompression = fld("none")
+    compression: FedCompression = fld("none", desc="Update compression: none, int8 or topk.")
     topk_ratio: float = fld(0.01, minimum=0.0, maximum=1.0, exclusive_minimum=True, desc="Kept fraction with topk.")
-    secure_aggregation: bool = fld(False)
-    round_timeout_seconds: int = fld(60, minimum=1)
+    secure_aggregation: bool = fld(False, desc="Pairwise-masked updates: the aggregator sees only the sum.")
+    round_timeout_seconds: int = fld(60, minimum=1, desc="Close a round after this long with the updates received.")
     max_update_norm: float = fld(1000.0, minimum=0.0, exclusive_minimum=True, desc="Updates above this L2 norm are rejected.")
     port: int = fld(50051, minimum=1, maximum=65535, desc="Aggregator gRPC port.")
-    partition: FedPartition = fld(factory=FedPartition)
+    partition: FedPartition = fld(factory=FedPartition, desc="How the data is split over clients.")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -221,8 +206,8 @@ class ParamServerSpec:
 @dataclass(frozen=True, kw_only=True)
 class RunPolicy:
     backoff_limit: int = fld(3, minimum=0, desc="Gang restarts before the job fails.")
-    active_deadline_seconds: int | None = fld(None, minimum=1)
-    ttl_seconds_after_finished: int | None = fld(None, minimum=0)
+    active_deadline_seconds: int | None = fld(None, minimum=1, desc="Fail the job after this long running.")
+    ttl_seconds_after_finished: int | None = fld(None, minimum=0, desc="Delete the finished job after this long.")
     clean_pod_policy: CleanPodPolicy = fld("Running", desc="Pods deleted when the job finishes.")
     suspend: bool = fld(False, desc="Delete the pods, keep checkpoints; false resumes.")
 
@@ -236,18 +221,21 @@ class MetricsSpec:
 class JobSpec:
     mode: Mode = fld("data", desc="Parallel mode.")
     image: str | None = fld(None, desc="Trainer image; default from the operator's settings.")
-    workers: Workers = fld(factory=Workers)
-    parallelism: Parallelism = fld(factory=Parallelism)
-    model: ModelSpec = fld(factory=ModelSpec)
-    data: DataSpec = fld(factory=DataSpec)
-    optimizer: OptimizerSpec = fld(factory=OptimizerSpec)
-    training: TrainingSpec = fld(factory=TrainingSpec)
-    checkpoint: CheckpointSpec = fld(factory=CheckpointSpec)
+    workers: Workers = fld(factory=Workers, desc="The worker pods (the gang).")
+    parallelism: Parallelism = fld(
+        factory=Parallelism,
+        desc="Degrees: the data-parallel degree is the world size / (tensor x pipeline).",
+    )
+    model: ModelSpec = fld(factory=ModelSpec, desc="The network to train.")
+    data: DataSpec = fld(factory=DataSpec, desc="Dataset and global batch.")
+    optimizer: OptimizerSpec = fld(factory=OptimizerSpec, desc="Optimizer and learning-rate schedule.")
+    training: TrainingSpec = fld(factory=TrainingSpec, desc="Steps, precision, memory and communication savers.")
+    checkpoint: CheckpointSpec = fld(factory=CheckpointSpec, desc="Where and how often to checkpoint.")
     elastic: ElasticSpec | None = fld(None, desc="Shrink a gang that cannot be scheduled at full size.")
     federated: FederatedSpec | None = fld(None, desc="Only in federated mode.")
     param_server: ParamServerSpec | None = fld(None, json="paramServer", desc="Only in paramserver mode.")
-    run_policy: RunPolicy = fld(factory=RunPolicy)
-    metrics: MetricsSpec = fld(factory=MetricsSpec)
+    run_policy: RunPolicy = fld(factory=RunPolicy, desc="Restarts, deadlines, cleanup, suspension.")
+    metrics: MetricsSpec = fld(factory=MetricsSpec, desc="Prometheus endpoint of each rank.")
 
     @property
     def world_size(self) -> int:
@@ -260,8 +248,8 @@ class JobSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class Metadata:
-    name: str
-    namespace: str = "default"
+    name: str = fld(desc="Job name: a DNS label of at most 45 characters.")
+    namespace: str = fld("default")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -270,161 +258,76 @@ class DistTrainJob:
     spec: JobSpec
 
 
+
+# ------------------------------------------------------------------------ status
+# Written by the operator (never by users); the CRD serves it through the status
+# subresource. Every field is optional there: the operator fills them over time.
+
+
+@dataclass(frozen=True, kw_only=True)
+class Condition:
+    type: str = fld(desc="Condition type, e.g. Created, Running, Restarting, Succeeded, Failed, InvalidSpec.")
+    status: ConditionStatus = fld(desc="True, False or Unknown.")
+    reason: str = fld("", desc="One CamelCase word saying why.")
+    message: str = fld("", desc="Human-readable details.")
+    last_transition_time: Time | None = fld(None, desc="When status last changed.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerCounts:
+    active: int = fld(0, minimum=0, desc="Worker pods pending or running.")
+    succeeded: int = fld(0, minimum=0, desc="Worker pods that exited 0.")
+    failed: int = fld(0, minimum=0, desc="Worker pods that failed.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobStatus:
+    phase: Phase = fld("Pending", desc="Pending, Running, Restarting, Succeeded, Failed or Suspended.")
+    conditions: tuple[Condition, ...] = fld((), desc="Kubernetes-style conditions, one per type.")
+    workers: WorkerCounts = fld(factory=WorkerCounts, desc="Worker pods by state.")
+    replicas: int = fld(0, minimum=0, desc="Current gang size in pods (smaller than spec with elastic shrinking).")
+    restarts: int = fld(0, minimum=0, desc="Gang restarts so far.")
+    step: int = fld(0, minimum=0, desc="Latest training step reported by rank 0.")
+    last_checkpoint_step: int = fld(0, minimum=0, desc="Step of the newest complete checkpoint.")
+    start_time: Time | None = fld(None, desc="When the first gang was created.")
+    completion_time: Time | None = fld(None, desc="When the job succeeded or failed.")
+    observed_generation: int = fld(0, minimum=0, desc="metadata.generation this status reflects.")
+    message: str = fld("", desc="Human-readable summary of the current phase.")
+    result: Object = fld(
+        factory=Object, desc="The trainer's final summary (e.g. testAccuracy, finalLoss, wallSeconds)."
+    )
+    kopf: Object = fld(factory=Object, desc="Handler progress kept by the kopf framework; not an API.")
+
+
 # ---------------------------------------------------------------------- parsing
 
 
-@dataclass(frozen=True)
-class FieldError:
-    path: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.path}: {self.message}"
-
-
-class SpecError(ValueError):
-    """Every problem found in one manifest, each with its field path."""
-
-    def __init__(self, errors: list[FieldError]):
-        self.errors = list(errors)
-        super().__init__("\n".join(str(e) for e in self.errors))
-
-
-def _describe(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int):
-        return "an integer"
-    if isinstance(value, float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, dict):
-        return "an object"
-    return type(value).__name__
-
-
-def _check_range(value: float, meta: typing.Mapping[str, Any], path: str, errors: list[FieldError]) -> None:
-    lo, hi = meta.get("minimum"), meta.get("maximum")
-    if lo is not None:
-        if meta.get("exclusive_minimum") and not value > lo:
-            errors.append(FieldError(path, f"{value} must be greater than {lo}"))
-        elif value < lo:
-            errors.append(FieldError(path, f"{value} must be >= {lo}"))
-    if hi is not None and value > hi:
-        errors.append(FieldError(path, f"{value} must be <= {hi}"))
-
-
-def _parse_value(tp: Any, value: Any, meta: typing.Mapping[str, Any], path: str, errors: list[FieldError]) -> Any:
-    origin = get_origin(tp)
-    if origin in (Union, types.UnionType):
-        inner = [a for a in get_args(tp) if a is not type(None)]
-        if value is None:
-            return None
-        return _parse_value(inner[0], value, meta, path, errors)
-    if origin is Literal:
-        allowed = get_args(tp)
-        if value not in allowed:
-            errors.append(FieldError(path, f"{value!r} is not one of {', '.join(map(str, allowed))}"))
-            return allowed[0]
-        return value
-    if dataclasses.is_dataclass(tp):
-        return _parse_dataclass(tp, value, path, errors)
-    if tp is Object:
-        if not isinstance(value, dict):
-            errors.append(FieldError(path, f"expected an object, got {_describe(value)}"))
-            return Object()
-        return Object(value)
-    if tp is bool:
-        if not isinstance(value, bool):
-            errors.append(FieldError(path, f"expected a boolean, got {_describe(value)}"))
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            errors.append(FieldError(path, f"expected an integer, got {_describe(value)} {value!r}"))
-            return 0
-        _check_range(value, meta, path, errors)
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            errors.append(FieldError(path, f"expected a number, got {_describe(value)} {value!r}"))
-            return 0.0
-        if value != value or value in (float("inf"), float("-inf")):
-            errors.append(FieldError(path, f"{value} is not a finite number"))
-            return 0.0
-        _check_range(float(value), meta, path, errors)
-        return float(value)
-    if tp is Quantity:
-        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-            errors.append(FieldError(path, f"expected a quantity such as 2 or 500m or 4Gi, got {_describe(value)}"))
-            return Quantity("0")
-        text = str(value)
-        if not re.match(QUANTITY_PATTERN, text):
-            errors.append(FieldError(path, f"{text!r} is not a Kubernetes quantity (e.g. 2, 500m, 4Gi)"))
-        return Quantity(text)
-    if tp is str:
-        if not isinstance(value, str):
-            errors.append(FieldError(path, f"expected a string, got {_describe(value)}"))
-            return ""
-        pattern = meta.get("pattern")
-        if pattern and not re.match(pattern, value):
-            errors.append(FieldError(path, f"{value!r} does not match {pattern}"))
-        return value
-    raise TypeError(f"unsupported field type {tp!r} at {path}")  # a bug in this module, not in input
-
-
-def _parse_dataclass(cls: Any, data: Any, path: str, errors: list[FieldError]) -> Any:
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        errors.append(FieldError(path, f"expected an object, got {_describe(data)}"))
-        data = {}
-    hints = get_type_hints(cls)
-    fields = dataclasses.fields(cls)
-    by_json = {json_name(f): f for f in fields}
-    for key in data:
-        if key not in by_json:
-            known = ", ".join(sorted(by_json))
-            errors.append(FieldError(f"{path}.{key}", f"unknown field (known fields: {known})"))
-    kwargs: dict[str, Any] = {}
-    for name, f in by_json.items():
-        sub = f"{path}.{name}"
-        if name in data:
-            value = data[name]
-            if value is None and get_origin(hints[f.name]) not in (Union, types.UnionType):
-                # An explicit null means "use the default", as kubectl apply does.
-                continue
-            kwargs[f.name] = _parse_value(hints[f.name], value, f.metadata, sub, errors)
-        elif f.default is MISSING and f.default_factory is MISSING:
-            errors.append(FieldError(sub, "required field is missing"))
-            kwargs[f.name] = None
-    return cls(**kwargs)
+def _complete_spec(spec: JobSpec) -> JobSpec:
+    # The mode's own block may be omitted: it then means "all defaults". Filling it
+    # here gives consumers (operator, trainer) a non-None block in that mode.
+    if spec.mode == "federated" and spec.federated is None:
+        spec = replace(spec, federated=FederatedSpec())
+    if spec.mode == "paramserver" and spec.param_server is None:
+        spec = replace(spec, param_server=ParamServerSpec())
+    return spec
 
 
 def parse_spec(data: Any, path: str = "spec") -> JobSpec:
     """Parse and range-check a spec (schema-level rules only). Raises SpecError."""
     errors: list[FieldError] = []
-    spec = _parse_dataclass(JobSpec, data, path, errors)
+    spec = _complete_spec(parse_dataclass(JobSpec, data, path, errors))
     if errors:
         raise SpecError(errors)
     return spec
 
 
-def parse_job(obj: Any) -> DistTrainJob:
-    """Parse a whole manifest, schema rules only; see validation.validate_job for cross-field rules."""
-    errors: list[FieldError] = []
-    if not isinstance(obj, dict):
-        raise SpecError([FieldError("(document)", f"expected an object, got {_describe(obj)}")])
-    if obj.get("apiVersion") != API_VERSION:
-        errors.append(FieldError("apiVersion", f"{obj.get('apiVersion')!r} must be {API_VERSION}"))
-    if obj.get("kind") != KIND:
-        errors.append(FieldError("kind", f"{obj.get('kind')!r} must be {KIND}"))
-    meta = obj.get("metadata") or {}
-    name = meta.get("name") if isinstance(meta, dict) else None
+def _parse_metadata(meta: Any, errors: list[FieldError]) -> Metadata:
+    if meta is None:
+        meta = {}
+    if not isinstance(meta, dict):
+        errors.append(FieldError("metadata", f"expected an object, got {describe(meta)}"))
+        return Metadata(name="invalid")
+    name = meta.get("name")
     if not isinstance(name, str) or not name:
         errors.append(FieldError("metadata.name", "required field is missing"))
         name = "invalid"
@@ -435,21 +338,51 @@ def parse_job(obj: Any) -> DistTrainJob:
                 f"{name!r} must be a DNS label (lower-case letters, digits, '-') of at most {MAX_JOB_NAME} characters",
             )
         )
-    namespace = meta.get("namespace", "default") if isinstance(meta, dict) else "default"
-    spec = _parse_dataclass(JobSpec, obj.get("spec"), "spec", errors)
+    return Metadata(name=name, namespace=str(meta.get("namespace") or "default"))
+
+
+def parse_job_partial(obj: Any) -> tuple[DistTrainJob, list[FieldError]]:
+    """Parse a whole manifest with schema rules, never raising for bad input.
+
+    Returns a best-effort job (wrong values replaced by defaults) and every schema
+    error; `validation.check_job` runs the cross-field rules on that job, skipping
+    rules whose inputs had errors.
+    """
+    errors: list[FieldError] = []
+    if not isinstance(obj, dict):
+        # Nothing else can be said about a document that is not a mapping.
+        errors.append(FieldError("(document)", f"expected a DistTrainJob object, got {describe(obj)}"))
+        return DistTrainJob(metadata=Metadata(name="invalid"), spec=_complete_spec(JobSpec())), errors
+    for key in obj:
+        if key not in TOP_LEVEL_FIELDS:
+            errors.append(FieldError(str(key), f"unknown field (known fields: {', '.join(TOP_LEVEL_FIELDS)})"))
+    if obj.get("apiVersion") != API_VERSION:
+        errors.append(FieldError("apiVersion", f"{obj.get('apiVersion')!r} must be {API_VERSION}"))
+    if obj.get("kind") != KIND:
+        errors.append(FieldError("kind", f"{obj.get('kind')!r} must be {KIND}"))
+    metadata = _parse_metadata(obj.get("metadata"), errors)
+    spec = _complete_spec(parse_dataclass(JobSpec, obj.get("spec"), "spec", errors))
+    return DistTrainJob(metadata=metadata, spec=spec), errors
+
+
+def parse_job(obj: Any) -> DistTrainJob:
+    """Parse a whole manifest, schema rules only. Raises SpecError with every problem.
+
+    Prefer `validation.load_job`, which adds the cross-field rules.
+    """
+    job, errors = parse_job_partial(obj)
     if errors:
         raise SpecError(errors)
-    return DistTrainJob(metadata=Metadata(name=name, namespace=str(namespace or "default")), spec=spec)
+    return job
 
 
-def to_json(obj: Any) -> Any:
-    """Dataclass -> plain JSON-able dict with API (camelCase) names; defaults included."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {json_name(f): to_json(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, Quantity):
-        return str(obj)
-    if isinstance(obj, dict):
-        return {k: to_json(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [to_json(v) for v in obj]
-    return obj
+def parse_status(data: Any) -> JobStatus:
+    """Parse `.status` as the operator wrote it. Lenient: unknown keys are ignored,
+    because kopf may keep its own keys there (e.g. handler results)."""
+    known = {json_name(f) for f in JobStatus.__dataclass_fields__.values()}
+    data = {k: v for k, v in (data or {}).items() if k in known} if isinstance(data, dict) else {}
+    errors: list[FieldError] = []
+    status = parse_dataclass(JobStatus, data, "status", errors)
+    if errors:
+        raise SpecError(errors)
+    return status

@@ -41,3 +41,18 @@ ROLE_SERVER = "server"
 
 GPU_RESOURCE = "nvidia.com/gpu"
 METRICS_PREFIX = "disttrain_"
+
+# --- appended by the operator (issue 5) ---------------------------------------
+# Federated / parameter-server topologies: which side a pod plays and where the
+# gRPC service (aggregator or parameter server) listens, as host:port.
+ENV_ROLE = "DISTTRAIN_ROLE"
+ENV_SERVER_ADDR = "DISTTRAIN_SERVER_ADDR"
+LABEL_MODE = "disttrain.dev/mode"
+# Mesh layout of a gang, for humans (kubectl describe): "dp=2,pp=2,tp=1".
+ANNOTATION_MESH = "disttrain.dev/mesh"
+
+# --- trainer test hooks (fault injection; never set in production) ------------
+# Step number: rank 0 hard-kills itself (SIGKILL) halfway through writing that step's checkpoint.
+ENV_FAULT_KILL_IN_CHECKPOINT = "DISTTRAIN_FAULT_KILL_IN_CHECKPOINT"
+# Where datasets are packed into shard files (default: <tmp>/disttrain-data).
+ENV_DATA_CACHE = "DISTTRAIN_DATA_CACHE"

@@ -1,12 +1,69 @@
+"""`disttrain operator`: run the kopf operator (in its pod, or on a workstation with a kubeconfig)."""
+
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = subparsers.add_parser("operator", help="(not implemented yet)", description="(not implemented yet)")
+    p = subparsers.add_parser(
+        "operator",
+        help="run the DistTrainJob operator (kopf)",
+        description="Run the kopf operator that turns DistTrainJobs into pods and recovers them. "
+        "Every flag also has an env var DISTTRAIN_OPERATOR_<NAME> (flags win).",
+    )
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument("--namespace", "-n", action="append", dest="namespaces", metavar="NS",
+                       help="watch this namespace (repeatable; default: the operator's own namespace) "
+                       "[DISTTRAIN_OPERATOR_NAMESPACE, comma-separated]")
+    scope.add_argument("--all-namespaces", "-A", action="store_true", default=None,
+                       help="watch every namespace (needs the cluster-scoped RBAC) [DISTTRAIN_OPERATOR_ALL_NAMESPACES]")
+    p.add_argument("--metrics-port", type=int, default=None,
+                   help="port of the operator's own /metrics, 0 = off (default 8080) [DISTTRAIN_OPERATOR_METRICS_PORT]")
+    p.add_argument("--liveness", default=None, metavar="URL",
+                   help="kopf liveness endpoint, e.g. http://0.0.0.0:8081/healthz [DISTTRAIN_OPERATOR_LIVENESS]")
+    p.add_argument("--default-image", default=None,
+                   help="trainer image for jobs without spec.image (default disttrain-trainer:dev) "
+                   "[DISTTRAIN_OPERATOR_DEFAULT_IMAGE]")
+    p.add_argument("--poll-interval", type=float, default=None, dest="poll_interval_s",
+                   help="seconds between progress/recovery checks of each job (default 3) "
+                   "[DISTTRAIN_OPERATOR_POLL_INTERVAL]")
+    p.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    raise SystemExit("disttrain operator: not implemented yet")
+    import kopf
+    import prometheus_client
+
+    from .. import kube, settings
+
+    try:
+        cfg = settings.from_env(
+            namespaces=tuple(args.namespaces) if args.namespaces else None,
+            all_namespaces=args.all_namespaces,
+            metrics_port=args.metrics_port,
+            liveness=args.liveness,
+            default_image=args.default_image,
+            poll_interval_s=args.poll_interval_s,
+        )
+    except ValueError as err:
+        raise SystemExit(f"disttrain operator: {err}") from None
+    os.environ["DISTTRAIN_OPERATOR_POLL_INTERVAL"] = str(cfg.poll_interval_s)
+    from .. import handlers  # registers the handlers; reads the poll interval
+
+    handlers.configure(cfg)
+    kopf.configure(verbose=args.verbose)
+    logging.getLogger("disttrain.operator").setLevel(logging.DEBUG if args.verbose else logging.INFO)
+    kube.load_config()
+    if cfg.metrics_port:
+        prometheus_client.start_http_server(cfg.metrics_port)
+    kopf.run(
+        standalone=True,
+        clusterwide=cfg.all_namespaces,
+        namespaces=cfg.watch_namespaces(),
+        liveness_endpoint=cfg.liveness or None,
+    )
+    return 0

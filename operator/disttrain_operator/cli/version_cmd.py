@@ -1,3 +1,5 @@
+"""`disttrain version`: the package version and the API version it serves."""
+
 from __future__ import annotations
 
 import argparse
@@ -7,7 +9,9 @@ from disttrain_operator.api import API_VERSION
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = subparsers.add_parser("version", help="print the disttrain version", description="Print the disttrain version and API version.")
+    p = subparsers.add_parser(
+        "version", help="print the disttrain version", description="Print the disttrain version and API version."
+    )
     p.set_defaults(handler=run)
 
 

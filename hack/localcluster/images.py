@@ -1,0 +1,233 @@
+"""Images without a registry: build (only when inputs change), archive, import into nodes.
+
+- pause:   the static pause binary from the Kubernetes source, packed with umoci
+- test:    Debian's static busybox, packed with umoci (tiny image for cluster tests)
+- base:    debootstrap --variant=minbase bookworm + python3/python3-venv, committed with buildah
+- trainer / operator: the root Dockerfile, `buildah bud --isolation chroot` (vfs) on the base,
+           dependencies from a host wheelhouse (build/wheels)
+Each ends as an OCI archive whose ref name is the tag; nodes import it with --base-name, so the
+image lands under its final name (docker.io/library/disttrain-trainer:dev, ...).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .config import OPERATOR_IMAGE, PAUSE_IMAGE, REPO_ROOT, TEST_IMAGE, TRAINER_IMAGE, ClusterConfig, NodeConfig, cache_dir
+from .proc import ClusterError, run, say
+
+BASE_IMAGE = "localhost/disttrain-base:bookworm"
+WHEELS = REPO_ROOT / "build" / "wheels"
+BUILDAH = ["buildah", "--storage-driver", "vfs"]
+PROJECT_INPUTS = ("Dockerfile", ".dockerignore", "pyproject.toml", "README.md", "operator", "trainer")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Archive:
+    ref: str  # full image name, e.g. docker.io/library/disttrain-trainer:dev
+    path: Path
+    digest: str  # hash of the inputs it was built from
+
+    @property
+    def repo(self) -> str:
+        return self.ref.rsplit(":", 1)[0]
+
+
+def images_dir() -> Path:
+    d = cache_dir() / "images"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def log_path() -> Path:
+    p = cache_dir() / "logs" / "images.log"
+    p.parent.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+def _hash_paths(paths: list[Path], extra: str = "") -> str:
+    h = hashlib.sha256(extra.encode())
+    for root in paths:
+        files = [root] if root.is_file() else sorted(
+            p for p in root.rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc" and ".egg-info" not in str(p))
+        for f in files:
+            h.update(str(f.relative_to(REPO_ROOT) if f.is_relative_to(REPO_ROOT) else f).encode())
+            h.update(hashlib.sha256(f.read_bytes()).digest())
+    return h.hexdigest()[:16]
+
+
+def _fresh(name: str, digest: str) -> Path | None:
+    tar, stamp = images_dir() / f"{name}.tar", images_dir() / f"{name}.hash"
+    if tar.exists() and stamp.exists() and stamp.read_text().strip() == digest:
+        return tar
+    return None
+
+
+def _done(name: str, digest: str) -> None:
+    (images_dir() / f"{name}.hash").write_text(digest)
+
+
+def _umoci_image(name: str, ref: str, digest: str, files: dict[str, Path], links: dict[str, str],
+                 config: list[str]) -> Archive:
+    """A one-layer image from a few host files, with umoci (no daemon, no registry)."""
+    tar = _fresh(name, digest)
+    if tar:
+        return Archive(ref=ref, path=tar, digest=digest)
+    t0 = time.monotonic()
+    work = images_dir() / f"{name}.work"
+    shutil.rmtree(work, ignore_errors=True)
+    layout, bundle, tag = work / "layout", work / "bundle", ref.rsplit(":", 1)[1]
+    log, step = log_path(), f"image {name}"
+    run(["umoci", "init", "--layout", layout], step=step, log=log)
+    run(["umoci", "new", "--image", f"{layout}:{tag}"], step=step, log=log)
+    run(["umoci", "unpack", "--image", f"{layout}:{tag}", bundle], step=step, log=log)
+    rootfs = bundle / "rootfs"
+    for dest, src in files.items():
+        (rootfs / dest).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, rootfs / dest)
+    for dest, target in links.items():
+        (rootfs / dest).parent.mkdir(parents=True, exist_ok=True)
+        (rootfs / dest).symlink_to(target)
+    (rootfs / "tmp").mkdir(mode=0o1777, exist_ok=True)
+    run(["umoci", "repack", "--image", f"{layout}:{tag}", bundle], step=step, log=log)
+    run(["umoci", "config", "--image", f"{layout}:{tag}", *config], step=step, log=log)
+    run(["umoci", "gc", "--layout", layout], step=step, log=log)
+    out = images_dir() / f"{name}.tar"
+    run(["tar", "-C", layout, "-cf", out, "."], step=step, log=log)
+    shutil.rmtree(work, ignore_errors=True)
+    _done(name, digest)
+    say(f"image {ref} built in {time.monotonic() - t0:.1f}s")
+    return Archive(ref=ref, path=out, digest=digest)
+
+
+def pause_image(bins: Path) -> Archive:
+    pause = bins / "pause"
+    return _umoci_image("pause", PAUSE_IMAGE, _hash_paths([pause]), {"pause": pause}, {},
+                        ["--config.entrypoint", "/pause"])
+
+
+def test_image() -> Archive:
+    bb = Path("/bin/busybox")
+    if not bb.exists():
+        raise ClusterError("image test", "/bin/busybox missing; install Debian's busybox-static")
+    applets = run([bb, "--list"], step="image test").stdout.split()
+    links = {f"bin/{a}": "busybox" for a in applets if a != "busybox"}
+    return _umoci_image("test", TEST_IMAGE, _hash_paths([bb]), {"bin/busybox": bb}, links,
+                        ["--config.cmd", "sh", "--config.env", "PATH=/bin"])
+
+
+def base_image() -> str:
+    """debootstrap bookworm (+python3, python3-venv) committed as BASE_IMAGE; returns its id."""
+    res = run([*BUILDAH, "images", "-q", "--no-trunc", BASE_IMAGE], step="image base", check=False)
+    if res.returncode == 0 and res.stdout.strip():
+        return res.stdout.split()[0]
+    log, step = log_path(), "image base (debootstrap)"
+    rootfs = images_dir() / "base-rootfs"
+    shutil.rmtree(rootfs, ignore_errors=True)
+    t0 = time.monotonic()
+    run(["debootstrap", "--variant=minbase", "--include=python3,python3-venv", "bookworm", rootfs,
+         "http://deb.debian.org/debian"], step=step, log=log, timeout=900)
+    for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):
+        for p in (rootfs / junk).glob("*"):
+            if p.is_file():
+                p.unlink()
+    say(f"debootstrap took {time.monotonic() - t0:.1f}s")
+    t0 = time.monotonic()
+    ctr = run([*BUILDAH, "from", "scratch"], step=step, log=log).stdout.strip()
+    mnt = run([*BUILDAH, "mount", ctr], step=step, log=log).stdout.strip()
+    run(["cp", "-a", f"{rootfs}/.", mnt], step=step, log=log)
+    run([*BUILDAH, "umount", ctr], step=step, log=log)
+    run([*BUILDAH, "config", "--env", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+         "--cmd", "python3", ctr], step=step, log=log)
+    run([*BUILDAH, "commit", "--rm", ctr, BASE_IMAGE], step=step, log=log, timeout=600)
+    shutil.rmtree(rootfs, ignore_errors=True)
+    say(f"base image committed in {time.monotonic() - t0:.1f}s")
+    return base_image()
+
+
+def wheelhouse() -> str:
+    """build/wheels: every dependency wheel (re-resolved only when pyproject.toml changes) plus
+    the project's own wheel (rebuilt when its sources change). Returns the inputs' hash."""
+    WHEELS.mkdir(parents=True, exist_ok=True)
+    pip = [sys.executable, "-m", "pip"]
+    deps_digest = _hash_paths([REPO_ROOT / "pyproject.toml"])
+    stamp = WHEELS / ".deps"
+    log, step = log_path(), "wheelhouse"
+    if not stamp.exists() or stamp.read_text() != deps_digest:
+        t0 = time.monotonic()
+        # Reads this machine's pip configuration (local find-links/index with the CPU torch wheel).
+        run([*pip, "wheel", "-q", "-w", WHEELS, "--find-links", WHEELS, f"{REPO_ROOT}[trainer,operator]"],
+            step=step, log=log, timeout=1800)
+        stamp.write_text(deps_digest)
+        say(f"wheelhouse filled in {time.monotonic() - t0:.1f}s")
+    proj = _hash_paths([REPO_ROOT / p for p in PROJECT_INPUTS if (REPO_ROOT / p).exists()])
+    pstamp = WHEELS / ".project"
+    if not pstamp.exists() or pstamp.read_text() != proj:
+        for old in WHEELS.glob("disttrain-*.whl"):
+            old.unlink()
+        run([*pip, "wheel", "-q", "--no-deps", "-w", WHEELS, REPO_ROOT], step=step, log=log, timeout=600)
+        pstamp.write_text(proj)
+    return proj + deps_digest
+
+
+def project_images() -> list[Archive]:
+    base_id = base_image()
+    digest = hashlib.sha256((wheelhouse() + base_id).encode()).hexdigest()[:16]
+    out = []
+    for target, ref in (("trainer", TRAINER_IMAGE), ("operator", OPERATOR_IMAGE)):
+        tar = _fresh(target, digest)
+        if tar is None:
+            tar = _build_target(target, ref)
+            _done(target, digest)
+        out.append(Archive(ref=ref, path=tar, digest=digest))
+    return out
+
+
+def _build_target(target: str, ref: str) -> Path:
+    log, step = log_path(), f"image {target} (buildah bud)"
+    t0 = time.monotonic()
+    run([*BUILDAH, "bud", "--isolation", "chroot", "--layers", "--pull-never", "-f", REPO_ROOT / "Dockerfile",
+         "--target", target, "--build-arg", f"BASE_IMAGE={BASE_IMAGE}", "-t", ref, REPO_ROOT],
+        step=step, log=log, timeout=1800)
+    t1 = time.monotonic()
+    tar = images_dir() / f"{target}.tar"
+    tar.unlink(missing_ok=True)
+    run([*BUILDAH, "push", ref, f"oci-archive:{tar}:{ref.rsplit(':', 1)[1]}"], step=step, log=log, timeout=900)
+    say(f"image {ref}: buildah bud {t1 - t0:.1f}s, push to OCI archive {time.monotonic() - t1:.1f}s "
+        f"({tar.stat().st_size / 1e6:.0f} MB)")
+    return tar
+
+
+def ensure_all(bins: Path) -> dict[str, Archive]:
+    archives = [pause_image(bins), test_image(), *project_images()]
+    return {a.ref: a for a in archives}
+
+
+def import_into(cfg: ClusterConfig, node: NodeConfig, archives: dict[str, Archive]) -> bool:
+    """Import archives the node lacks or has in an older build; True when anything changed."""
+    from .node import ctr
+
+    stamp = cfg.node_image_store(node) / "imported.json"
+    done: dict[str, str] = json.loads(stamp.read_text()) if stamp.exists() else {}
+    present = set(run(ctr(cfg, node, "images", "ls", "-q"), step="image import").stdout.split())
+    changed = False
+    for a in archives.values():
+        if done.get(a.ref) == a.digest and a.ref in present:
+            continue
+        t0 = time.monotonic()
+        run(ctr(cfg, node, "images", "import", "--base-name", a.repo, str(a.path)),
+            step=f"image import {a.ref} into {node.name}", log=log_path(), timeout=900)
+        done[a.ref] = a.digest
+        stamp.write_text(json.dumps(done))
+        changed = True
+        say(f"imported {a.ref} into {node.name} in {time.monotonic() - t0:.1f}s")
+    return changed
+
+

@@ -1,0 +1,183 @@
+"""Running commands and daemons, and killing exactly the processes the cluster started."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from .config import CGROUP_PARENT
+
+CGROUP_FS = Path("/sys/fs/cgroup")
+# Hierarchies a daemon joins before exec, so that stopping a node can find every process of it
+# (daemons, containerd shims, containers) by reading cgroup.procs of the node's pids cgroup.
+JOIN_HIERARCHIES = ("pids", "freezer", "systemd")
+
+
+class ClusterError(RuntimeError):
+    """A step of bring-up failed; says which step and which log to read."""
+
+    def __init__(self, step: str, message: str, log: Path | None = None) -> None:
+        self.step, self.log = step, log
+        where = f" (log: {log})" if log else ""
+        tail = ""
+        if log and log.exists():
+            lines = log.read_text(errors="replace").splitlines()[-15:]
+            tail = "\n  | " + "\n  | ".join(lines) if lines else ""
+        super().__init__(f"local cluster step '{step}' failed: {message}{where}{tail}")
+
+
+def say(msg: str) -> None:
+    print(f"[cluster] {msg}", file=sys.stderr, flush=True)
+
+
+def run(
+    cmd: Sequence[str | os.PathLike[str]],
+    *,
+    step: str,
+    check: bool = True,
+    timeout: float = 300,
+    log: Path | None = None,
+    env: dict[str, str] | None = None,
+    input: str | None = None,
+) -> subprocess.CompletedProcess[str]:
+    args = [str(c) for c in cmd]
+    try:
+        res = subprocess.run(
+            args, capture_output=True, text=True, timeout=timeout, env=env, input=input
+        )
+    except subprocess.TimeoutExpired:
+        raise ClusterError(step, f"{' '.join(args)} timed out after {timeout:.0f}s", log) from None
+    except FileNotFoundError:
+        raise ClusterError(step, f"{args[0]} not found; run `make cluster-prereqs`") from None
+    if log is not None:
+        with log.open("a") as fh:
+            fh.write(f"$ {' '.join(args)}\n{res.stdout}{res.stderr}")
+    if check and res.returncode != 0:
+        msg = (res.stderr or res.stdout).strip().splitlines()[-5:]
+        raise ClusterError(step, f"{' '.join(args)} exited {res.returncode}: {' | '.join(msg)}", log)
+    return res
+
+
+def hierarchies() -> list[Path]:
+    """Mounted cgroup v1 hierarchies (combined ones like cpu,cpuacct once; symlinks skipped)."""
+    return [
+        h
+        for h in sorted(CGROUP_FS.iterdir())
+        if h.is_dir() and not h.is_symlink() and (h / "cgroup.procs").exists() and h.name != "unified"
+    ]
+
+
+def controllers(h: Path) -> set[str]:
+    return set(h.name.replace("name=", "").split(","))
+
+
+def cgroup_dirs(rel: str) -> list[Path]:
+    """The folder `rel` (under our parent) in every mounted v1 hierarchy."""
+    return [h / CGROUP_PARENT / rel if rel else h / CGROUP_PARENT for h in hierarchies()]
+
+
+def ensure_cgroup(rel: str) -> None:
+    """Create `rel` in every v1 hierarchy (kubelet needs its cgroupRoot everywhere);
+    cpuset children start empty, so copy cpus/mems down or nothing can join them."""
+    for h in hierarchies():
+        cur = h
+        for part in Path(CGROUP_PARENT, rel).parts:
+            cur = cur / part
+            cur.mkdir(exist_ok=True)
+            if "cpuset" in controllers(h):
+                for f in ("cpuset.cpus", "cpuset.mems"):
+                    if not (cur / f).read_text().strip():
+                        (cur / f).write_text((cur.parent / f).read_text())
+
+
+def cgroup_pids(rel: str) -> set[int]:
+    pids: set[int] = set()
+    for h in hierarchies():
+        d = h / CGROUP_PARENT / rel if rel else h / CGROUP_PARENT
+        if "pids" not in controllers(h) or not d.exists():
+            continue
+        for procs in d.rglob("cgroup.procs"):
+            try:
+                pids.update(int(x) for x in procs.read_text().split())
+            except OSError:
+                pass
+    return pids
+
+
+def kill_cgroup(rel: str, timeout: float = 15) -> None:
+    """SIGKILL everything in our cgroup `rel` until it is empty (processes may fork meanwhile)."""
+    deadline = time.monotonic() + timeout
+    while pids := cgroup_pids(rel):
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if time.monotonic() > deadline:
+            raise ClusterError("kill", f"processes {sorted(pids)} in cgroup {rel} survive SIGKILL")
+        time.sleep(0.1)
+
+
+def remove_cgroups(rel: str) -> None:
+    """rmdir the cgroup tree depth-first in every hierarchy (only empty cgroups can go)."""
+    for d in cgroup_dirs(rel):
+        if not d.exists():
+            continue
+        for sub in sorted((p for p in d.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+            try:
+                sub.rmdir()
+            except OSError:
+                pass
+        try:
+            d.rmdir()
+        except OSError:
+            pass
+
+
+def spawn(
+    cmd: Sequence[str | os.PathLike[str]],
+    *,
+    log: Path,
+    cgroup: str,
+    env: dict[str, str] | None = None,
+) -> int:
+    """Start a daemon in its own session (it outlives `make cluster-up`), in cgroup `cgroup`."""
+    ensure_cgroup(cgroup)
+    targets = [
+        h / CGROUP_PARENT / cgroup / "cgroup.procs"
+        for h in hierarchies()
+        if controllers(h) & set(JOIN_HIERARCHIES)
+    ]
+
+    def join() -> None:
+        for t in targets:
+            t.write_text(str(os.getpid()))
+
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as fh:
+        proc = subprocess.Popen(
+            [str(c) for c in cmd],
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=join,
+            env=env,
+        )
+    return proc.pid
+
+
+def wait_for(what: str, probe: Callable[[], bool], *, timeout: float, step: str, log: Path | None = None, pid: int | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if probe():
+            return
+        if pid is not None and not Path(f"/proc/{pid}").exists():
+            raise ClusterError(step, f"process {pid} exited while waiting for {what}", log)
+        time.sleep(0.2)
+    raise ClusterError(step, f"timed out after {timeout:.0f}s waiting for {what}", log)

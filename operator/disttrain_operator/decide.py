@@ -1,0 +1,350 @@
+"""The reconciler's brain: from the job (spec + last status) and the pods that exist,
+decide the next status and what to create or delete. Pure: no I/O, no clock, no kopf.
+
+State lives in the cluster, never in operator memory: the gang attempt is the max of
+`status.attempt` and the pods' restart-attempt labels, so an operator restarted at any
+point picks up where the last one stopped. Ordering in the glue keeps it crash-safe:
+on a restart the status (restarts+1, attempt+1) is written before pods are deleted;
+on creation pods are created (409 = already there) before the status says so.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from .api import JobSpec
+from .observe import PodView, format_time, parse_summary, parse_time
+
+# Phases (DESIGN.md): Pending | Running | Restarting | Succeeded | Failed | Suspended
+PENDING, RUNNING, RESTARTING = "Pending", "Running", "Restarting"
+SUCCEEDED, FAILED, SUSPENDED = "Succeeded", "Failed", "Suspended"
+TERMINAL = (SUCCEEDED, FAILED)
+IMMUTABLE_FIELDS = ("mode", "model", "parallelism")
+# Exit code 2 is the trainer's "configuration error / mode not implemented": retrying cannot help.
+PERMANENT_EXIT_CODES = (2,)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Observed:
+    generation: int
+    spec: JobSpec | None  # None when the spec is invalid
+    spec_error: str = ""
+    accepted: JobSpec | None = None  # spec the running gang was built from (its ConfigMap)
+    status: dict[str, Any] = field(default_factory=dict)
+    pods: list[PodView] = field(default_factory=list)  # gang pods of every attempt
+    progress: dict[str, float] | None = None  # rank 0's disttrain_step / disttrain_last_checkpoint_step
+    now: datetime
+    force_delete_after_s: float = 30.0
+    node_lost_after_s: float = 15.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    status: dict[str, Any]
+    spec: JobSpec | None = None  # effective spec (immutable fields from the accepted spec)
+    create: bool = False  # create the gang at status.attempt / status.replicas
+    delete_pods: list[str] = field(default_factory=list)
+    force_delete_pods: list[str] = field(default_factory=list)
+    delete_servers: bool = False  # federated/paramserver Deployment
+    delete_job: bool = False  # ttlSecondsAfterFinished expired
+    events: list[tuple[str, str, str]] = field(default_factory=list)  # (Normal|Warning, reason, message)
+
+
+class _Builder:
+    """Accumulates status changes and one Event per transition."""
+
+    def __init__(self, status: dict[str, Any], now: datetime) -> None:
+        self.status = copy.deepcopy(status)
+        self.status.setdefault("conditions", [])
+        self.now = now
+        self.events: list[tuple[str, str, str]] = []
+
+    def condition(self, type_: str, value: bool, reason: str, message: str = "") -> None:
+        want = "True" if value else "False"
+        for cond in self.status["conditions"]:
+            if cond.get("type") == type_:
+                if cond.get("status") != want:
+                    cond["lastTransitionTime"] = format_time(self.now)
+                    if value:
+                        self._event(type_, reason, message)
+                elif value and cond.get("reason") != reason:
+                    self._event(type_, reason, message)
+                cond.update(status=want, reason=reason, message=message)
+                return
+        if not value and type_ not in ("Running", "Suspended"):
+            return  # absent == False; only record the ones users look for
+        self.status["conditions"].append(
+            {"type": type_, "status": want, "reason": reason, "message": message,
+             "lastTransitionTime": format_time(self.now)}
+        )
+        if value:
+            self._event(type_, reason, message)
+
+    def is_true(self, type_: str, reason: str | None = None) -> bool:
+        for cond in self.status["conditions"]:
+            if cond.get("type") == type_ and cond.get("status") == "True":
+                return reason is None or cond.get("reason") == reason
+        return False
+
+    def _event(self, type_: str, reason: str, message: str) -> None:
+        warn = type_ in ("Failed", "InvalidSpec", "Restarting") or reason in ("Unschedulable",)
+        self.events.append(("Warning" if warn else "Normal", reason, message or type_))
+
+    def phase(self, value: str, message: str = "") -> None:
+        self.status["phase"] = value
+        self.status["message"] = message
+
+
+def _immutable_diff(old: JobSpec, new: JobSpec) -> list[str]:
+    return [f"spec.{name}" for name in IMMUTABLE_FIELDS if getattr(old, name) != getattr(new, name)]
+
+
+def _counts(pods: list[PodView]) -> dict[str, int]:
+    phases = [p.phase for p in pods if not p.deleting]
+    return {
+        "active": sum(ph in ("Pending", "Running") for ph in phases),
+        "pending": phases.count("Pending"),
+        "succeeded": phases.count("Succeeded"),
+        "failed": sum(ph in ("Failed", "Unknown") for ph in phases),
+    }
+
+
+def _failure(p: PodView, node_lost_after_s: float) -> str:
+    """Why this pod of the live gang is lost, or '' when it is fine."""
+    if p.deleting:
+        return f"pod {p.name} was deleted or evicted"
+    if p.phase in ("Failed", "Unknown"):
+        detail = (p.message.splitlines() or [""])[-1][:300] if p.message else p.reason
+        code = f" (exit code {p.exit_code})" if p.exit_code is not None else ""
+        return f"pod {p.name} failed{code}: {detail or 'no message'}"
+    if p.not_ready_for_s >= node_lost_after_s:
+        return f"pod {p.name} lost its node (not ready for {int(p.not_ready_for_s)}s)"
+    return ""
+
+
+def decide(obs: Observed) -> Plan:
+    b = _Builder(obs.status, obs.now)
+    st = b.status
+    st["observedGeneration"] = obs.generation
+    pods = obs.pods
+
+    if obs.spec is None:
+        b.condition("InvalidSpec", True, "InvalidSpec", obs.spec_error)
+        b.phase(FAILED, f"invalid spec: {obs.spec_error}")
+        return Plan(status=st, delete_pods=[p.name for p in pods if not p.deleting], events=b.events)
+    if b.is_true("InvalidSpec", "InvalidSpec"):
+        b.condition("InvalidSpec", False, "SpecValid", "the spec was fixed")
+        b.phase(PENDING if obs.accepted is None else st.get("phase", PENDING))
+        if st["phase"] == FAILED:
+            st["phase"] = PENDING
+
+    spec = obs.spec
+    accepted = obs.accepted
+    if accepted is not None:
+        changed = _immutable_diff(accepted, spec)
+        if changed:
+            msg = (f"{', '.join(changed)} cannot change while the job exists (immutable); "
+                   "revert the change or create a new job")
+            b.condition("InvalidSpec", True, "ImmutableFieldChanged", msg)
+            spec = dataclasses.replace(spec, **{n: getattr(accepted, n) for n in IMMUTABLE_FIELDS})
+        elif b.is_true("InvalidSpec", "ImmutableFieldChanged"):
+            b.condition("InvalidSpec", False, "SpecValid", "immutable fields match the running job again")
+
+    attempt = max([int(st.get("attempt") or 0), *(p.attempt for p in pods)])
+    replicas = int(st.get("replicas") or spec.workers.replicas)
+    restarts = int(st.get("restarts") or 0)
+    phase = st.get("phase") or ""
+    current = [p for p in pods if p.attempt == attempt]
+    st.setdefault("restarts", restarts)
+    st["attempt"], st["replicas"] = attempt, replicas
+    st["workers"] = _counts(current)
+    plan: dict[str, Any] = {"spec": spec}
+
+    def finish(**kw: Any) -> Plan:
+        return Plan(status=st, events=b.events, **{**plan, **kw})
+
+    live = [p for p in pods if not p.deleting and p.phase in ("Pending", "Running")]
+
+    # ---- finished jobs: clean up per cleanPodPolicy, then the TTL.
+    if phase in TERMINAL:
+        policy = spec.run_policy.clean_pod_policy
+        doomed = [] if policy == "None" else [p.name for p in (pods if policy == "All" else live) if not p.deleting]
+        ttl = spec.run_policy.ttl_seconds_after_finished
+        done_at = parse_time(st.get("completionTime"))
+        expired = ttl is not None and done_at is not None and obs.now >= done_at + timedelta(seconds=ttl)
+        return finish(delete_pods=doomed, delete_servers=policy != "None", delete_job=expired)
+
+    # ---- activeDeadlineSeconds counts from the first start.
+    started = parse_time(st.get("startTime"))
+    deadline = spec.run_policy.active_deadline_seconds
+    if deadline is not None and started is not None and obs.now >= started + timedelta(seconds=deadline):
+        msg = f"the job ran longer than runPolicy.activeDeadlineSeconds={deadline}"
+        b.condition("Failed", True, "DeadlineExceeded", msg)
+        b.condition("Running", False, "DeadlineExceeded", msg)
+        b.phase(FAILED, msg)
+        st["completionTime"] = format_time(obs.now)
+        return finish(delete_pods=[p.name for p in live], delete_servers=True)
+
+    # ---- suspend: delete the pods, keep checkpoints; resume creates the next attempt.
+    if spec.run_policy.suspend:
+        if phase != SUSPENDED:
+            b.condition("Suspended", True, "Suspended", "runPolicy.suspend is true: pods deleted, checkpoints kept")
+            b.condition("Running", False, "Suspended", "suspended")
+            b.phase(SUSPENDED, "suspended")
+        return finish(delete_pods=[p.name for p in pods if not p.deleting], delete_servers=True)
+
+    # ---- replicas may change only inside the elastic range (a resize = a new attempt).
+    desired = spec.workers.replicas
+    if st.get("lastSpecReplicas") is not None and int(st["lastSpecReplicas"]) != desired:
+        el = spec.elastic
+        if el is not None and el.min_replicas <= desired <= el.max_replicas:
+            if desired != replicas and phase in (PENDING, RUNNING):
+                st["lastSpecReplicas"] = desired
+                return _restart(b, st, plan, current, pods, attempt + 1, desired, "Resized",
+                                f"spec.workers.replicas changed to {desired}: recreating the gang", count=False)
+            replicas = st["replicas"] = desired
+        else:
+            rng = f"[{el.min_replicas}, {el.max_replicas}]" if el else "(no spec.elastic)"
+            b.condition("InvalidSpec", True, "ImmutableFieldChanged",
+                        f"spec.workers.replicas may only change within spec.elastic {rng}; keeping {replicas}")
+            desired = int(st["lastSpecReplicas"])
+    st["lastSpecReplicas"] = desired
+
+    if phase == SUSPENDED:  # resumed
+        if any(p for p in pods if p.attempt == attempt):
+            return finish(force_delete_pods=_stuck(pods, obs))
+        b.condition("Suspended", False, "Resumed", "runPolicy.suspend is false: resuming from the checkpoint")
+        attempt += 1
+        st["attempt"] = attempt
+        current = []
+        phase = RESTARTING
+        b.phase(RESTARTING, "resuming")
+
+    # ---- leftovers of older attempts must be gone before the next gang starts
+    # (the new pods reuse their names and DNS records).
+    stale = [p for p in pods if p.attempt != attempt]
+    if stale:
+        return finish(
+            delete_pods=[p.name for p in stale if not p.deleting],
+            force_delete_pods=_stuck(stale, obs),
+        )
+
+    if phase in ("", RESTARTING) or (phase == PENDING and not b.is_true("Created")):
+        n = len(current)
+        msg = f"created {replicas} {spec.mode}-parallel worker pods (attempt {attempt})"
+        b.condition("Created", True, "GangCreated", msg)
+        if phase == RESTARTING:
+            b.condition("Restarting", False, "GangRecreated", msg)
+        b.phase(PENDING, f"waiting for {replicas - n if n < replicas else replicas} pods to start")
+        st["workers"] = {**st["workers"], "active": max(n, replicas), "pending": max(replicas - n, 0)}
+        return finish(create=True)
+
+    # ---- the gang exists: failed / vanished / unschedulable / running / done.
+    gang = {p.index: p for p in current}
+    missing = [i for i in range(replicas) if i not in gang]
+    reasons = [r for p in current if (r := _failure(p, obs.node_lost_after_s))]
+    if missing:
+        reasons.append(f"worker pod(s) {missing} vanished")
+    if reasons:
+        permanent = [p for p in current if p.exit_code in PERMANENT_EXIT_CODES]
+        limit = spec.run_policy.backoff_limit
+        if permanent or restarts >= limit:
+            why = "TrainerConfigError" if permanent else "BackoffLimitExceeded"
+            msg = reasons[0] if permanent else f"{reasons[0]}; {restarts} restarts reached runPolicy.backoffLimit={limit}"
+            b.condition("Failed", True, why, msg)
+            b.condition("Running", False, why, msg)
+            b.phase(FAILED, msg)
+            st["completionTime"] = format_time(obs.now)
+            return finish(delete_pods=[p.name for p in live], delete_servers=True)
+        kind = "NodeLost" if "lost its node" in reasons[0] else ("WorkerVanished" if "vanished" in reasons[0]
+                                                                  or "deleted" in reasons[0] else "WorkerFailed")
+        return _restart(b, st, plan, current, pods, attempt + 1, replicas, kind,
+                        f"{reasons[0]}; restarting the gang from the last checkpoint", count=True,
+                        force=_stuck(current, obs) + [p.name for p in current if p.not_ready_for_s > 0])
+
+    if all(p.phase == "Succeeded" for p in current):
+        result = parse_summary(gang[0].message) if 0 in gang else None
+        msg = "training finished"
+        if result and "test_accuracy" in result:
+            msg += f": test accuracy {result['test_accuracy']:.4f}"
+        if result is not None:
+            st["result"] = result
+            for key, target in (("steps", "step"),):
+                if isinstance(result.get(key), int | float):
+                    st[target] = int(result[key])
+        b.condition("Succeeded", True, "Completed", msg)
+        b.condition("Running", False, "Completed", msg)
+        b.phase(SUCCEEDED, msg)
+        st["completionTime"] = format_time(obs.now)
+        return finish(delete_servers=spec.run_policy.clean_pod_policy != "None")
+
+    waiting = [p for p in current if p.unschedulable_message]
+    if waiting:
+        worst = max(waiting, key=lambda p: p.age_s)
+        el = spec.elastic
+        if el is not None and worst.age_s >= el.schedule_timeout_seconds and replicas > el.min_replicas:
+            placed = sum(1 for p in current if p.scheduled)
+            new = max(el.min_replicas, placed if placed < replicas else replicas - 1)
+            return _restart(b, st, plan, current, pods, attempt + 1, new, "ElasticShrink",
+                            f"{len(waiting)} of {replicas} pods unschedulable for "
+                            f"{el.schedule_timeout_seconds}s ({worst.unschedulable_message}); "
+                            f"shrinking to {new} replicas, resuming from the checkpoint", count=False)
+        msg = f"{len(waiting)} of {replicas} pods cannot be scheduled: {worst.unschedulable_message}"
+        b.condition("Running", False, "Unschedulable", msg)
+        b.phase(PENDING, msg)
+        return finish()
+
+    if all(p.phase in ("Running", "Succeeded") for p in current):
+        if phase != RUNNING:
+            st.setdefault("startTime", format_time(obs.now))
+            b.condition("Running", True, "GangRunning", f"all {replicas} worker pods are running (attempt {attempt})")
+            b.phase(RUNNING, "training")
+        if obs.progress:
+            if "disttrain_step" in obs.progress:
+                st["step"] = int(obs.progress["disttrain_step"])
+            if "disttrain_last_checkpoint_step" in obs.progress:
+                st["lastCheckpointStep"] = int(obs.progress["disttrain_last_checkpoint_step"])
+        return finish()
+
+    b.phase(PENDING, f"{st['workers']['pending']} of {replicas} pods starting")
+    return finish()
+
+
+def _stuck(pods: list[PodView], obs: Observed) -> list[str]:
+    """Pods Terminating for too long (their node is gone and cannot confirm): force-delete."""
+    return [p.name for p in pods if p.deleting and p.deleting_for_s >= obs.force_delete_after_s]
+
+
+def _restart(
+    b: _Builder,
+    st: dict[str, Any],
+    plan: dict[str, Any],
+    current: list[PodView],
+    pods: list[PodView],
+    attempt: int,
+    replicas: int,
+    reason: str,
+    message: str,
+    *,
+    count: bool,
+    force: list[str] | None = None,
+) -> Plan:
+    if count:
+        st["restarts"] = int(st.get("restarts") or 0) + 1
+    st["attempt"], st["replicas"] = attempt, replicas
+    b.condition("Restarting", True, reason, message)
+    b.condition("Running", False, reason, message)
+    b.condition("Created", False, "Restarting", message)
+    b.phase(RESTARTING, message)
+    return Plan(
+        status=st,
+        events=b.events,
+        spec=plan["spec"],
+        delete_pods=[p.name for p in pods if not p.deleting],
+        force_delete_pods=sorted(set(force or [])),
+        delete_servers=False,
+    )

@@ -1,0 +1,130 @@
+"""Turn raw Kubernetes pod JSON into the few facts the reconciler decides on.
+
+Pure functions over dicts (as the API returns them), so they are unit-tested with
+captured pod JSON and no cluster.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from . import constants as c
+
+
+@dataclass(frozen=True, kw_only=True)
+class PodView:
+    name: str
+    role: str
+    index: int
+    attempt: int
+    phase: str  # Pending | Running | Succeeded | Failed | Unknown
+    deleting: bool = False
+    deleting_for_s: float = 0.0
+    age_s: float = 0.0
+    scheduled: bool = False
+    unschedulable_message: str = ""  # scheduler's reason while it cannot place the pod
+    not_ready_for_s: float = 0.0  # Running with Ready=False this long: the node stopped reporting
+    ip: str = ""
+    exit_code: int | None = None
+    reason: str = ""
+    message: str = ""  # the container's termination message (rank 0's summary JSON on success)
+
+
+def parse_time(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+
+
+def format_time(value: datetime) -> str:
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _int(value: Any, default: int = 0) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def pod_view(pod: dict[str, Any], now: datetime) -> PodView:
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    status = pod.get("status") or {}
+    created = parse_time(meta.get("creationTimestamp"))
+    deleted = parse_time(meta.get("deletionTimestamp"))
+    conditions = {cond.get("type"): cond for cond in status.get("conditions") or []}
+    sched = conditions.get("PodScheduled") or {}
+    ready = conditions.get("Ready") or {}
+    phase = status.get("phase") or "Pending"
+    unsched = ""
+    if sched.get("status") == "False" and sched.get("reason") == "Unschedulable":
+        unsched = sched.get("message") or "Unschedulable"
+    not_ready_for = 0.0
+    container_running = any("running" in (cs.get("state") or {}) for cs in status.get("containerStatuses") or [])
+    if phase == "Running" and container_running and ready.get("status") == "False":
+        since = parse_time(ready.get("lastTransitionTime"))
+        not_ready_for = (now - since).total_seconds() if since else 0.0
+    exit_code: int | None = None
+    reason = status.get("reason") or ""
+    message = status.get("message") or ""
+    for cs in status.get("containerStatuses") or []:
+        if cs.get("name") != "trainer":
+            continue
+        term = (cs.get("state") or {}).get("terminated")
+        if term:
+            exit_code = _int(term.get("exitCode"), -1)
+            reason = term.get("reason") or reason
+            message = (term.get("message") or message or "").strip()
+        waiting = (cs.get("state") or {}).get("waiting")
+        if waiting and waiting.get("reason") in ("ErrImagePull", "ImagePullBackOff", "InvalidImageName",
+                                                 "CreateContainerConfigError", "CreateContainerError"):
+            reason, message = waiting.get("reason", ""), waiting.get("message", "")
+    return PodView(
+        name=meta.get("name", ""),
+        role=labels.get(c.LABEL_ROLE, ""),
+        index=_int(labels.get(c.LABEL_REPLICA_INDEX), -1),
+        attempt=_int(labels.get(c.LABEL_RESTART_ATTEMPT)),
+        phase=phase,
+        deleting=deleted is not None,
+        deleting_for_s=(now - deleted).total_seconds() if deleted else 0.0,
+        age_s=(now - created).total_seconds() if created else 0.0,
+        scheduled=sched.get("status") == "True",
+        unschedulable_message=unsched,
+        not_ready_for_s=not_ready_for,
+        ip=status.get("podIP") or "",
+        exit_code=exit_code,
+        reason=reason,
+        message=message,
+    )
+
+
+def parse_summary(message: str) -> dict[str, Any] | None:
+    """Rank 0's termination message is its summary JSON; anything else is not a result."""
+    text = message.strip()
+    if not text.startswith("{"):
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def parse_prometheus(text: str, names: tuple[str, ...]) -> dict[str, float]:
+    """The first sample of each named series in a Prometheus text exposition."""
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        series, _, rest = line.partition(" ")
+        base = series.split("{", 1)[0]
+        if base in names and base not in found:
+            try:
+                found[base] = float(rest.split()[0])
+            except (IndexError, ValueError):
+                continue
+    return found

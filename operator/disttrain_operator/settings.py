@@ -1,0 +1,85 @@
+"""Operator settings: parsed once at the edge (CLI flags over environment variables).
+
+Every knob has an env var so the in-cluster Deployment can be configured without
+changing its command line.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+ENV_PREFIX = "DISTTRAIN_OPERATOR_"
+DEFAULT_IMAGE = "disttrain-trainer:dev"
+
+
+@dataclass(frozen=True, kw_only=True)
+class OperatorSettings:
+    # Empty tuple + all_namespaces=False means "the namespace the operator runs in" (or default).
+    namespaces: tuple[str, ...] = ()
+    all_namespaces: bool = False
+    default_image: str = DEFAULT_IMAGE
+    image_pull_policy: str = "IfNotPresent"
+    metrics_port: int = 8080  # operator's own /metrics; 0 = off
+    liveness: str = ""  # e.g. http://0.0.0.0:8081/healthz; empty = off
+    # How often each job's progress is polled (rank 0 metrics, pod states).
+    poll_interval_s: float = 3.0
+    # A pod stuck Terminating this long (a dead node cannot confirm) is force-deleted.
+    force_delete_after_s: float = 30.0
+    # A Running pod whose Ready condition turned False (node lost) this long counts as failed.
+    node_lost_after_s: float = 15.0
+    # Pod termination grace: trainers checkpoint periodically, nothing to flush on SIGTERM.
+    termination_grace_s: int = 5
+    scrape_timeout_s: float = 1.5
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+    def watch_namespaces(self) -> list[str]:
+        if self.all_namespaces:
+            return []
+        if self.namespaces:
+            return list(self.namespaces)
+        return [own_namespace()]
+
+
+def own_namespace() -> str:
+    """The namespace of the operator's pod (service-account mount), else `default`."""
+    path = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip() or "default"
+    except OSError:
+        return os.environ.get("POD_NAMESPACE", "default")
+
+
+def _env_bool(value: str | None, default: bool) -> bool:
+    if value is None or value == "":
+        return default
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+def from_env(environ: Mapping[str, str] | None = None, **overrides: object) -> OperatorSettings:
+    """Settings from DISTTRAIN_OPERATOR_* env vars; keyword overrides (from CLI flags) win when not None."""
+    env = os.environ if environ is None else environ
+
+    def get(name: str) -> str | None:
+        return env.get(ENV_PREFIX + name)
+
+    ns = get("NAMESPACE")
+    values: dict[str, object] = {
+        "namespaces": tuple(n.strip() for n in ns.split(",") if n.strip()) if ns else (),
+        "all_namespaces": _env_bool(get("ALL_NAMESPACES"), False),
+        "default_image": get("DEFAULT_IMAGE") or DEFAULT_IMAGE,
+        "image_pull_policy": get("IMAGE_PULL_POLICY") or "IfNotPresent",
+        "metrics_port": int(get("METRICS_PORT") or 8080),
+        "liveness": get("LIVENESS") or "",
+        "poll_interval_s": float(get("POLL_INTERVAL") or 3.0),
+        "force_delete_after_s": float(get("FORCE_DELETE_AFTER") or 30.0),
+        "node_lost_after_s": float(get("NODE_LOST_AFTER") or 15.0),
+    }
+    for key, value in overrides.items():
+        if value is not None:
+            values[key] = value
+    if values["all_namespaces"] and values["namespaces"]:
+        raise ValueError("choose either --namespace/DISTTRAIN_OPERATOR_NAMESPACE or --all-namespaces, not both")
+    return OperatorSettings(**values)  # type: ignore[arg-type]

@@ -1,0 +1,16 @@
+"""mode: paramserver — asynchronous Downpour SGD: a parameter-server Deployment +
+gRPC Service holding the parameters, and worker pods that pull/push to it."""
+
+from __future__ import annotations
+
+from .. import constants as c
+from ..api import JobSpec, ParamServerSpec
+from .common import BuildContext, Children
+from .served import build_served
+
+
+def build(spec: JobSpec, ctx: BuildContext) -> Children:
+    ps = spec.param_server or ParamServerSpec()
+    return build_served(
+        spec, ctx, server_role=c.ROLE_SERVER, client_role=c.ROLE_WORKER, port_name="grpc", port=ps.port
+    )

@@ -1,0 +1,242 @@
+"""Cross-field rules of a DistTrainJob: what an OpenAPI schema cannot express.
+
+`api.py` checks each field on its own (types, ranges, enums, patterns); this
+module checks how fields fit together — degrees against the world size, batch
+splits, mode-specific blocks, model shapes. Every error names the field path to
+change and says what is wrong with the numbers involved, and all of them are
+reported at once. The CLI (`disttrain validate`) and the operator (which turns
+them into an `InvalidSpec` condition) share `check_job` / `load_job`.
+
+A rule whose inputs already failed schema parsing is skipped: its numbers would
+be the defaults that replaced the wrong values, not what the user wrote.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from disttrain_operator.api import DistTrainJob, FieldError, JobSpec, SpecError, parse_job_partial
+
+# Modes whose workers each hold a whole model replica.
+REPLICA_MODES = ("data", "federated", "paramserver")
+# Schedules that keep at most `stages` micro-batches in flight per stage, so a
+# step with fewer micro-batches than stages never reaches the steady state.
+SCHEDULES_NEED_MICROBATCHES = ("1F1B", "Interleaved1F1B")
+LANGUAGE_DATA = ("pytext", "synthetic")
+IMAGE_DATA = ("digits", "synthetic")
+
+
+class _Checker:
+    """Collects errors; `ok(...)` says whether a rule's inputs parsed cleanly."""
+
+    def __init__(self, skip: Iterable[FieldError]):
+        self.bad = {e.path for e in skip}
+        self.errors: list[FieldError] = []
+
+    def ok(self, *paths: str) -> bool:
+        for path in paths:
+            for bad in self.bad:
+                if path == bad or path.startswith(bad + ".") or bad == "(document)":
+                    return False
+        return True
+
+    def add(self, path: str, message: str) -> None:
+        self.errors.append(FieldError(path, message))
+
+
+def _world(spec: JobSpec) -> str:
+    w = spec.workers
+    return f"the world size {spec.world_size} (workers.replicas {w.replicas} x procsPerWorker {w.procs_per_worker})"
+
+
+def _degrees(spec: JobSpec, c: _Checker) -> bool:
+    """tensor x pipeline x data == world size. Returns whether the degrees fit."""
+    if not c.ok("spec.workers.replicas", "spec.workers.procsPerWorker", "spec.parallelism.tensor", "spec.parallelism.pipeline"):
+        return False
+    world, tp, pp = spec.world_size, spec.parallelism.tensor, spec.parallelism.pipeline
+    fits = True
+    if world % tp:
+        c.add("spec.parallelism.tensor", f"{tp} does not divide {_world(spec)}")
+        fits = False
+    if world % pp:
+        c.add("spec.parallelism.pipeline", f"{pp} does not divide {_world(spec)}")
+        fits = False
+    if fits and world % (tp * pp):
+        c.add(
+            "spec.parallelism.pipeline",
+            f"tensor {tp} x pipeline {pp} = {tp * pp} does not divide {_world(spec)}",
+        )
+        fits = False
+    return fits
+
+
+def _mode_degrees(spec: JobSpec, c: _Checker, degrees_fit: bool) -> None:
+    if not c.ok("spec.mode", "spec.parallelism.tensor", "spec.parallelism.pipeline"):
+        return
+    mode, tp, pp = spec.mode, spec.parallelism.tensor, spec.parallelism.pipeline
+    if mode in REPLICA_MODES or mode == "pipeline":
+        if tp != 1:
+            c.add("spec.parallelism.tensor", f"must be 1 in mode {mode} (got {tp}); tensor parallelism needs mode tensor or hybrid")
+    if mode in REPLICA_MODES or mode == "tensor":
+        if pp != 1:
+            c.add(
+                "spec.parallelism.pipeline",
+                f"must be 1 in mode {mode} (got {pp}); pipeline parallelism needs mode pipeline or hybrid",
+            )
+    if mode == "pipeline" and pp < 2:
+        c.add("spec.parallelism.pipeline", f"must be > 1 in mode pipeline (got {pp}): set the number of stages")
+    if mode == "tensor" and tp < 2:
+        c.add("spec.parallelism.tensor", f"must be > 1 in mode tensor (got {tp}): set the tensor-parallel degree")
+    if mode == "hybrid" and degrees_fit:
+        dp = spec.data_degree
+        if sum(d > 1 for d in (tp, pp, dp)) < 2:
+            c.add(
+                "spec.parallelism",
+                f"mode hybrid needs at least two of the tensor ({tp}), pipeline ({pp}) and data ({dp}) degrees > 1; "
+                "for one kind of parallelism use mode tensor, pipeline or data",
+            )
+
+
+def _schedule(spec: JobSpec, c: _Checker) -> None:
+    par = spec.parallelism
+    if not c.ok("spec.parallelism.schedule", "spec.parallelism.microbatches", "spec.parallelism.pipeline"):
+        return
+    if par.pipeline > 1 and par.schedule in SCHEDULES_NEED_MICROBATCHES and par.microbatches < par.pipeline:
+        c.add(
+            "spec.parallelism.microbatches",
+            f"schedule {par.schedule} needs microbatches >= pipeline stages: {par.microbatches} < {par.pipeline} "
+            "(parallelism.pipeline)",
+        )
+
+
+def _batch(spec: JobSpec, c: _Checker, degrees_fit: bool) -> None:
+    # Federated clients train on local batches of batchSize: nothing to split.
+    if not degrees_fit or spec.mode == "federated":
+        return
+    if not c.ok("spec.mode", "spec.data.batchSize", "spec.parallelism.microbatches", "spec.training.gradAccumulation"):
+        return
+    dp, pp = spec.data_degree, spec.parallelism.pipeline
+    mb, acc = spec.parallelism.microbatches, spec.training.grad_accumulation
+    batch = spec.data.batch_size
+    if pp > 1:
+        parts = [f"data-parallel degree {dp}", f"microbatches {mb}", f"gradAccumulation {acc}"]
+        divisor = dp * mb * acc
+        note = ""
+    else:
+        parts = [f"data-parallel degree {dp}", f"gradAccumulation {acc}"]
+        divisor = dp * acc
+        note = " (microbatches count only when parallelism.pipeline > 1)"
+    if batch % divisor:
+        c.add(
+            "spec.data.batchSize",
+            f"{batch} is not divisible by {divisor} = {' x '.join(parts)}{note}; every rank needs an equal share",
+        )
+
+
+def _mode_blocks(spec: JobSpec, c: _Checker) -> None:
+    if not c.ok("spec.mode"):
+        return
+    if spec.federated is not None and spec.mode != "federated":
+        c.add("spec.federated", f"only allowed in mode federated (mode is {spec.mode}); remove it or set spec.mode: federated")
+    if spec.param_server is not None and spec.mode != "paramserver":
+        c.add(
+            "spec.paramServer",
+            f"only allowed in mode paramserver (mode is {spec.mode}); remove it or set spec.mode: paramserver",
+        )
+    fed = spec.federated
+    if fed is not None and c.ok("spec.federated.clients", "spec.federated.clientsPerRound"):
+        if fed.clients_per_round > fed.clients:
+            c.add(
+                "spec.federated.clientsPerRound",
+                f"{fed.clients_per_round} must be <= federated.clients {fed.clients}",
+            )
+
+
+def _elastic(spec: JobSpec, c: _Checker) -> None:
+    el = spec.elastic
+    if el is None or not c.ok("spec.workers.replicas"):
+        return
+    replicas = spec.workers.replicas
+    if c.ok("spec.elastic.minReplicas") and el.min_replicas > replicas:
+        c.add("spec.elastic.minReplicas", f"{el.min_replicas} must be <= workers.replicas {replicas}")
+    if c.ok("spec.elastic.maxReplicas") and el.max_replicas < replicas:
+        c.add("spec.elastic.maxReplicas", f"{el.max_replicas} must be >= workers.replicas {replicas}")
+
+
+def _devices(spec: JobSpec, c: _Checker) -> None:
+    gpus = spec.workers.resources.gpus
+    if not c.ok("spec.workers.resources.gpus"):
+        return
+    if c.ok("spec.training.precision") and spec.training.precision == "fp16" and gpus == 0:
+        c.add(
+            "spec.training.precision",
+            "fp16 needs GPUs (workers.resources.gpus is 0); use bf16 or fp32 on CPU",
+        )
+    procs = spec.workers.procs_per_worker
+    if c.ok("spec.workers.procsPerWorker") and gpus > 0 and procs > gpus:
+        c.add(
+            "spec.workers.procsPerWorker",
+            f"{procs} processes per pod cannot each have a GPU: workers.resources.gpus is {gpus}",
+        )
+
+
+def _model(spec: JobSpec, c: _Checker) -> None:
+    m = spec.model
+    if not c.ok("spec.model.name"):
+        return
+    if c.ok("spec.data.name"):
+        if m.name == "gpt" and spec.data.name not in LANGUAGE_DATA:
+            c.add("spec.data.name", f"{spec.data.name} does not fit model gpt (a language model); use pytext or synthetic")
+        if m.name in ("mlp", "cnn") and spec.data.name not in IMAGE_DATA:
+            c.add(
+                "spec.data.name",
+                f"{spec.data.name} does not fit model {m.name} (an image classifier); use digits or synthetic",
+            )
+    if m.name != "gpt":
+        return
+    if c.ok("spec.model.hidden", "spec.model.heads") and m.hidden % m.heads:
+        c.add("spec.model.hidden", f"{m.hidden} is not divisible by model.heads {m.heads}")
+    tp = spec.parallelism.tensor
+    if tp > 1 and c.ok("spec.parallelism.tensor"):
+        # Megatron splits attention heads and the MLP's hidden units over the ranks.
+        if c.ok("spec.model.heads") and m.heads % tp:
+            c.add("spec.model.heads", f"{m.heads} is not divisible by parallelism.tensor {tp}")
+        if c.ok("spec.model.hidden") and m.hidden % tp:
+            c.add("spec.model.hidden", f"{m.hidden} is not divisible by parallelism.tensor {tp}")
+
+
+def validate_spec(spec: JobSpec, *, skip: Iterable[FieldError] = ()) -> list[FieldError]:
+    """Cross-field errors of a parsed spec, in a stable order.
+
+    `skip`: schema errors already found; rules reading those fields are not run.
+    """
+    c = _Checker(skip)
+    fit = _degrees(spec, c)
+    _mode_degrees(spec, c, fit)
+    _schedule(spec, c)
+    _batch(spec, c, fit)
+    _mode_blocks(spec, c)
+    _elastic(spec, c)
+    _devices(spec, c)
+    _model(spec, c)
+    return c.errors
+
+
+def validate_job(job: DistTrainJob) -> list[FieldError]:
+    """Cross-field errors of a parsed job."""
+    return validate_spec(job.spec)
+
+
+def check_job(obj: Any) -> tuple[DistTrainJob, list[FieldError]]:
+    """Schema and cross-field errors of a manifest, all at once, plus the best-effort job."""
+    job, errors = parse_job_partial(obj)
+    return job, errors + validate_spec(job.spec, skip=errors)
+
+
+def load_job(obj: Any) -> DistTrainJob:
+    """Parse and fully validate a manifest (a dict). Raises SpecError listing every problem."""
+    job, errors = check_job(obj)
+    if errors:
+        raise SpecError(errors)
+    return job

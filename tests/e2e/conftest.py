@@ -1,0 +1,194 @@
+"""End-to-end fixtures: any cluster reachable through the `kubeconfig` fixture
+(the local cluster by default, kind or another cluster when KUBECONFIG is set).
+
+The operator runs as a host process (`disttrain operator`) watching only the
+namespaces these tests create (`e2e-op-*`), so tests stay fast and never touch
+anything else on the cluster; the in-cluster install is tested on its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD = ROOT / "manifests" / "crd" / "disttrainjobs.yaml"
+DISTTRAIN = Path(sys.executable).parent / "disttrain"
+CHECKPOINT_HOSTPATH = "/var/lib/disttrain/checkpoints"
+
+
+class Kubectl:
+    def __init__(self, kubeconfig: str) -> None:
+        self.kubeconfig = kubeconfig
+        self.env = {**os.environ, "KUBECONFIG": kubeconfig}
+
+    def run(self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(["kubectl", *args], input=input, env=self.env, text=True,
+                              capture_output=True, timeout=timeout)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
+        return proc
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self.run(*args, "-o", "json").stdout)
+
+    def apply(self, obj: dict[str, Any], check: bool = True) -> subprocess.CompletedProcess[str]:
+        return self.run("apply", "-f", "-", input=yaml.safe_dump(obj), check=check)
+
+    def job(self, ns: str, name: str) -> dict[str, Any]:
+        return self.json("get", "disttrainjobs.disttrain.dev", name, "-n", ns)
+
+    def pods(self, ns: str, job: str) -> list[dict[str, Any]]:
+        return self.json("get", "pods", "-n", ns, "-l", f"disttrain.dev/job-name={job}")["items"]
+
+    def wait_for(self, what: str, fn: Callable[[], Any], timeout: float, interval: float = 2.0) -> Any:
+        deadline = time.monotonic() + timeout
+        last: Any = None
+        while time.monotonic() < deadline:
+            last = fn()
+            if last:
+                return last
+            time.sleep(interval)
+        raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+    def wait_phase(self, ns: str, name: str, phases: tuple[str, ...], timeout: float) -> dict[str, Any]:
+        def check() -> dict[str, Any] | None:
+            job = self.job(ns, name)
+            return job if (job.get("status") or {}).get("phase") in phases else None
+
+        try:
+            return self.wait_for(f"{name} phase in {phases}", check, timeout)
+        except AssertionError:
+            print(self.run("describe", "disttrainjobs.disttrain.dev", name, "-n", ns, check=False).stdout)
+            print(self.run("get", "pods", "-n", ns, "-o", "wide", check=False).stdout)
+            raise
+
+
+def condition(job: dict[str, Any], type_: str) -> dict[str, Any] | None:
+    return next((c for c in (job.get("status") or {}).get("conditions") or [] if c.get("type") == type_), None)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def kubectl(kubeconfig: Any) -> Kubectl:
+    if shutil.which("kubectl") is None:
+        pytest.fail("kubectl is not on PATH (make cluster-prereqs installs it)")
+    return Kubectl(str(kubeconfig))
+
+
+@pytest.fixture(scope="session")
+def crd(kubectl: Kubectl) -> None:
+    kubectl.run("apply", "-f", str(CRD))
+    kubectl.run("wait", "--for=condition=Established", "crd/disttrainjobs.disttrain.dev", "--timeout=60s")
+
+
+class OperatorProcess:
+    def __init__(self, kubectl: Kubectl, namespaces: list[str], log: Path) -> None:
+        self.kubectl, self.namespaces, self.log = kubectl, namespaces, log
+        self.metrics_port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        args = [str(DISTTRAIN), "operator", "--metrics-port", str(self.metrics_port), "--poll-interval", "2"]
+        for ns in self.namespaces:
+            args += ["--namespace", ns]
+        self.fh = open(self.log, "ab")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(args, env=self.kubectl.env, stdout=self.fh, stderr=subprocess.STDOUT)
+
+    def kill(self) -> None:
+        """SIGKILL: no chance to clean up, like a crashed operator pod."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if getattr(self, "fh", None):
+            self.fh.close()
+
+    def tail(self, n: int = 60) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:]) if self.log.exists() else ""
+
+
+@pytest.fixture(scope="session")
+def operator(kubectl: Kubectl, crd: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+    op = OperatorProcess(kubectl, ["e2e-op-*"], tmp_path_factory.mktemp("operator") / "operator.log")
+    op.start()
+    yield op
+    op.stop()
+    print("operator log tail:\n" + op.tail())
+
+
+def _namespace(kubectl: Kubectl, prefix: str) -> Iterator[str]:
+    ns = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    kubectl.run("create", "namespace", ns)
+    yield ns
+    kubectl.run("delete", "namespace", ns, "--wait=false", check=False)
+
+
+@pytest.fixture
+def namespace(kubectl: Kubectl) -> Iterator[str]:
+    """A fresh namespace watched by the session's host operator."""
+    yield from _namespace(kubectl, "e2e-op")
+
+
+@pytest.fixture
+def own_namespace(kubectl: Kubectl) -> Iterator[str]:
+    """A fresh namespace the session operator does NOT watch (for tests with their own operator)."""
+    yield from _namespace(kubectl, "e2e-own")
+
+
+def job_manifest(name: str, ns: str, *, steps: int = 20, sleep: int | None = None, **spec: Any) -> dict[str, Any]:
+    """A small data-parallel digits job; `sleep` swaps the trainer for `sleep N` (no training)."""
+    body: dict[str, Any] = {
+        "mode": "data",
+        "workers": {"replicas": 2, "resources": {"cpu": "500m", "memory": "768Mi"}},
+        "model": {"name": "mlp", "hidden": 64, "layers": 2},
+        "data": {"name": "digits", "batchSize": 64},
+        "training": {"steps": steps, "logIntervalSteps": 5},
+        "checkpoint": {"intervalSteps": 10, "keep": 2},
+    }
+    if sleep is not None:
+        body["workers"]["template"] = {"containers": [{"name": "trainer", "command": ["sh", "-c", f"sleep {sleep}"]}]}
+    for key, value in spec.items():
+        if isinstance(value, dict) and isinstance(body.get(key), dict):
+            body[key] = {**body[key], **value}
+        else:
+            body[key] = value
+    return {"apiVersion": "disttrain.dev/v1alpha1", "kind": "DistTrainJob",
+            "metadata": {"name": name, "namespace": ns}, "spec": body}
+
+
+def digits_manifest(name: str, ns: str, **over: Any) -> dict[str, Any]:
+    """The data-parallel example, renamed, with a shared hostPath checkpoint volume."""
+    obj = yaml.safe_load((ROOT / "manifests" / "examples" / "data-parallel.yaml").read_text())
+    obj["metadata"] = {"name": name, "namespace": ns}
+    obj["spec"]["workers"]["resources"]["cpu"] = "750m"
+    obj["spec"]["checkpoint"]["volume"] = {"hostPath": {"path": CHECKPOINT_HOSTPATH, "type": "Directory"}}
+    for key, value in over.items():
+        obj["spec"][key] = {**obj["spec"].get(key, {}), **value}
+    return obj

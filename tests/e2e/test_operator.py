@@ -1,0 +1,168 @@
+"""The operator against a real cluster (host-process operator; see conftest)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import (  # type: ignore[import-not-found]
+    CHECKPOINT_HOSTPATH,
+    Kubectl,
+    OperatorProcess,
+    condition,
+    digits_manifest,
+    job_manifest,
+)
+
+pytestmark = pytest.mark.timeout(900)
+
+
+def uniq(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:5]}"
+
+
+def kill_worker(request: pytest.FixtureRequest, kubectl: Kubectl, ns: str, pod: str) -> None:
+    """Kill the trainer process inside the pod (the pod object stays: it turns Failed)."""
+    import os
+
+    if os.environ.get("KUBECONFIG"):
+        # Another cluster (kind): no node access; deleting the pod is the closest failure.
+        kubectl.run("delete", "pod", pod, "-n", ns, "--wait=false")
+        return
+    cluster = request.getfixturevalue("local_cluster")
+    cluster.kill_pod_container(ns, pod, "trainer")
+
+
+def test_invalid_field_is_refused_by_the_api_server(kubectl: Kubectl, crd: None, namespace: str) -> None:
+    obj = job_manifest("bad", namespace)
+    obj["spec"]["workers"]["replicas"] = 0
+    proc = kubectl.apply(obj, check=False)
+    assert proc.returncode != 0
+    assert "spec.workers.replicas" in proc.stderr, proc.stderr
+    obj["spec"]["workers"]["replicas"] = "two"
+    proc = kubectl.apply(obj, check=False)
+    assert proc.returncode != 0 and "spec.workers.replicas" in proc.stderr, proc.stderr
+
+
+def test_cross_field_invalid_gets_invalid_spec_and_no_pods(
+    kubectl: Kubectl, operator: OperatorProcess, namespace: str
+) -> None:
+    name = uniq("xfield")
+    kubectl.apply(job_manifest(name, namespace, parallelism={"tensor": 2}))  # tensor > 1 in mode data
+    job = kubectl.wait_phase(namespace, name, ("Failed",), timeout=60)
+    cond = condition(job, "InvalidSpec")
+    assert cond and cond["status"] == "True", job["status"]
+    assert "spec.parallelism.tensor" in cond["message"] and "mode data" in cond["message"]
+    events = kubectl.json("get", "events", "-n", namespace, "--field-selector", f"involvedObject.name={name}")
+    assert any(e["reason"] == "InvalidSpec" for e in events["items"])
+    time.sleep(3)
+    assert kubectl.pods(namespace, name) == []
+
+
+def test_gpu_request_beyond_the_cluster_stays_pending(
+    kubectl: Kubectl, operator: OperatorProcess, namespace: str
+) -> None:
+    name = uniq("gpus")
+    kubectl.apply(job_manifest(name, namespace, sleep=60,
+                               workers={"replicas": 1, "resources": {"gpus": 64, "cpu": "100m", "memory": "64Mi"}}))
+
+    def unschedulable() -> dict[str, Any] | None:
+        job = kubectl.job(namespace, name)
+        cond = condition(job, "Running")
+        return job if cond and cond["reason"] == "Unschedulable" else None
+
+    job = kubectl.wait_for("Unschedulable condition", unschedulable, timeout=90)
+    assert job["status"]["phase"] == "Pending"
+    assert "nvidia.com/gpu" in condition(job, "Running")["message"]
+    (pod,) = kubectl.pods(namespace, name)
+    assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "64"
+    assert any(t["key"] == "nvidia.com/gpu" for t in pod["spec"]["tolerations"])
+    time.sleep(6)  # it stays Pending: no restarts, no failure
+    job = kubectl.job(namespace, name)
+    assert job["status"]["phase"] == "Pending" and job["status"].get("restarts", 0) == 0
+
+
+def test_deleting_the_job_removes_every_child(kubectl: Kubectl, operator: OperatorProcess, namespace: str) -> None:
+    name = uniq("del")
+    kubectl.apply(job_manifest(name, namespace, sleep=600,
+                               workers={"replicas": 2, "resources": {"cpu": "100m", "memory": "64Mi"}}))
+    kubectl.wait_phase(namespace, name, ("Running",), timeout=120)
+    selector = f"disttrain.dev/job-name={name}"
+    kinds = "pods,services,configmaps"
+    children = kubectl.json("get", kinds, "-n", namespace, "-l", selector)["items"]
+    assert {c["kind"] for c in children} == {"Pod", "Service", "ConfigMap"}
+    uid = kubectl.job(namespace, name)["metadata"]["uid"]
+    assert all(c["metadata"]["ownerReferences"][0]["uid"] == uid for c in children)
+    kubectl.run("delete", "disttrainjobs.disttrain.dev", name, "-n", namespace, "--wait=true", timeout=120)
+    kubectl.wait_for("children gone",
+                     lambda: not kubectl.json("get", kinds, "-n", namespace, "-l", selector)["items"], timeout=120)
+
+
+def test_operator_restart_adopts_jobs_without_duplicates(
+    kubectl: Kubectl, crd: None, own_namespace: str, tmp_path: Path
+) -> None:
+    ns = own_namespace
+    op = OperatorProcess(kubectl, [ns], tmp_path / "operator.log")
+    op.start()
+    try:
+        name = uniq("adopt")
+        kubectl.apply(job_manifest(name, ns, sleep=600,
+                                   workers={"replicas": 3, "resources": {"cpu": "100m", "memory": "64Mi"}}))
+        kubectl.wait_phase(ns, name, ("Running",), timeout=120)
+        before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in kubectl.pods(ns, name)}
+        assert len(before) == 3
+        op.kill()
+        time.sleep(3)
+        op.start()
+        time.sleep(12)  # several poll intervals of the new operator
+        after = {p["metadata"]["name"]: p["metadata"]["uid"] for p in kubectl.pods(ns, name)}
+        assert after == before, "the restarted operator recreated or duplicated pods"
+        job = kubectl.job(ns, name)
+        assert job["status"]["phase"] == "Running" and job["status"].get("restarts", 0) == 0
+        # Delete while an operator runs: kopf's timer finalizer must be released.
+        kubectl.run("delete", "disttrainjobs.disttrain.dev", "--all", "-n", ns, "--wait=true", timeout=120)
+    finally:
+        op.stop()
+        print(op.tail())
+
+
+def test_killed_worker_restarts_gang_and_resumes(
+    request: pytest.FixtureRequest, kubectl: Kubectl, operator: OperatorProcess, namespace: str
+) -> None:
+    name = uniq("kill")
+    obj = digits_manifest(name, namespace, training={"steps": 600, "evalIntervalSteps": 0},
+                          checkpoint={"intervalSteps": 50})
+    kubectl.apply(obj)
+    kubectl.wait_phase(namespace, name, ("Running",), timeout=300)
+    ckpt_dir = Path(CHECKPOINT_HOSTPATH) / name
+
+    def checkpointed() -> bool:
+        status = kubectl.job(namespace, name).get("status") or {}
+        if int(status.get("lastCheckpointStep") or 0) >= 50:
+            return True
+        # On the local cluster the hostPath volume is this machine's folder.
+        return ckpt_dir.is_dir() and any(p.name.startswith("step-") for p in ckpt_dir.iterdir())
+
+    kubectl.wait_for("a first checkpoint", checkpointed, timeout=300, interval=1.0)
+    kill_worker(request, kubectl, namespace, f"{name}-worker-1")
+
+    def restarted() -> dict[str, Any] | None:
+        job = kubectl.job(namespace, name)
+        return job if int((job.get("status") or {}).get("restarts") or 0) >= 1 else None
+
+    job = kubectl.wait_for("restarts == 1", restarted, timeout=120, interval=1.0)
+    assert condition(job, "Restarting") is not None
+    events = kubectl.json("get", "events", "-n", namespace, "--field-selector", f"involvedObject.name={name}")
+    assert any(e["reason"] in ("WorkerFailed", "WorkerVanished") for e in events["items"])
+    job = kubectl.wait_phase(namespace, name, ("Succeeded", "Failed"), timeout=600)
+    status = job["status"]
+    assert status["phase"] == "Succeeded", status
+    assert status["restarts"] == 1
+    assert status["result"]["resumed_from_step"] > 0, status["result"]
+    assert status["result"]["test_accuracy"] >= 0.95, status["result"]
+    pods = kubectl.pods(namespace, name)
+    assert {p["metadata"]["labels"]["disttrain.dev/restart-attempt"] for p in pods} == {"1"}

@@ -1,0 +1,76 @@
+"""Gang bookkeeping with real (tiny) child processes: outcomes, blame, pids file, stop."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from disttrain_trainer.launcher.env import gang_slots
+from disttrain_trainer.launcher.gang import Failure, Gang, describe_exit
+
+# Each child runs this program; its behaviour depends on RANK.
+PROGRAM = """
+import os, sys, time
+rank = int(os.environ["RANK"])
+mode = os.environ["MODE"]
+if mode == "ok":
+    sys.exit(0)
+if mode == "fail" and rank == 1:
+    print("disttrain-trainer: boom on rank 1", file=sys.stderr)
+    sys.exit(1)
+time.sleep(60)
+"""
+
+
+def _start(tmp_path: Path, mode: str) -> Gang:
+    envs = [
+        (s, {"RANK": str(s.rank), "MODE": mode, "PATH": "/usr/bin:/bin"}) for s in gang_slots(2, 1)
+    ]
+    return Gang.start(
+        command=[sys.executable, "-c", PROGRAM], envs=envs, run_dir=tmp_path, attempt=3
+    )
+
+
+def _wait(gang: Gang, timeout: float = 30) -> Failure | bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        outcome = gang.poll()
+        if outcome is not False:
+            return outcome
+        time.sleep(0.05)
+    return False
+
+
+def test_all_exit_zero_is_success_and_pids_are_published(tmp_path: Path) -> None:
+    gang = _start(tmp_path, "ok")
+    pids = json.loads((tmp_path / "pids.json").read_text())
+    assert pids["attempt"] == 3 and {int(k): v for k, v in pids["pids"].items()} == gang.pids
+    assert _wait(gang) is True
+
+
+def test_a_failing_rank_is_reported_with_its_last_line(tmp_path: Path) -> None:
+    gang = _start(tmp_path, "fail")
+    outcome = _wait(gang)
+    assert isinstance(outcome, Failure)
+    assert outcome.rank == 1 and outcome.returncode == 1
+    assert outcome.reason.endswith("exit code 1: disttrain-trainer: boom on rank 1")
+    gang.stop(grace_s=5)
+    assert all(m.proc.returncode is not None for m in gang._members)
+    assert "attempt 3, rank 1" in (tmp_path / "logs" / "rank1.log").read_text()
+
+
+def test_stop_terminates_sleeping_processes(tmp_path: Path) -> None:
+    gang = _start(tmp_path, "sleep")
+    time.sleep(0.3)
+    assert gang.poll() is False
+    started = time.monotonic()
+    gang.stop(grace_s=5)
+    assert time.monotonic() - started < 5  # SIGTERM was enough
+    assert describe_exit(gang._members[0].proc.returncode) == "killed by SIGTERM"
+
+
+def test_describe_exit() -> None:
+    assert describe_exit(-9) == "killed by SIGKILL"
+    assert describe_exit(3) == "exit code 3"

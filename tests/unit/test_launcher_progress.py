@@ -1,0 +1,64 @@
+"""Progress line formatting and tailing a JSON-lines file that is still being written."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+from disttrain_trainer.launcher.progress import JsonlTail, ProgressPrinter, format_progress
+
+
+def test_format_progress_line() -> None:
+    line = format_progress(
+        step=120, total=500, loss=0.43214, samples_per_s=1234.5, elapsed_s=75, restarts=1
+    )
+    assert line.startswith("[######------------------]")
+    assert "step 120/500" in line and " 24%" in line
+    assert "loss 0.4321" in line and "1,234 samples/s" in line
+    assert "restarts 1" in line and line.endswith("1:15")
+
+
+def test_format_progress_without_figures_and_bar() -> None:
+    line = format_progress(
+        step=0, total=10, loss=None, samples_per_s=None, elapsed_s=3700, bar=False
+    )
+    assert line == "step 0/10    0%  loss -  - samples/s  1:01:40"
+
+
+def test_tail_reads_only_complete_lines_and_survives_truncation(tmp_path: Path) -> None:
+    path = tmp_path / "metrics-rank0.jsonl"
+    tail = JsonlTail(path)
+    assert tail.read_new() == []  # not there yet
+    path.write_text(json.dumps({"step": 1}) + "\n" + '{"step": 2, "lo')
+    assert tail.read_new() == [{"step": 1}]
+    with path.open("a") as f:
+        f.write('ss": 0.5}\nnot json\n')
+    assert tail.read_new() == [{"step": 2, "loss": 0.5}]
+    path.write_text(json.dumps({"step": 3}) + "\n")  # a new attempt rewrote the file
+    assert tail.read_new() == [{"step": 3}]
+
+
+def test_plain_output_is_throttled_but_keeps_the_last_state() -> None:
+    now = [0.0]
+    out = io.StringIO()
+    p = ProgressPrinter(out, total=100, tty=False, plain_interval_s=2.0, clock=lambda: now[0])
+    p.update({"step": 10, "loss": 1.0, "samples_per_s": 10}, elapsed_s=1, restarts=0)
+    now[0] = 1.0
+    p.update({"step": 20, "loss": 0.9, "samples_per_s": 10}, elapsed_s=2, restarts=0)  # throttled
+    p.note("restarting")
+    p.finish()
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 3
+    assert "step 10/100" in lines[0] and lines[1] == "restarting" and "step 20/100" in lines[2]
+    assert "\r" not in out.getvalue()
+
+
+def test_tty_output_redraws_in_place() -> None:
+    out = io.StringIO()
+    p = ProgressPrinter(out, total=10, tty=True)
+    p.update({"step": 5, "loss": 1.0}, elapsed_s=1, restarts=0)
+    p.update({"step": 10, "loss": 0.5}, elapsed_s=2, restarts=0)
+    p.finish()
+    text = out.getvalue()
+    assert text.count("\r") == 2 and text.endswith("\n") and "[" in text

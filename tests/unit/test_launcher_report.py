@@ -1,0 +1,93 @@
+"""The final summary of a local run and its PNG."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from disttrain_trainer.launcher import report
+
+
+def _records() -> list[dict[str, float | str]]:
+    # Steps 10..40, then a resumed attempt re-logs 30 and 40 with other figures.
+    recs = [
+        {
+            "step": s,
+            "loss": 1.0 / s,
+            "step_s": 0.1,
+            "compute_s": 0.06,
+            "comm_s": 0.03,
+            "data_s": 0.01,
+        }
+        for s in (10, 20, 30, 40)
+    ]
+    recs += [
+        {"step": 30, "loss": 0.5, "step_s": 0.2, "comm_s": 0.1},
+        {"step": 40, "loss": 0.25, "step_s": 0.2, "comm_s": 0.1},
+        {"event": "checkpoint", "step": 40, "checkpoint_s": 0.5},  # not a step record
+    ]
+    return recs
+
+
+def test_dedupe_keeps_the_latest_record_per_step() -> None:
+    d = report.dedupe_by_step(_records())
+    assert [r["step"] for r in d] == [10, 20, 30, 40]
+    assert d[2]["loss"] == 0.5 and d[3]["loss"] == 0.25
+
+
+def test_summary_prefers_the_trainer_figures_and_adds_restarts(tmp_path: Path) -> None:
+    trainer = {
+        "steps": 40,
+        "final_loss": 0.25,
+        "test_accuracy": 0.9712,
+        "wall_s": 12.5,
+        "comm_fraction": 0.31,
+    }
+    s = report.build_summary(
+        job="demo",
+        status="Succeeded",
+        reason=None,
+        trainer=trainer,
+        records=report.dedupe_by_step(_records()),
+        total_steps=40,
+        wall_s=20.0,
+        restarts=1,
+        world_size=2,
+        device="cpu",
+        run_dir=tmp_path,
+        plot=None,
+    )
+    assert (s.steps, s.test_accuracy, s.comm_fraction, s.restarts) == (40, 0.9712, 0.31, 1)
+    text = report.format_summary(s)
+    assert "test accuracy  0.9712" in text
+    assert "31.0% of step time" in text and "restarts" in text and "40/40" in text
+    path = report.write_summary(s, tmp_path)
+    assert json.loads(path.read_text())["restarts"] == 1
+
+
+def test_summary_without_trainer_summary_falls_back_to_the_log(tmp_path: Path) -> None:
+    recs = report.dedupe_by_step(_records())
+    s = report.build_summary(
+        job="demo",
+        status="Failed",
+        reason="BackoffLimitExceeded",
+        trainer=None,
+        records=recs,
+        total_steps=100,
+        wall_s=5.0,
+        restarts=3,
+        world_size=2,
+        device="cpu",
+        run_dir=tmp_path,
+        plot=None,
+    )
+    assert s.steps == 40 and s.final_loss == 0.25 and s.test_accuracy is None
+    # comm / step over the logged steps: (0.03 + 0.03 + 0.1 + 0.1) / (0.1 + 0.1 + 0.2 + 0.2)
+    assert abs((s.comm_fraction or 0) - 0.26 / 0.6) < 1e-9
+    assert "Failed: BackoffLimitExceeded" in report.format_summary(s)
+
+
+def test_plot_is_a_png(tmp_path: Path) -> None:
+    path = report.write_plot(_records(), tmp_path / "training.png", title="demo")
+    assert path is not None and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert report.write_plot([], tmp_path / "none.png", title="x") is None

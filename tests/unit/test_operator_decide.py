@@ -1,0 +1,206 @@
+"""The reconciler's decisions (decide.py) from status + pods, without a cluster."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from disttrain_operator import api
+from disttrain_operator.decide import Observed, decide
+from disttrain_operator.observe import PodView, format_time
+
+NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
+
+
+def spec(**over: Any) -> api.JobSpec:
+    base: dict[str, Any] = {"mode": "data", "workers": {"replicas": 2}}
+    base.update(over)
+    return api.parse_spec(base)
+
+
+def pod(index: int, phase: str = "Running", attempt: int = 0, **kw: Any) -> PodView:
+    values: dict[str, Any] = {"name": f"j-worker-{index}", "role": "worker", "index": index, "attempt": attempt,
+                              "phase": phase, "scheduled": phase != "Pending", "ip": f"10.0.0.{index}"}
+    values.update(kw)
+    return PodView(**values)
+
+
+def obs(status: dict[str, Any] | None = None, pods: list[PodView] | None = None, **kw: Any) -> Observed:
+    values: dict[str, Any] = {"generation": 1, "spec": spec(), "status": status or {}, "pods": pods or [], "now": NOW}
+    values.update(kw)
+    if "accepted" not in values:
+        values["accepted"] = values["spec"] if status else None
+    return Observed(**values)
+
+
+def cond(status: dict[str, Any], type_: str) -> dict[str, Any] | None:
+    return next((c for c in status["conditions"] if c["type"] == type_), None)
+
+
+RUNNING_STATUS = {
+    "phase": "Running", "attempt": 0, "replicas": 2, "restarts": 0, "lastSpecReplicas": 2,
+    "startTime": format_time(NOW - timedelta(seconds=30)), "observedGeneration": 1,
+    "conditions": [{"type": "Created", "status": "True", "reason": "GangCreated"},
+                   {"type": "Running", "status": "True", "reason": "GangRunning"}],
+}
+
+
+def test_new_job_creates_the_gang() -> None:
+    plan = decide(obs())
+    assert plan.create and not plan.delete_pods
+    st = plan.status
+    assert st["phase"] == "Pending" and st["attempt"] == 0 and st["replicas"] == 2 and st["restarts"] == 0
+    assert st["observedGeneration"] == 1
+    assert cond(st, "Created")["status"] == "True"
+    assert ("Normal", "GangCreated") in [(t, r) for t, r, _ in plan.events]
+
+
+def test_restarted_operator_adopts_running_gang_without_creating() -> None:
+    plan = decide(obs(dict(RUNNING_STATUS), [pod(0), pod(1)], progress={"disttrain_step": 120.0,
+                                                                         "disttrain_last_checkpoint_step": 100.0}))
+    assert not plan.create and not plan.delete_pods and not plan.events
+    assert plan.status["phase"] == "Running"
+    assert plan.status["step"] == 120 and plan.status["lastCheckpointStep"] == 100
+    assert plan.status["workers"] == {"active": 2, "pending": 0, "succeeded": 0, "failed": 0}
+
+
+def test_all_running_moves_to_running_with_start_time() -> None:
+    st = {**RUNNING_STATUS, "phase": "Pending"}
+    del st["startTime"]
+    plan = decide(obs(st, [pod(0), pod(1)]))
+    assert plan.status["phase"] == "Running" and plan.status["startTime"] == format_time(NOW)
+
+
+def test_failed_worker_restarts_gang_with_next_attempt() -> None:
+    plan = decide(obs(dict(RUNNING_STATUS), [pod(0, "Failed", exit_code=1, message="boom"), pod(1)]))
+    st = plan.status
+    assert st["phase"] == "Restarting" and st["restarts"] == 1 and st["attempt"] == 1
+    assert sorted(plan.delete_pods) == ["j-worker-0", "j-worker-1"] and not plan.create
+    assert cond(st, "Restarting")["reason"] == "WorkerFailed"
+    assert "boom" in cond(st, "Restarting")["message"]
+    assert any(t == "Warning" and r == "WorkerFailed" for t, r, _ in plan.events)
+
+
+def test_restart_waits_for_old_pods_then_recreates() -> None:
+    st = {**RUNNING_STATUS, "phase": "Restarting", "attempt": 1, "restarts": 1}
+    old = [pod(0, "Failed", deleting=True, deleting_for_s=2), pod(1, deleting=True, deleting_for_s=2)]
+    plan = decide(obs(st, old))
+    assert not plan.create and not plan.delete_pods and not plan.force_delete_pods
+    stuck = [pod(0, deleting=True, deleting_for_s=99)]
+    assert decide(obs(st, stuck)).force_delete_pods == ["j-worker-0"]
+    plan = decide(obs(st, []))
+    assert plan.create and plan.status["attempt"] == 1 and plan.status["restarts"] == 1
+    assert plan.status["phase"] == "Pending"
+    # Stale status (operator restarted after creating pods, before patching): same attempt, no new count.
+    plan = decide(obs(st, [pod(0, attempt=1), pod(1, attempt=1)]))
+    assert plan.status["restarts"] == 1 and plan.status["attempt"] == 1
+
+
+def test_backoff_limit_then_failed() -> None:
+    st = {**RUNNING_STATUS, "restarts": 3}
+    plan = decide(obs(st, [pod(0, "Failed", exit_code=1), pod(1)]))
+    assert plan.status["phase"] == "Failed" and plan.status["restarts"] == 3
+    assert cond(plan.status, "Failed")["reason"] == "BackoffLimitExceeded"
+    assert plan.delete_pods == ["j-worker-1"] and "completionTime" in plan.status
+
+
+def test_config_error_exit_code_fails_without_retry() -> None:
+    plan = decide(obs(dict(RUNNING_STATUS), [pod(0, "Failed", exit_code=2, message="mode x not implemented"), pod(1)]))
+    assert plan.status["phase"] == "Failed" and plan.status["restarts"] == 0
+    assert cond(plan.status, "Failed")["reason"] == "TrainerConfigError"
+
+
+def test_vanished_and_lost_node_restart() -> None:
+    plan = decide(obs(dict(RUNNING_STATUS), [pod(0)]))
+    assert plan.status["phase"] == "Restarting" and cond(plan.status, "Restarting")["reason"] == "WorkerVanished"
+    plan = decide(obs(dict(RUNNING_STATUS), [pod(0), pod(1, not_ready_for_s=60)]))
+    assert cond(plan.status, "Restarting")["reason"] == "NodeLost"
+    assert plan.force_delete_pods == ["j-worker-1"]
+
+
+def test_success_copies_rank0_summary() -> None:
+    msg = '{"steps": 400, "test_accuracy": 0.97, "resumed_from_step": 0}'
+    plan = decide(obs(dict(RUNNING_STATUS), [pod(0, "Succeeded", exit_code=0, message=msg), pod(1, "Succeeded")]))
+    st = plan.status
+    assert st["phase"] == "Succeeded" and st["result"]["test_accuracy"] == 0.97 and st["step"] == 400
+    assert "0.97" in cond(st, "Succeeded")["message"] and st["completionTime"]
+
+
+def test_finished_job_cleanup_and_ttl() -> None:
+    done = {**RUNNING_STATUS, "phase": "Succeeded", "completionTime": format_time(NOW - timedelta(seconds=20))}
+    pods = [pod(0, "Succeeded"), pod(1, "Running")]
+    assert decide(obs(done, pods)).delete_pods == ["j-worker-1"]
+    s_all = spec(runPolicy={"cleanPodPolicy": "All", "ttlSecondsAfterFinished": 10})
+    plan = decide(obs(done, pods, spec=s_all, accepted=s_all))
+    assert sorted(plan.delete_pods) == ["j-worker-0", "j-worker-1"] and plan.delete_job
+    s_none = spec(runPolicy={"cleanPodPolicy": "None", "ttlSecondsAfterFinished": 60})
+    plan = decide(obs(done, pods, spec=s_none, accepted=s_none))
+    assert plan.delete_pods == [] and not plan.delete_job
+
+
+def test_invalid_spec_condition_and_no_pods() -> None:
+    plan = decide(obs(spec=None, spec_error="spec.parallelism.tensor: 3 does not divide world size 2"))
+    assert not plan.create and plan.status["phase"] == "Failed"
+    c = cond(plan.status, "InvalidSpec")
+    assert c["status"] == "True" and "spec.parallelism.tensor" in c["message"]
+
+
+def test_immutable_change_refused_keeps_running() -> None:
+    new = spec(model={"name": "cnn"})
+    plan = decide(obs(dict(RUNNING_STATUS), [pod(0), pod(1)], spec=new, accepted=spec(), generation=2))
+    c = cond(plan.status, "InvalidSpec")
+    assert c["reason"] == "ImmutableFieldChanged" and "spec.model" in c["message"]
+    assert plan.status["phase"] == "Running" and not plan.delete_pods
+    assert plan.spec is not None and plan.spec.model.name == "mlp"
+
+
+def test_suspend_then_resume() -> None:
+    sus = spec(runPolicy={"suspend": True})
+    plan = decide(obs(dict(RUNNING_STATUS), [pod(0), pod(1)], spec=sus, accepted=sus))
+    assert plan.status["phase"] == "Suspended" and sorted(plan.delete_pods) == ["j-worker-0", "j-worker-1"]
+    st = plan.status
+    plan = decide(obs(st, [pod(0, deleting=True)]))  # resume, old pods still terminating
+    assert not plan.create and plan.status["phase"] == "Suspended"
+    plan = decide(obs(st, []))
+    assert plan.create and plan.status["attempt"] == 1 and plan.status["restarts"] == 0
+    assert cond(plan.status, "Suspended")["status"] == "False"
+
+
+def test_unschedulable_stays_pending_with_condition() -> None:
+    st = {**RUNNING_STATUS, "phase": "Pending"}
+    pods = [pod(0, "Pending", unschedulable_message="0/2 nodes are available: 2 Insufficient nvidia.com/gpu.",
+                age_s=500), pod(1, "Pending", unschedulable_message="x", age_s=500)]
+    plan = decide(obs(st, pods))
+    assert plan.status["phase"] == "Pending" and not plan.delete_pods
+    c = cond(plan.status, "Running")
+    assert c["reason"] == "Unschedulable" and "Insufficient nvidia.com/gpu" in c["message"]
+
+
+def test_elastic_shrink_after_timeout() -> None:
+    s = spec(workers={"replicas": 4}, elastic={"minReplicas": 2, "maxReplicas": 4, "scheduleTimeoutSeconds": 30})
+    st = {**RUNNING_STATUS, "phase": "Pending", "replicas": 4, "lastSpecReplicas": 4}
+    pods = [pod(0), pod(1), pod(2, "Pending", unschedulable_message="Insufficient cpu", age_s=10),
+            pod(3, "Pending", unschedulable_message="Insufficient cpu", age_s=10)]
+    assert decide(obs(st, pods, spec=s, accepted=s)).status["phase"] == "Pending"
+    pods = [p if p.index < 2 else pod(p.index, "Pending", unschedulable_message="Insufficient cpu", age_s=31)
+            for p in pods]
+    plan = decide(obs(st, pods, spec=s, accepted=s))
+    assert plan.status["replicas"] == 2 and plan.status["attempt"] == 1 and plan.status["restarts"] == 0
+    assert cond(plan.status, "Restarting")["reason"] == "ElasticShrink" and len(plan.delete_pods) == 4
+
+
+def test_replicas_change_within_elastic_range_resizes() -> None:
+    s = spec(workers={"replicas": 3}, elastic={"minReplicas": 1, "maxReplicas": 4})
+    plan = decide(obs(dict(RUNNING_STATUS), [pod(0), pod(1)], spec=s, accepted=s, generation=2))
+    assert plan.status["replicas"] == 3 and plan.status["attempt"] == 1
+    assert cond(plan.status, "Restarting")["reason"] == "Resized"
+    s = spec(workers={"replicas": 3})  # no elastic: refused
+    plan = decide(obs(dict(RUNNING_STATUS), [pod(0), pod(1)], spec=s, accepted=s, generation=2))
+    assert plan.status["replicas"] == 2 and cond(plan.status, "InvalidSpec")["reason"] == "ImmutableFieldChanged"
+
+
+def test_active_deadline() -> None:
+    s = spec(runPolicy={"activeDeadlineSeconds": 10})
+    plan = decide(obs(dict(RUNNING_STATUS), [pod(0), pod(1)], spec=s, accepted=s))
+    assert plan.status["phase"] == "Failed" and cond(plan.status, "Failed")["reason"] == "DeadlineExceeded"
+    assert len(plan.delete_pods) == 2

@@ -1,0 +1,58 @@
+"""Pod JSON -> PodView, summary and Prometheus parsing, settings."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from disttrain_operator import constants as c
+from disttrain_operator.observe import parse_prometheus, parse_summary, pod_view
+from disttrain_operator.settings import from_env
+
+NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
+
+
+def raw(phase: str, **status: object) -> dict[str, object]:
+    return {
+        "metadata": {
+            "name": "j-worker-1", "creationTimestamp": "2026-01-01T11:59:00Z",
+            "labels": {c.LABEL_ROLE: "worker", c.LABEL_REPLICA_INDEX: "1", c.LABEL_RESTART_ATTEMPT: "2"},
+        },
+        "status": {"phase": phase, **status},
+    }
+
+
+def test_failed_pod_with_termination_message() -> None:
+    p = pod_view(raw("Failed", containerStatuses=[{"name": "trainer", "state": {"terminated": {
+        "exitCode": 137, "reason": "Error", "message": "killed\n"}}}]), NOW)
+    assert (p.index, p.attempt, p.phase, p.exit_code, p.message, p.age_s) == (1, 2, "Failed", 137, "killed", 60.0)
+
+
+def test_unschedulable_and_node_lost() -> None:
+    p = pod_view(raw("Pending", conditions=[{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                              "message": "0/2 nodes: Insufficient nvidia.com/gpu"}]), NOW)
+    assert "Insufficient nvidia.com/gpu" in p.unschedulable_message and not p.scheduled
+    p = pod_view(raw("Running", podIP="10.244.1.5",
+                     conditions=[{"type": "Ready", "status": "False", "lastTransitionTime": "2026-01-01T11:59:40Z"},
+                                 {"type": "PodScheduled", "status": "True"}],
+                     containerStatuses=[{"name": "trainer", "state": {"running": {}}}]), NOW)
+    assert p.not_ready_for_s == 20.0 and p.scheduled and p.ip == "10.244.1.5"
+
+
+def test_summary_and_prometheus() -> None:
+    assert parse_summary('{"test_accuracy": 0.96}') == {"test_accuracy": 0.96}
+    assert parse_summary("Traceback ...") is None and parse_summary("{broken") is None
+    text = '# HELP x\ndisttrain_step{job="j",rank="0",mode="data"} 42.0\ndisttrain_last_checkpoint_step{job="j"} 40\n'
+    assert parse_prometheus(text, ("disttrain_step", "disttrain_last_checkpoint_step")) == {
+        "disttrain_step": 42.0, "disttrain_last_checkpoint_step": 40.0}
+
+
+def test_settings_from_env_and_flags() -> None:
+    s = from_env({"DISTTRAIN_OPERATOR_NAMESPACE": "a,b", "DISTTRAIN_OPERATOR_METRICS_PORT": "9000"},
+                 default_image="x:1", metrics_port=None)
+    assert s.namespaces == ("a", "b") and s.metrics_port == 9000 and s.default_image == "x:1"
+    assert s.watch_namespaces() == ["a", "b"]
+    assert from_env({}, all_namespaces=True).watch_namespaces() == []
+    with pytest.raises(ValueError, match="not both"):
+        from_env({"DISTTRAIN_OPERATOR_NAMESPACE": "a"}, all_namespaces=True)

@@ -1,0 +1,316 @@
+"""Every cross-field rule: a failing manifest and its exact message; several
+mistakes are all reported; rules whose inputs failed parsing are skipped."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from disttrain_operator.api import SpecError
+from disttrain_operator.validation import check_job, load_job, validate_spec
+
+
+def manifest(**spec: Any) -> dict[str, Any]:
+    """A valid data-parallel job with `spec` sections deep-merged over it."""
+    base: dict[str, Any] = {
+        "apiVersion": "disttrain.dev/v1alpha1",
+        "kind": "DistTrainJob",
+        "metadata": {"name": "job"},
+        "spec": {
+            "mode": "data",
+            "workers": {"replicas": 2, "procsPerWorker": 1},
+            "model": {"name": "mlp"},
+            "data": {"name": "digits", "batchSize": 256},
+        },
+    }
+    merged = copy.deepcopy(base)
+    for key, value in spec.items():
+        if isinstance(value, dict) and isinstance(merged["spec"].get(key), dict):
+            merged["spec"][key].update(value)
+        else:
+            merged["spec"][key] = value
+    return merged
+
+
+def gpt(**kw: Any) -> dict[str, Any]:
+    return {"name": "gpt", "hidden": 128, "heads": 4, **kw}
+
+
+def errors_of(obj: dict[str, Any]) -> list[str]:
+    return [str(e) for e in check_job(obj)[1]]
+
+
+CASES: list[tuple[str, dict[str, Any], list[str]]] = [
+    (
+        "tensor does not divide the world size",
+        manifest(mode="tensor", workers={"replicas": 2, "procsPerWorker": 2}, parallelism={"tensor": 3},
+                 model=gpt(hidden=96, heads=3), data={"name": "pytext", "batchSize": 64}),
+        ["spec.parallelism.tensor: 3 does not divide the world size 4 (workers.replicas 2 x procsPerWorker 2)"],
+    ),
+    (
+        "pipeline does not divide the world size",
+        manifest(mode="pipeline", workers={"replicas": 3}, parallelism={"pipeline": 2},
+                 model=gpt(), data={"name": "pytext", "batchSize": 64}),
+        ["spec.parallelism.pipeline: 2 does not divide the world size 3 (workers.replicas 3 x procsPerWorker 1)"],
+    ),
+    (
+        "tensor x pipeline does not divide the world size",
+        manifest(mode="hybrid", workers={"replicas": 2, "procsPerWorker": 2}, parallelism={"tensor": 2, "pipeline": 4},
+                 model=gpt(), data={"name": "pytext", "batchSize": 64}),
+        ["spec.parallelism.pipeline: tensor 2 x pipeline 4 = 8 does not divide the world size 4 "
+         "(workers.replicas 2 x procsPerWorker 2)"],
+    ),
+    (
+        "data mode with tensor > 1",
+        manifest(parallelism={"tensor": 2}),
+        ["spec.parallelism.tensor: must be 1 in mode data (got 2); tensor parallelism needs mode tensor or hybrid"],
+    ),
+    (
+        "data mode with pipeline > 1",
+        manifest(parallelism={"pipeline": 2}),
+        ["spec.parallelism.pipeline: must be 1 in mode data (got 2); pipeline parallelism needs mode pipeline or hybrid"],
+    ),
+    (
+        "federated mode with tensor > 1",
+        manifest(mode="federated", parallelism={"tensor": 2}),
+        ["spec.parallelism.tensor: must be 1 in mode federated (got 2); tensor parallelism needs mode tensor or hybrid"],
+    ),
+    (
+        "paramserver mode with pipeline > 1",
+        manifest(mode="paramserver", parallelism={"pipeline": 2}),
+        ["spec.parallelism.pipeline: must be 1 in mode paramserver (got 2); "
+         "pipeline parallelism needs mode pipeline or hybrid"],
+    ),
+    (
+        "pipeline mode with one stage",
+        manifest(mode="pipeline", model=gpt(), data={"name": "pytext", "batchSize": 64}),
+        ["spec.parallelism.pipeline: must be > 1 in mode pipeline (got 1): set the number of stages"],
+    ),
+    (
+        "pipeline mode with tensor > 1",
+        manifest(mode="pipeline", workers={"replicas": 4}, parallelism={"pipeline": 2, "tensor": 2},
+                 model=gpt(), data={"name": "pytext", "batchSize": 64}),
+        ["spec.parallelism.tensor: must be 1 in mode pipeline (got 2); tensor parallelism needs mode tensor or hybrid"],
+    ),
+    (
+        "tensor mode with tensor 1",
+        manifest(mode="tensor", model=gpt(), data={"name": "pytext", "batchSize": 64}),
+        ["spec.parallelism.tensor: must be > 1 in mode tensor (got 1): set the tensor-parallel degree"],
+    ),
+    (
+        "tensor mode with pipeline > 1",
+        manifest(mode="tensor", workers={"replicas": 4}, parallelism={"tensor": 2, "pipeline": 2},
+                 model=gpt(), data={"name": "pytext", "batchSize": 64}),
+        ["spec.parallelism.pipeline: must be 1 in mode tensor (got 2); pipeline parallelism needs mode pipeline or hybrid"],
+    ),
+    (
+        "hybrid mode with one kind of parallelism",
+        manifest(mode="hybrid", parallelism={"tensor": 2}, model=gpt(), data={"name": "pytext", "batchSize": 64}),
+        ["spec.parallelism: mode hybrid needs at least two of the tensor (2), pipeline (1) and data (1) degrees > 1; "
+         "for one kind of parallelism use mode tensor, pipeline or data"],
+    ),
+    (
+        "1F1B with fewer micro-batches than stages",
+        manifest(mode="pipeline", workers={"replicas": 4}, parallelism={"pipeline": 4, "microbatches": 2},
+                 model=gpt(), data={"name": "pytext", "batchSize": 64}),
+        ["spec.parallelism.microbatches: schedule 1F1B needs microbatches >= pipeline stages: 2 < 4 "
+         "(parallelism.pipeline)"],
+    ),
+    (
+        "Interleaved1F1B with fewer micro-batches than stages",
+        manifest(mode="pipeline", workers={"replicas": 4},
+                 parallelism={"pipeline": 4, "microbatches": 3, "schedule": "Interleaved1F1B"},
+                 model=gpt(), data={"name": "pytext", "batchSize": 63}),
+        ["spec.parallelism.microbatches: schedule Interleaved1F1B needs microbatches >= pipeline stages: 3 < 4 "
+         "(parallelism.pipeline)"],
+    ),
+    (
+        "batch not divisible by the data degree",
+        manifest(workers={"replicas": 3}),
+        ["spec.data.batchSize: 256 is not divisible by 3 = data-parallel degree 3 x gradAccumulation 1 "
+         "(microbatches count only when parallelism.pipeline > 1); every rank needs an equal share"],
+    ),
+    (
+        "batch not divisible by data degree x gradAccumulation",
+        manifest(training={"gradAccumulation": 3}),
+        ["spec.data.batchSize: 256 is not divisible by 6 = data-parallel degree 2 x gradAccumulation 3 "
+         "(microbatches count only when parallelism.pipeline > 1); every rank needs an equal share"],
+    ),
+    (
+        "batch not divisible by data degree x microbatches x gradAccumulation",
+        manifest(mode="pipeline", workers={"replicas": 4}, parallelism={"pipeline": 2, "microbatches": 4},
+                 training={"gradAccumulation": 3}, model=gpt(), data={"name": "pytext", "batchSize": 60}),
+        ["spec.data.batchSize: 60 is not divisible by 24 = data-parallel degree 2 x microbatches 4 x "
+         "gradAccumulation 3; every rank needs an equal share"],
+    ),
+    (
+        "federated block outside federated mode",
+        manifest(federated={"clients": 10}),
+        ["spec.federated: only allowed in mode federated (mode is data); remove it or set spec.mode: federated"],
+    ),
+    (
+        "paramServer block outside paramserver mode",
+        manifest(paramServer={"maxStaleness": 2}),
+        ["spec.paramServer: only allowed in mode paramserver (mode is data); remove it or set spec.mode: paramserver"],
+    ),
+    (
+        "more clients per round than clients",
+        manifest(mode="federated", federated={"clients": 4, "clientsPerRound": 8}),
+        ["spec.federated.clientsPerRound: 8 must be <= federated.clients 4"],
+    ),
+    (
+        "elastic minReplicas above replicas",
+        manifest(elastic={"minReplicas": 3, "maxReplicas": 4}),
+        ["spec.elastic.minReplicas: 3 must be <= workers.replicas 2"],
+    ),
+    (
+        "elastic maxReplicas below replicas",
+        manifest(workers={"replicas": 4}, elastic={"minReplicas": 1, "maxReplicas": 2}),
+        ["spec.elastic.maxReplicas: 2 must be >= workers.replicas 4"],
+    ),
+    (
+        "negative gpus",
+        manifest(workers={"resources": {"gpus": -1}}),
+        ["spec.workers.resources.gpus: -1 must be >= 0"],
+    ),
+    (
+        "fractional gpus",
+        manifest(workers={"resources": {"gpus": 1.5}}),
+        ["spec.workers.resources.gpus: expected an integer, got a number 1.5"],
+    ),
+    (
+        "gpus as a string",
+        manifest(workers={"resources": {"gpus": "2"}}),
+        ["spec.workers.resources.gpus: expected an integer, got a string '2'"],
+    ),
+    (
+        "fp16 without GPUs",
+        manifest(training={"precision": "fp16"}),
+        ["spec.training.precision: fp16 needs GPUs (workers.resources.gpus is 0); use bf16 or fp32 on CPU"],
+    ),
+    (
+        "more processes than GPUs",
+        manifest(workers={"replicas": 1, "procsPerWorker": 4, "resources": {"gpus": 2}}),
+        ["spec.workers.procsPerWorker: 4 processes per pod cannot each have a GPU: workers.resources.gpus is 2"],
+    ),
+    (
+        "gpt hidden not divisible by heads",
+        manifest(model=gpt(hidden=100, heads=3), data={"name": "pytext", "batchSize": 64}),
+        ["spec.model.hidden: 100 is not divisible by model.heads 3"],
+    ),
+    (
+        "gpt heads not divisible by the tensor degree",
+        manifest(mode="tensor", workers={"replicas": 4}, parallelism={"tensor": 4},
+                 model=gpt(hidden=96, heads=6), data={"name": "pytext", "batchSize": 64}),
+        ["spec.model.heads: 6 is not divisible by parallelism.tensor 4"],
+    ),
+    (
+        "gpt hidden not divisible by the tensor degree",
+        # (heads | hidden and tensor | heads imply tensor | hidden: it fails only with the first rule)
+        manifest(mode="tensor", workers={"replicas": 4}, parallelism={"tensor": 4},
+                 model=gpt(hidden=6, heads=4), data={"name": "pytext", "batchSize": 64}),
+        ["spec.model.hidden: 6 is not divisible by model.heads 4",
+         "spec.model.hidden: 6 is not divisible by parallelism.tensor 4"],
+    ),
+    (
+        "gpt on digits",
+        manifest(model=gpt()),
+        ["spec.data.name: digits does not fit model gpt (a language model); use pytext or synthetic"],
+    ),
+    (
+        "mlp on text",
+        manifest(data={"name": "pytext"}),
+        ["spec.data.name: pytext does not fit model mlp (an image classifier); use digits or synthetic"],
+    ),
+    (
+        "cnn on text",
+        manifest(model={"name": "cnn"}, data={"name": "pytext"}),
+        ["spec.data.name: pytext does not fit model cnn (an image classifier); use digits or synthetic"],
+    ),
+]
+
+
+@pytest.mark.parametrize(("obj", "expected"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_rule_message(obj: dict[str, Any], expected: list[str]) -> None:
+    assert errors_of(obj) == expected
+    with pytest.raises(SpecError) as info:
+        load_job(obj)
+    assert [str(e) for e in info.value.errors] == expected
+    assert str(info.value) == "\n".join(expected)
+
+
+VALID: list[tuple[str, dict[str, Any]]] = [
+    ("defaults", manifest()),
+    ("microbatches do not count without a pipeline", manifest(parallelism={"microbatches": 3})),
+    ("GPipe may have fewer micro-batches than stages",
+     manifest(mode="pipeline", workers={"replicas": 4}, parallelism={"pipeline": 4, "microbatches": 2,
+              "schedule": "GPipe"}, model=gpt(), data={"name": "pytext", "batchSize": 64})),
+    ("federated batch is a local batch", manifest(mode="federated", workers={"replicas": 3})),
+    ("hybrid with tensor and data", manifest(mode="hybrid", workers={"replicas": 4}, parallelism={"tensor": 2},
+                                              model=gpt(), data={"name": "pytext", "batchSize": 64})),
+    ("bf16 on CPU", manifest(training={"precision": "bf16"})),
+    ("fp16 on GPUs", manifest(workers={"procsPerWorker": 2, "resources": {"gpus": 2}}, training={"precision": "fp16"})),
+    ("elastic bounds inclusive", manifest(elastic={"minReplicas": 2, "maxReplicas": 2})),
+    ("synthetic data fits every model", manifest(model=gpt(), data={"name": "synthetic"})),
+    ("custom models take any data", manifest(model={"name": "mypkg.models:build"}, data={"name": "pytext"})),
+]
+
+
+@pytest.mark.parametrize("obj", [v[1] for v in VALID], ids=[v[0] for v in VALID])
+def test_valid(obj: dict[str, Any]) -> None:
+    assert errors_of(obj) == []
+    job = load_job(obj)
+    assert validate_spec(job.spec) == []
+
+
+def test_several_mistakes_are_all_reported() -> None:
+    obj = manifest(
+        workers={"replicas": 2, "procsPerWorker": 2, "resources": {"gpus": 0.5}},
+        parallelism={"tensor": 3},
+        model=gpt(hidden=100, heads=3),
+        training={"precision": "fp16", "stepz": 5},
+        federated={"clients": 4, "clientsPerRound": 8},
+        elastic={"minReplicas": 3, "maxReplicas": 1},
+    )
+    obj["metadata"]["name"] = "Bad_Job"
+    assert errors_of(obj) == [
+        "metadata.name: 'Bad_Job' must be a DNS label (lower-case letters, digits, '-') of at most 45 characters",
+        "spec.workers.resources.gpus: expected an integer, got a number 0.5",
+        "spec.training.stepz: unknown field (known fields: activationCheckpointing, bucketCapMB, evalIntervalSteps, "
+        "gradAccumulation, gradientCompression, logIntervalSteps, powerSGDRank, precision, steps)",
+        "spec.parallelism.tensor: 3 does not divide the world size 4 (workers.replicas 2 x procsPerWorker 2)",
+        "spec.parallelism.tensor: must be 1 in mode data (got 3); tensor parallelism needs mode tensor or hybrid",
+        "spec.federated: only allowed in mode federated (mode is data); remove it or set spec.mode: federated",
+        "spec.federated.clientsPerRound: 8 must be <= federated.clients 4",
+        "spec.elastic.minReplicas: 3 must be <= workers.replicas 2",
+        "spec.elastic.maxReplicas: 1 must be >= workers.replicas 2",
+        "spec.data.name: digits does not fit model gpt (a language model); use pytext or synthetic",
+        "spec.model.hidden: 100 is not divisible by model.heads 3",
+        "spec.model.hidden: 100 is not divisible by parallelism.tensor 3",
+    ]
+
+
+def test_rules_on_bad_inputs_are_skipped_but_others_still_run() -> None:
+    # replicas is not an integer: the degree and batch rules would only see the
+    # default that replaced it, so they stay silent; the model rule still runs.
+    obj = manifest(workers={"replicas": "two"}, parallelism={"tensor": 3}, model=gpt(hidden=100, heads=3),
+                   data={"name": "pytext"})
+    assert errors_of(obj) == [
+        "spec.workers.replicas: expected an integer, got a string 'two'",
+        "spec.parallelism.tensor: must be 1 in mode data (got 3); tensor parallelism needs mode tensor or hybrid",
+        "spec.model.hidden: 100 is not divisible by model.heads 3",
+        "spec.model.hidden: 100 is not divisible by parallelism.tensor 3",
+    ]
+
+
+def test_a_spec_that_is_not_an_object_reports_once() -> None:
+    obj = manifest()
+    obj["spec"] = ["mode", "data"]
+    assert errors_of(obj) == ["spec: expected an object, got a list"]
+
+
+def test_bad_mode_skips_mode_rules() -> None:
+    assert errors_of(manifest(mode="dataparallel", parallelism={"tensor": 2})) == [
+        "spec.mode: 'dataparallel' is not one of data, pipeline, tensor, hybrid, federated, paramserver",
+    ]

@@ -1,0 +1,53 @@
+"""`python -m disttrain_trainer`: one worker process (or, without RANK, all local ranks of a pod).
+
+Exit 0 on success; 2 for a bad config or a mode this trainer does not run yet;
+1 for any other failure. The reason is one line on stderr.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+
+EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
+
+
+def _one_rank(cfg) -> None:  # noqa: ANN001 - TrainerConfig, imported lazily
+    from .train import run  # noqa: PLC0415
+
+    run(cfg)
+
+
+def main() -> int:
+    try:
+        from .config import ConfigError, load_config  # noqa: PLC0415
+        from .parallel import ModeNotImplemented  # noqa: PLC0415
+        from .train import check_supported  # noqa: PLC0415
+    except ImportError as e:
+        print(f"disttrain-trainer: missing dependency: {e} (install disttrain[trainer])", file=sys.stderr)
+        return EXIT_FAILED
+    try:
+        cfg = load_config()
+        check_supported(cfg)
+        if cfg.rank is None and cfg.nproc_per_node > 1:
+            from .dist_env import spawn_local_ranks  # noqa: PLC0415
+
+            spawn_local_ranks(cfg, _one_rank)
+        else:
+            _one_rank(cfg if cfg.rank is not None else cfg.for_local_rank(0))
+        return EXIT_OK
+    except (ConfigError, ModeNotImplemented) as e:
+        print(f"disttrain-trainer: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    except KeyboardInterrupt:
+        print("disttrain-trainer: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - the one-line reason for the pod status; the traceback goes before it
+        traceback.print_exc()
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"disttrain-trainer: {type(e).__name__}: {msg}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""Atomic, self-pruning checkpoints under <root>/<job>/.
+
+A checkpoint is a directory `step-XXXXXXXX/` with `state.pt` (the full,
+unsharded state written by rank 0, so it loads at any world size) and
+`meta.json`. It is written into a `.tmp-*` sibling, every file and the
+directory are fsynced, then renamed into place and the parent fsynced: a crash
+at any point leaves either the complete new checkpoint or none, never a torn
+one. Leftover temp dirs are ignored by `load_latest` and removed by `clean_partial`.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import shutil
+import signal
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from disttrain_operator import constants as C
+
+STATE_FILE = "state.pt"
+META_FILE = "meta.json"
+TMP_PREFIX = ".tmp-"
+_NAME = re.compile(r"^step-(\d{8,})$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SaveResult:
+    path: Path
+    bytes: int
+    seconds: float
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def name_for(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def list_checkpoints(root: Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints, oldest first."""
+    if not root.is_dir():
+        return []
+    found = []
+    for child in root.iterdir():
+        m = _NAME.match(child.name)
+        if m and (child / META_FILE).is_file() and (child / STATE_FILE).is_file():
+            found.append((int(m.group(1)), child))
+    return sorted(found)
+
+
+def clean_partial(root: Path) -> list[Path]:
+    """Remove temp dirs left by a writer that died mid-save (only the job's rank 0 writes here)."""
+    removed = []
+    if root.is_dir():
+        for child in root.iterdir():
+            if child.name.startswith(TMP_PREFIX):
+                shutil.rmtree(child, ignore_errors=True)
+                removed.append(child)
+    return removed
+
+
+def _write_state(path: Path, state: dict[str, Any], step: int) -> None:
+    kill_at = os.environ.get(C.ENV_FAULT_KILL_IN_CHECKPOINT)
+    if kill_at and int(kill_at) == step:
+        # Fault injection for tests: die like a SIGKILLed pod, halfway through the bytes.
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        data = buf.getvalue()
+        with open(path, "wb") as f:
+            f.write(data[: len(data) // 2])
+            f.flush()
+            os.fsync(f.fileno())
+        os.kill(os.getpid(), signal.SIGKILL)
+    with open(path, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def save(root: Path, state: dict[str, Any], step: int, *, keep: int, world_size: int) -> SaveResult:
+    """Write `state` as checkpoint `step` atomically, then keep only the newest `keep`."""
+    start = time.perf_counter()
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{name_for(step)}-", dir=root))
+    try:
+        _write_state(tmp / STATE_FILE, state, step)
+        nbytes = (tmp / STATE_FILE).stat().st_size
+        meta = {"step": step, "world_size": world_size, "bytes": nbytes, "time": time.time(), "format": 1}
+        (tmp / META_FILE).write_text(json.dumps(meta))
+        _fsync_file(tmp / META_FILE)
+        _fsync_dir(tmp)
+        final = root / name_for(step)
+        if final.exists():  # re-saving a step after a restart: move the old one aside first
+            old = root / f"{TMP_PREFIX}old-{final.name}-{os.getpid()}"
+            os.rename(final, old)
+            shutil.rmtree(old, ignore_errors=True)
+        os.rename(tmp, final)
+        _fsync_dir(root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    prune(root, keep)
+    return SaveResult(path=final, bytes=nbytes, seconds=time.perf_counter() - start)
+
+
+def prune(root: Path, keep: int) -> None:
+    for _, path in list_checkpoints(root)[:-keep] if keep > 0 else []:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def load_latest(root: Path, map_location: str | torch.device = "cpu") -> tuple[int, dict[str, Any]] | None:
+    """The newest complete checkpoint that actually loads; a corrupt one is skipped with a warning."""
+    for step, path in reversed(list_checkpoints(root)):
+        try:
+            state = torch.load(path / STATE_FILE, map_location=map_location, weights_only=False)
+        except Exception as e:  # noqa: BLE001 - a damaged file must not stop the job; an older one may load
+            print(f"disttrain-trainer: skipping unreadable checkpoint {path}: {e}", flush=True)
+            continue
+        return step, state
+    return None

@@ -1,0 +1,185 @@
+"""Start, watch and stop one attempt of a local gang of trainer processes.
+
+Each child gets its own session (so Ctrl-C reaches only the launcher, which
+then stops the gang in order) and, on Linux, a parent-death signal (so a
+launcher killed with SIGKILL does not leave trainers blocked in a collective).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from disttrain_trainer.launcher.env import Slot
+
+PIDS_FILE = "pids.json"
+LOGS_DIR = "logs"
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        except OSError:
+            pass  # best effort: without it, stop() still cleans up on every normal path
+
+
+def describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exit code {returncode}"
+
+
+def log_path(run_dir: Path, rank: int) -> Path:
+    return run_dir / LOGS_DIR / f"rank{rank}.log"
+
+
+def tail_lines(path: Path, count: int, since: int = 0) -> list[str]:
+    """Last `count` non-empty lines of a log, reading only from byte offset `since`."""
+    try:
+        with path.open("rb") as f:
+            f.seek(since)
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    lines = [line.rstrip() for line in text.splitlines() if line.strip()]
+    return lines[-count:]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Failure:
+    rank: int
+    pid: int
+    returncode: int
+    log: Path
+    log_tail: tuple[str, ...]
+
+    @property
+    def reason(self) -> str:
+        last = self.log_tail[-1] if self.log_tail else "(no output)"
+        return f"rank {self.rank} (pid {self.pid}) {describe_exit(self.returncode)}: {last}"
+
+
+@dataclass
+class _Member:
+    slot: Slot
+    proc: subprocess.Popen[bytes]
+    log: Path
+    log_offset: int  # where this attempt's output starts in the (appended) log
+
+
+class Gang:
+    """The processes of one attempt. Not thread-safe; poll from one loop."""
+
+    def __init__(self, members: list[_Member], attempt: int):
+        self._members = members
+        self.attempt = attempt
+
+    @classmethod
+    def start(
+        cls,
+        *,
+        command: Sequence[str],
+        envs: Sequence[tuple[Slot, dict[str, str]]],
+        run_dir: Path,
+        attempt: int,
+        cwd: Path | None = None,
+    ) -> Gang:
+        (run_dir / LOGS_DIR).mkdir(parents=True, exist_ok=True)
+        members: list[_Member] = []
+        try:
+            for slot, env in envs:
+                path = log_path(run_dir, slot.rank)
+                with path.open("ab") as log:
+                    log.write(
+                        f"=== disttrain local: attempt {attempt}, rank {slot.rank} ===\n".encode()
+                    )
+                    log.flush()
+                    offset = log.tell()
+                    proc = subprocess.Popen(
+                        list(command),
+                        env=env,
+                        cwd=cwd,
+                        stdin=subprocess.DEVNULL,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                        preexec_fn=_die_with_parent,
+                    )
+                members.append(_Member(slot=slot, proc=proc, log=path, log_offset=offset))
+        except BaseException:
+            Gang(members, attempt).stop(grace_s=0)
+            raise
+        gang = cls(members, attempt)
+        gang._write_pids(run_dir)
+        return gang
+
+    def _write_pids(self, run_dir: Path) -> None:
+        # Tests and operators of a local run find the processes here (e.g. to kill rank 1).
+        data = {
+            "attempt": self.attempt,
+            "pids": {str(m.slot.rank): m.proc.pid for m in self._members},
+        }
+        tmp = run_dir / (PIDS_FILE + ".tmp")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, run_dir / PIDS_FILE)
+
+    @property
+    def pids(self) -> dict[int, int]:
+        return {m.slot.rank: m.proc.pid for m in self._members}
+
+    def poll(self) -> Failure | bool:
+        """False while running, True when every process exited 0, a Failure otherwise."""
+        codes = [(m, m.proc.poll()) for m in self._members]
+        failed = [(m, rc) for m, rc in codes if rc is not None and rc != 0]
+        if failed:
+            # A killed process takes its peers down with connection errors a moment
+            # later: blame the one that died of a signal, else the lowest rank seen.
+            failed.sort(key=lambda mr: (mr[1] >= 0, mr[0].slot.rank))
+            m, rc = failed[0]
+            assert rc is not None
+            return Failure(
+                rank=m.slot.rank,
+                pid=m.proc.pid,
+                returncode=rc,
+                log=m.log,
+                log_tail=tuple(tail_lines(m.log, 8, since=m.log_offset)),
+            )
+        return all(rc == 0 for _, rc in codes)
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM every process group, then SIGKILL whatever outlives the grace period."""
+        self._signal_all(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for m in self._members:
+            remaining = max(0.0, deadline - time.monotonic())
+            try:
+                m.proc.wait(timeout=remaining)
+            except subprocess.TimeoutExpired:
+                pass
+        self._signal_all(signal.SIGKILL)
+        for m in self._members:
+            m.proc.wait()
+
+    def _signal_all(self, sig: signal.Signals) -> None:
+        for m in self._members:
+            if m.proc.poll() is not None:
+                continue
+            try:
+                os.killpg(
+                    m.proc.pid, sig
+                )  # the session leader's group: includes any helpers it spawned
+            except ProcessLookupError:
+                pass

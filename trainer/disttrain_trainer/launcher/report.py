@@ -1,0 +1,198 @@
+"""The end of a local run: a summary (printed and saved) and a PNG of the run.
+
+Figures come from what the trainer wrote (rank 0's summary.json and JSON-lines
+log); the launcher adds only what it alone knows: restarts, its own wall time,
+and why it failed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+SUMMARY_FILE = "summary.json"  # written by the trainer's rank 0
+LOCAL_SUMMARY_FILE = "local-summary.json"  # written by the launcher
+PLOT_FILE = "training.png"
+BREAKDOWN_KEYS = (("compute_s", "compute"), ("comm_s", "communication"), ("data_s", "data"))
+
+
+def _num(d: dict[str, Any] | None, *keys: str) -> float | None:
+    for key in keys:
+        value = (d or {}).get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    return None
+
+
+def dedupe_by_step(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Step records, one per step, the latest winning: a resumed attempt re-logs steps after its checkpoint."""
+    by_step: dict[int, dict[str, Any]] = {}
+    for r in records:
+        if "event" in r:  # checkpoint/eval events share the log but are not step records
+            continue
+        step = _num(r, "step")
+        if step is not None:
+            by_step[int(step)] = r
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def comm_fraction_of(records: list[dict[str, Any]]) -> float | None:
+    comm = sum(_num(r, "comm_s") or 0.0 for r in records)
+    step = sum(_num(r, "step_s") or 0.0 for r in records)
+    return comm / step if step > 0 else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class LocalSummary:
+    job: str
+    status: str  # Succeeded | Failed | Interrupted
+    reason: str | None
+    steps: int | None
+    total_steps: int
+    final_loss: float | None
+    test_accuracy: float | None
+    val_loss: float | None
+    wall_s: float
+    train_wall_s: float | None
+    comm_fraction: float | None
+    restarts: int
+    world_size: int
+    device: str
+    resumed_from_step: int | None
+    run_dir: str
+    plot: str | None = None
+
+
+def build_summary(
+    *,
+    job: str,
+    status: str,
+    reason: str | None,
+    trainer: dict[str, Any] | None,
+    records: list[dict[str, Any]],
+    total_steps: int,
+    wall_s: float,
+    restarts: int,
+    world_size: int,
+    device: str,
+    run_dir: Path,
+    plot: Path | None,
+) -> LocalSummary:
+    last = records[-1] if records else None
+    steps = _num(trainer, "steps")
+    if steps is None:
+        steps = _num(last, "step")
+    comm = _num(trainer, "comm_fraction")
+    resumed = _num(trainer, "resumed_from_step")
+    return LocalSummary(
+        job=job,
+        status=status,
+        reason=reason,
+        steps=int(steps) if steps is not None else None,
+        total_steps=total_steps,
+        final_loss=_num(trainer, "final_loss", "loss") if trainer else _num(last, "loss"),
+        test_accuracy=_num(trainer, "test_accuracy"),
+        val_loss=_num(trainer, "val_loss"),
+        wall_s=wall_s,
+        train_wall_s=_num(trainer, "wall_s"),
+        comm_fraction=comm if comm is not None else comm_fraction_of(records),
+        restarts=restarts,
+        world_size=world_size,
+        device=device,
+        resumed_from_step=int(resumed) if resumed is not None else None,
+        run_dir=str(run_dir),
+        plot=str(plot) if plot else None,
+    )
+
+
+def format_summary(s: LocalSummary) -> str:
+    def opt(value: float | None, fmt: str) -> str:
+        return format(value, fmt) if value is not None else "-"
+
+    rows = [
+        ("job", f"{s.job} ({s.world_size} processes on {s.device})"),
+        ("status", s.status + (f": {s.reason}" if s.reason else "")),
+        ("steps", f"{s.steps if s.steps is not None else '-'}/{s.total_steps}"),
+    ]
+    if s.test_accuracy is not None:
+        rows.append(("test accuracy", f"{s.test_accuracy:.4f}"))
+    if s.val_loss is not None:
+        rows.append(("validation loss", f"{s.val_loss:.4f}"))
+    rows += [
+        ("final loss", opt(s.final_loss, ".4f")),
+        (
+            "wall time",
+            f"{s.wall_s:.1f} s" + (f" (training {s.train_wall_s:.1f} s)" if s.train_wall_s else ""),
+        ),
+        (
+            "communication",
+            f"{s.comm_fraction * 100:.1f}% of step time" if s.comm_fraction is not None else "-",
+        ),
+        (
+            "restarts",
+            str(s.restarts)
+            + (f" (resumed from step {s.resumed_from_step})" if s.resumed_from_step else ""),
+        ),
+        ("run dir", s.run_dir),
+    ]
+    if s.plot:
+        rows.append(("plot", s.plot))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"  {k.ljust(width)}  {v}" for k, v in rows)
+
+
+def write_summary(s: LocalSummary, run_dir: Path) -> Path:
+    path = run_dir / LOCAL_SUMMARY_FILE
+    path.write_text(json.dumps(asdict(s), indent=2) + "\n")
+    return path
+
+
+def load_trainer_summary(run_dir: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads((run_dir / SUMMARY_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def write_plot(records: list[dict[str, Any]], path: Path, *, title: str) -> Path | None:
+    """Loss curve and per-step compute/communication/data seconds; None when nothing was logged."""
+    records = dedupe_by_step(records)
+    if not records:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display: a file is the only output
+    import matplotlib.pyplot as plt
+
+    steps = [int(r["step"]) for r in records]
+    fig, (ax_loss, ax_time) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
+    try:
+        loss_pts = [(s, _num(r, "loss")) for s, r in zip(steps, records, strict=True)]
+        xs = [s for s, v in loss_pts if v is not None]
+        ax_loss.plot(xs, [v for _, v in loss_pts if v is not None], color="tab:blue")
+        ax_loss.set_ylabel("training loss")
+        ax_loss.set_title(title)
+        ax_loss.grid(alpha=0.3)
+
+        bottom = [0.0] * len(records)
+        width = (
+            max(1.0, (steps[-1] - steps[0]) / max(1, len(steps)) * 0.8) if len(steps) > 1 else 0.8
+        )
+        for key, label in BREAKDOWN_KEYS:
+            ms = [(_num(r, key) or 0.0) * 1000 for r in records]
+            ax_time.bar(steps, ms, width=width, bottom=bottom, label=label)
+            bottom = [b + v for b, v in zip(bottom, ms, strict=True)]
+        step_ms = [(_num(r, "step_s") or 0.0) * 1000 for r in records]
+        ax_time.plot(steps, step_ms, color="black", linewidth=1, label="step time")
+        ax_time.set_xlabel("step")
+        ax_time.set_ylabel("ms per step")
+        ax_time.legend(loc="upper right", fontsize="small")
+        ax_time.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+    finally:
+        plt.close(fig)
+    return path

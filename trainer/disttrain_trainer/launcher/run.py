@@ -1,0 +1,274 @@
+"""The local run: prepare the run dir, start the gang, restart it on failure, report.
+
+Gang semantics match the operator: when any process dies abnormally the whole
+gang is stopped and started again with DISTTRAIN_RESTART_ATTEMPT + 1; the
+trainer resumes from the newest checkpoint by itself. After
+runPolicy.backoffLimit restarts the job fails with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from disttrain_operator import api
+
+from disttrain_trainer.launcher import env as envmod
+from disttrain_trainer.launcher import report
+from disttrain_trainer.launcher.gang import LOGS_DIR, PIDS_FILE, Failure, Gang
+from disttrain_trainer.launcher.progress import JsonlTail, ProgressPrinter, metrics_path, read_jsonl
+
+CONFIG_FILE = "config.json"
+CHECKPOINTS_DIR = "checkpoints"
+TERMINATION_LOG = "termination-log"
+# The trainer exits 2 when it rejects the config (e.g. a mode it does not
+# implement): restarting cannot help, so the launcher fails at once.
+EXIT_CONFIG = 2
+EXIT_FAILED = 1
+EXIT_INTERRUPTED = 130
+# Files a previous run left that --fresh removes (nothing else in the dir is touched).
+RUN_ARTIFACTS = (
+    CHECKPOINTS_DIR,
+    LOGS_DIR,
+    PIDS_FILE,
+    CONFIG_FILE,
+    TERMINATION_LOG,
+    report.SUMMARY_FILE,
+    report.LOCAL_SUMMARY_FILE,
+    report.PLOT_FILE,
+)
+
+
+def default_run_dir(job_name: str) -> Path:
+    return Path("disttrain-runs") / job_name
+
+
+@dataclass(frozen=True, kw_only=True)
+class LocalOptions:
+    run_dir: Path
+    fresh: bool = False
+    progress: bool = True
+    metrics_port: int | None = None  # None: free ports; 0: off; N: rank r serves N + r
+    python: str = field(default_factory=lambda: sys.executable)
+    poll_interval_s: float = 0.2
+    grace_s: float = 10.0
+    out: TextIO | None = None  # default sys.stdout
+    err: TextIO | None = None  # default sys.stderr
+
+
+@dataclass(frozen=True, kw_only=True)
+class LocalResult:
+    exit_code: int
+    summary: report.LocalSummary
+
+
+class _Terminated(Exception):
+    """SIGTERM to the launcher: stop the gang like Ctrl-C does."""
+
+
+def checkpoint_root(run_dir: Path) -> Path:
+    return run_dir / CHECKPOINTS_DIR
+
+
+def has_checkpoints(run_dir: Path, job: str) -> bool:
+    job_dir = checkpoint_root(run_dir) / job
+    # Hidden entries are the trainer's unfinished temp dirs (".tmp-*"), not checkpoints.
+    return job_dir.is_dir() and any(not p.name.startswith(".") for p in job_dir.iterdir())
+
+
+def clear_run_dir(run_dir: Path) -> None:
+    for name in RUN_ARTIFACTS:
+        path = run_dir / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+    for path in run_dir.glob("metrics-rank*.jsonl"):
+        path.unlink()
+
+
+def cuda_device_count() -> int:
+    # Importing torch costs seconds; without the NVIDIA driver's device node there is no CUDA anyway.
+    if not Path("/dev/nvidiactl").exists():
+        return 0
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def run_local(job: api.DistTrainJob, options: LocalOptions) -> LocalResult:
+    out = options.out or sys.stdout
+    err = options.err or sys.stderr
+    spec = job.spec
+    name = job.metadata.name
+    run_dir = options.run_dir.resolve()
+    if options.fresh:
+        clear_run_dir(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if has_checkpoints(run_dir, name):
+        print(
+            f"resuming from the checkpoints in {checkpoint_root(run_dir) / name} (--fresh starts over)",
+            file=out,
+        )
+
+    config_path = run_dir / CONFIG_FILE
+    config_path.write_text(json.dumps(api.to_json(spec), indent=2) + "\n")
+    base_env = dict(os.environ)
+    extra_env, warnings = envmod.template_env(spec.workers.template)
+    base_env.update(extra_env)
+    plan = envmod.plan_devices(
+        gpus=spec.workers.resources.gpus,
+        replicas=spec.workers.replicas,
+        procs_per_worker=spec.workers.procs_per_worker,
+        cuda_count=cuda_device_count(),
+        user_device=os.environ.get(envmod.C.ENV_DEVICE),
+    )
+    if plan.warning:
+        warnings.append(plan.warning)
+    for w in warnings:
+        print(f"warning: {w}", file=err)
+
+    slots = envmod.gang_slots(spec.workers.replicas, spec.workers.procs_per_worker)
+    threads = int(base_env.get(envmod.ENV_OMP_THREADS) or envmod.default_threads(spec.world_size))
+    rank0_log = metrics_path(run_dir, 0)
+    history = read_jsonl(rank0_log)  # earlier runs' records: the plot covers the whole training
+    tail = JsonlTail(rank0_log)
+    tail.read_new()  # the progress bar shows only this run
+    printer = ProgressPrinter(out, total=spec.training.steps) if options.progress else None
+    print(
+        f"disttrain local: {name}: {spec.world_size} processes ({spec.workers.replicas} x "
+        f"{spec.workers.procs_per_worker}) on {plan.device}, run dir {run_dir}",
+        file=out,
+    )
+
+    started = time.monotonic()
+    deadline = spec.run_policy.active_deadline_seconds
+    restarts, attempt = 0, 0
+    status, reason, code = "Failed", None, EXIT_FAILED
+    gang: Gang | None = None
+    records: list[dict[str, Any]] = []
+    previous = _install_sigterm()
+    try:
+        while True:
+            gang_env = envmod.GangEnv(
+                job=name,
+                world_size=spec.world_size,
+                procs_per_worker=spec.workers.procs_per_worker,
+                master_port=envmod.reserve_ports(1)[
+                    0
+                ],  # fresh each attempt: the old one may linger in TIME_WAIT
+                config_path=config_path,
+                run_dir=run_dir,
+                checkpoint_dir=checkpoint_root(run_dir),
+                termination_log=run_dir / TERMINATION_LOG,
+                restart_attempt=attempt,
+                device=plan,
+                threads=threads,
+            )
+            ports = envmod.metrics_ports(options.metrics_port, spec.world_size)
+            envs = [(s, envmod.process_env(base_env, gang_env, s, ports[s.rank])) for s in slots]
+            gang = Gang.start(
+                command=envmod.trainer_command(options.python),
+                envs=envs,
+                run_dir=run_dir,
+                attempt=attempt,
+            )
+            outcome: Failure | bool = False
+            while outcome is False:
+                time.sleep(options.poll_interval_s)
+                new = [r for r in tail.read_new() if "event" not in r]  # step records only
+                records.extend(new)
+                if printer and new:
+                    printer.update(new[-1], elapsed_s=time.monotonic() - started, restarts=restarts)
+                outcome = gang.poll()
+                if outcome is False and deadline and time.monotonic() - started > deadline:
+                    break
+            records.extend(tail.read_new())
+            if outcome is True:
+                status, code = "Succeeded", 0
+                break
+            gang.stop(options.grace_s)
+            if outcome is False:
+                reason = f"DeadlineExceeded: runPolicy.activeDeadlineSeconds={deadline} passed"
+                break
+            _note(printer, out, f"{outcome.reason}  (log: {outcome.log})")
+            if outcome.returncode == EXIT_CONFIG:
+                reason, code = f"the trainer rejected the job: {outcome.reason}", EXIT_CONFIG
+                break
+            if restarts >= spec.run_policy.backoff_limit:
+                reason = (
+                    f"BackoffLimitExceeded: {restarts} restarts (runPolicy.backoffLimit="
+                    f"{spec.run_policy.backoff_limit}); last failure: {outcome.reason}"
+                )
+                break
+            restarts += 1
+            attempt += 1
+            _note(
+                printer,
+                out,
+                f"restarting the gang from the newest checkpoint (restart {restarts}/{spec.run_policy.backoff_limit})",
+            )
+    except (KeyboardInterrupt, _Terminated):
+        status, reason, code = "Interrupted", "stopped by the user", EXIT_INTERRUPTED
+        if gang is not None:
+            _note(printer, out, "stopping the gang ...")
+            gang.stop(options.grace_s)
+    finally:
+        if previous is not _NOT_INSTALLED:
+            signal.signal(signal.SIGTERM, previous)
+        if printer:
+            printer.finish()
+
+    all_records = report.dedupe_by_step(history + records)
+    plot = report.write_plot(
+        all_records,
+        run_dir / report.PLOT_FILE,
+        title=f"{name}: {spec.mode}-parallel, world size {spec.world_size}",
+    )
+    summary = report.build_summary(
+        job=name,
+        status=status,
+        reason=reason,
+        trainer=report.load_trainer_summary(run_dir) if status == "Succeeded" else None,
+        records=all_records,
+        total_steps=spec.training.steps,
+        wall_s=time.monotonic() - started,
+        restarts=restarts,
+        world_size=spec.world_size,
+        device=plan.device,
+        run_dir=run_dir,
+        plot=plot,
+    )
+    report.write_summary(summary, run_dir)
+    print(report.format_summary(summary), file=out)
+    if code != 0:
+        print(f"disttrain local: job {name} {status.lower()}: {reason}", file=err)
+    return LocalResult(exit_code=code, summary=summary)
+
+
+def _note(printer: ProgressPrinter | None, out: TextIO, message: str) -> None:
+    if printer:
+        printer.note(message)
+    else:
+        print(message, file=out, flush=True)
+
+
+_NOT_INSTALLED = object()
+
+
+def _install_sigterm() -> Any:
+    if threading.current_thread() is not threading.main_thread():
+        return _NOT_INSTALLED  # signal handlers can only be set from the main thread
+
+    def handler(signum: int, frame: Any) -> None:
+        raise _Terminated()
+
+    return signal.signal(signal.SIGTERM, handler)

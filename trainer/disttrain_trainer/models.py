@@ -1,0 +1,170 @@
+"""Reference models behind a name -> factory registry.
+
+Every model keeps its repeated layers in `self.blocks` (an nn.Sequential) so
+activation checkpointing, and later pipeline partitioning, can cut it. A
+factory takes (spec, dataset) and returns the module; "package.module:factory"
+names a user factory with the same signature.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from disttrain_operator.api import JobSpec
+
+from .checkpointing import run_blocks
+from .data import Dataset
+
+Factory = Callable[[JobSpec, Dataset], nn.Module]
+
+
+class MLP(nn.Module):
+    def __init__(self, inputs: int, hidden: int, layers: int, classes: int, dropout: float, act_ckpt: str):
+        super().__init__()
+        self.act_ckpt = act_ckpt
+        self.stem = nn.Sequential(nn.Linear(inputs, hidden), nn.ReLU())
+        self.blocks = nn.Sequential(
+            *(nn.Sequential(nn.Linear(hidden, hidden), nn.ReLU(), nn.Dropout(dropout)) for _ in range(layers - 1))
+        )
+        self.head = nn.Linear(hidden, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(run_blocks(self.blocks, self.stem(x.flatten(1)), self.act_ckpt))
+
+
+class CNN(nn.Module):
+    """A small CNN for 8x8 single-channel images (digits)."""
+
+    def __init__(self, side: int, hidden: int, layers: int, classes: int, dropout: float, act_ckpt: str):
+        super().__init__()
+        self.side, self.act_ckpt = side, act_ckpt
+        self.stem = nn.Sequential(nn.Conv2d(1, hidden, 3, padding=1), nn.ReLU())
+        self.blocks = nn.Sequential(
+            *(nn.Sequential(nn.Conv2d(hidden, hidden, 3, padding=1), nn.ReLU()) for _ in range(layers - 1))
+        )
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Dropout(dropout), nn.Linear(4 * hidden, classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.reshape(-1, 1, self.side, self.side)
+        return self.head(run_blocks(self.blocks, self.stem(x), self.act_ckpt))
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, dim: int, heads: int, dropout: float):
+        super().__init__()
+        if dim % heads:
+            raise ValueError(f"model.hidden {dim} must be divisible by model.heads {heads}")
+        self.heads, self.dropout = heads, dropout
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
+        return self.proj(y.transpose(1, 2).contiguous().view(b, t, c))
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, heads: int, dropout: float):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.attn = CausalSelfAttention(dim, heads, dropout)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim), nn.Dropout(dropout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    """A small character-level GPT in the style of nanoGPT (pre-LN blocks, causal SDPA)."""
+
+    def __init__(self, vocab: int, block_size: int, dim: int, layers: int, heads: int, dropout: float, act_ckpt: str):
+        super().__init__()
+        self.block_size, self.act_ckpt = block_size, act_ckpt
+        self.tok = nn.Embedding(vocab, dim)
+        self.pos = nn.Embedding(block_size, dim)
+        self.drop = nn.Dropout(dropout)
+        self.blocks = nn.Sequential(*(Block(dim, heads, dropout) for _ in range(layers)))
+        self.ln_f = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+        self.apply(self._init)
+        for name, p in self.named_parameters():  # GPT-2's scaled init of residual projections
+            if name.endswith("proj.weight") or name.endswith("mlp.2.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * layers))
+
+    @staticmethod
+    def _init(m: nn.Module) -> None:
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, mean=0.0, std=0.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Embedding):
+            nn.init.normal_(m.weight, mean=0.0, std=0.02)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        t = idx.shape[1]
+        if t > self.block_size:
+            raise ValueError(f"sequence of {t} tokens exceeds model.blockSize {self.block_size}")
+        pos = torch.arange(t, device=idx.device)
+        x = self.drop(self.tok(idx) + self.pos(pos))
+        return self.head(self.ln_f(run_blocks(self.blocks, x, self.act_ckpt)))
+
+
+def _mlp(spec: JobSpec, ds: Dataset) -> nn.Module:
+    m = spec.model
+    _classifier_data("mlp", ds)
+    return MLP(ds.input_dim, m.hidden, m.layers, ds.num_classes, m.dropout, spec.training.activation_checkpointing)
+
+
+def _cnn(spec: JobSpec, ds: Dataset) -> nn.Module:
+    m = spec.model
+    _classifier_data("cnn", ds)
+    side = math.isqrt(ds.input_dim)
+    if side * side != ds.input_dim:
+        raise ValueError(f"model.name cnn needs square images; data {ds.name} has {ds.input_dim} features")
+    return CNN(side, m.hidden, m.layers, ds.num_classes, m.dropout, spec.training.activation_checkpointing)
+
+
+def _gpt(spec: JobSpec, ds: Dataset) -> nn.Module:
+    m = spec.model
+    if ds.kind != "lm":
+        raise ValueError(f"model.name gpt needs a text dataset (data.name: pytext), not {ds.name}")
+    return GPT(ds.num_classes, m.block_size, m.hidden, m.layers, m.heads, m.dropout, spec.training.activation_checkpointing)
+
+
+def _classifier_data(model: str, ds: Dataset) -> None:
+    if ds.kind != "classify":
+        raise ValueError(f"model.name {model} needs a classification dataset (digits or synthetic), not {ds.name}")
+
+
+MODELS: dict[str, Factory] = {"mlp": _mlp, "cnn": _cnn, "gpt": _gpt}
+
+
+def resolve(name: str) -> Factory:
+    if name in MODELS:
+        return MODELS[name]
+    if ":" not in name:
+        raise ValueError(f"model.name {name!r}: not one of {', '.join(MODELS)} and not 'package.module:factory'")
+    module, attr = name.split(":", 1)
+    try:
+        factory = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"model.name {name!r}: cannot import ({e}); is the module installed in the image?") from None
+    if not callable(factory):
+        raise ValueError(f"model.name {name!r} is not callable; it must be factory(spec, dataset) -> nn.Module")
+    return factory
+
+
+def build_model(spec: JobSpec, dataset: Dataset) -> nn.Module:
+    """Same seed on every rank -> identical initial replicas (DDP also broadcasts rank 0's)."""
+    torch.manual_seed(spec.data.seed)
+    return resolve(spec.model.name)(spec, dataset)

@@ -1,0 +1,38 @@
+"""Parallel modes behind one shape: `apply(model, *, mesh, cfg) -> model` plus a train step.
+
+Only `data` is implemented in this round; the others stop with exit code 2 and
+a message saying so (see __main__).
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from ..config import TrainerConfig
+from ..dist_env import DistContext
+from . import data as data_parallel
+from .data import CommTimer, StepResult
+
+IMPLEMENTED = ("data",)
+
+
+class ModeNotImplemented(RuntimeError):
+    def __init__(self, mode: str):
+        super().__init__(f"mode {mode} is not implemented by this trainer yet (implemented: {', '.join(IMPLEMENTED)})")
+
+
+def apply(model: nn.Module, *, mesh: DistContext, cfg: TrainerConfig) -> tuple[nn.Module, CommTimer]:
+    """Wrap `model` for cfg.spec.mode; returns the wrapped model and its communication timer."""
+    mode = cfg.spec.mode
+    if mode == "data":
+        return data_parallel.wrap_ddp(model, ctx=mesh, training=cfg.spec.training)
+    raise ModeNotImplemented(mode)
+
+
+def train_step_for(mode: str):  # noqa: ANN201 - returns the mode's train_step function
+    if mode == "data":
+        return data_parallel.train_step
+    raise ModeNotImplemented(mode)
+
+
+__all__ = ["IMPLEMENTED", "CommTimer", "ModeNotImplemented", "StepResult", "apply", "train_step_for"]
