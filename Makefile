@@ -57,3 +57,33 @@ clean: ## remove the venv and caches
 
 # The local cluster (issue: Local cluster): cluster-up, cluster-down, images, kind-up.
 include hack/cluster.mk
+
+# ---- operator on the local cluster (issue 5; owned by the operator) ----------
+DEMO_JOB := digits-ddp
+DEMO_KUBECONFIG = $${KUBECONFIG:-$${DISTTRAIN_CACHE:-$$HOME/.cache/disttrain}/cluster/kubeconfig}
+.PHONY: demo-cluster demo-cluster-down bench-operator
+
+demo-cluster: $(STAMP) ## local cluster up, CRD+RBAC+operator installed, data-parallel example run to Succeeded, teardown
+	$(MAKE) cluster-up
+	@set -euo pipefail; export KUBECONFIG="$(DEMO_KUBECONFIG)"; \
+	trap '$(MAKE) --no-print-directory demo-cluster-down' EXIT; \
+	kubectl apply -k manifests/; \
+	kubectl rollout status deployment/disttrain-operator -n disttrain-system --timeout=300s; \
+	$(PY) -c 'import sys, yaml; d = yaml.safe_load(open("manifests/examples/data-parallel.yaml")); \
+	d["spec"]["checkpoint"]["volume"] = {"hostPath": {"path": "/var/lib/disttrain/checkpoints", "type": "Directory"}}; \
+	print(yaml.safe_dump(d))' | kubectl apply -f -; \
+	phase=; while [ "$$phase" != Succeeded ] && [ "$$phase" != Failed ]; do \
+	  sleep 5; kubectl get dtj $(DEMO_JOB) --no-headers; \
+	  phase=$$(kubectl get dtj $(DEMO_JOB) -o jsonpath='{.status.phase}'); done; \
+	kubectl get dtj $(DEMO_JOB); echo "result: $$(kubectl get dtj $(DEMO_JOB) -o jsonpath='{.status.result}')"; \
+	[ "$$phase" = Succeeded ]
+
+demo-cluster-down: ## delete the demo job and the operator install, then stop the local cluster
+	-@export KUBECONFIG="$(DEMO_KUBECONFIG)"; \
+	kubectl delete dtj $(DEMO_JOB) --ignore-not-found --wait=true --timeout=120s; \
+	kubectl delete -k manifests/ --ignore-not-found --wait=true --timeout=180s
+	$(MAKE) cluster-down
+
+bench-operator: $(STAMP) ## operator scale benchmark on the local cluster (benchmarks/operator_scale.py)
+	$(PY) benchmarks/operator_scale.py --jobs $${JOBS:-50} --workers $${WORKERS:-4}
+# ---- end operator section -----------------------------------------------------

@@ -27,6 +27,9 @@ def bin_dir() -> Path:
 class LocalCluster:
     def __init__(self, cfg: ClusterConfig | None = None) -> None:
         self.cfg = cfg or ClusterConfig.from_env()
+        # nvidia.com/gpu per node; set_node_gpus changes it, and start_node/wait_ready re-apply it
+        # (a kubelet that re-registers may zero extended resources).
+        self.gpus = {n.name: n.gpus for n in self.cfg.nodes}
 
     # --- what tests use ----------------------------------------------------------------
     @property
@@ -76,8 +79,7 @@ class LocalCluster:
 
         pki.make_pki(cfg)
         pki.write_tokens_and_kubeconfigs(cfg)
-        (cfg.root / "cluster.json").write_text(json.dumps(
-            {"nodes": [{"index": n.index, "gpus": n.gpus, "name": n.name} for n in cfg.nodes]}))
+        self._save_state()
         for n in cfg.nodes:
             network.setup_node(cfg, n)
             node.write_configs(cfg, n, bins)
@@ -103,6 +105,10 @@ class LocalCluster:
         say(f"KUBECONFIG={cfg.kubeconfig}")
         return took
 
+    def _save_state(self) -> None:
+        nodes = [{"index": n.index, "gpus": self.gpus[n.name], "name": n.name} for n in self.cfg.nodes]
+        (self.cfg.root / "cluster.json").write_text(json.dumps({"nodes": nodes}))
+
     def _start_runtime(self, n: NodeConfig, archives: dict[str, images.Archive]) -> None:
         node.start_containerd(self.cfg, n)
         node.remove_stale_containers(self.cfg, n)
@@ -111,8 +117,14 @@ class LocalCluster:
             self._restart_containerd(n)
 
     def _restart_containerd(self, n: NodeConfig) -> None:
-        kill_cgroup(f"{node.cgroup_of(n)}/system")
-        node.start_containerd(self.cfg, n)
+        node.restart_containerd(self.cfg, n)
+
+    def refresh_images(self) -> None:
+        """Rebuild images whose inputs changed and import them into every node of a running cluster."""
+        archives = images.ensure_all(bin_dir())
+        for n in self.cfg.nodes:
+            if images.import_into(self.cfg, n, archives):
+                node.restart_containerd(self.cfg, n)
 
     def _post_apiserver(self) -> None:
         # --endpoint-reconciler-type=none: point the `kubernetes` Service at the bridge address,
@@ -141,8 +153,9 @@ class LocalCluster:
                 conds = {c["type"]: c["status"] for c in it["status"].get("conditions", [])}
                 if conds.get("Ready") != "True":
                     return False
-                if str(it["status"].get("capacity", {}).get("nvidia.com/gpu", "0")) != str(n.gpus):
-                    self.set_node_gpus(n.name, n.gpus)
+                want = self.gpus[n.name]
+                if str(it["status"].get("allocatable", {}).get("nvidia.com/gpu", "0")) != str(want):
+                    self.set_node_gpus(n.name, want)
                     return False
             sa = self.kubectl("get", "serviceaccount", "default", "-o", "jsonpath={.secrets[0].name}", check=False)
             return sa.returncode == 0 and sa.stdout.strip() != ""
@@ -208,6 +221,8 @@ class LocalCluster:
     def set_node_gpus(self, name: str, count: int) -> None:
         """Advertise `count` nvidia.com/gpu on a node (extended resource via a status patch)."""
         self.cfg.node(name)
+        self.gpus[name] = count
+        self._save_state()
         patch = [{"op": "add", "path": f"/status/{f}/nvidia.com~1gpu", "value": str(count)}
                  for f in ("capacity", "allocatable")]
         token = controlplane._admin_token(self.cfg)

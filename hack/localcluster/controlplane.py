@@ -20,7 +20,7 @@ from .config import (
     SERVICE_CIDR,
     ClusterConfig,
 )
-from .proc import ClusterError, run, spawn, wait_for
+from .proc import ClusterError, spawn, wait_for
 
 CGROUP = "control"
 ETCD_DATA = Path("/dev/shm/disttrain-etcd")

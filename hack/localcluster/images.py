@@ -19,7 +19,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import OPERATOR_IMAGE, PAUSE_IMAGE, REPO_ROOT, TEST_IMAGE, TRAINER_IMAGE, ClusterConfig, NodeConfig, cache_dir
+from .config import (
+    OPERATOR_IMAGE,
+    PAUSE_IMAGE,
+    REPO_ROOT,
+    TEST_IMAGE,
+    TRAINER_IMAGE,
+    ClusterConfig,
+    NodeConfig,
+    cache_dir,
+)
 from .proc import ClusterError, run, say
 
 BASE_IMAGE = "localhost/disttrain-base:bookworm"
@@ -193,7 +202,7 @@ def project_images() -> list[Archive]:
 def _build_target(target: str, ref: str) -> Path:
     log, step = log_path(), f"image {target} (buildah bud)"
     t0 = time.monotonic()
-    run([*BUILDAH, "bud", "--isolation", "chroot", "--layers", "--pull-never", "-f", REPO_ROOT / "Dockerfile",
+    run([*BUILDAH, "bud", "--isolation", "chroot", "--layers", "--pull=never", "-f", REPO_ROOT / "Dockerfile",
          "--target", target, "--build-arg", f"BASE_IMAGE={BASE_IMAGE}", "-t", ref, REPO_ROOT],
         step=step, log=log, timeout=1800)
     t1 = time.monotonic()

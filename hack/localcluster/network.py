@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .config import BRIDGE, BRIDGE_CIDR, BRIDGE_IP, FORWARD_CHAIN, POD_CIDR, ClusterConfig, NodeConfig
+from .config import (
+    BRIDGE,
+    BRIDGE_CIDR,
+    BRIDGE_IP,
+    FORWARD_CHAIN,
+    POD_CIDR,
+    ClusterConfig,
+    NodeConfig,
+)
 from .proc import run
 
 

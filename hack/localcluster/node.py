@@ -5,13 +5,15 @@ pods under it as cgroupRoot), so stopping a node is: SIGKILL everything in that 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 from pathlib import Path
 
 import yaml
 
 from .config import BRIDGE_IP, CLUSTER_DOMAIN, PAUSE_IMAGE, POD_CIDR, ClusterConfig, NodeConfig
-from .proc import ClusterError, kill_cgroup, run, spawn, wait_for
+from .proc import ClusterError, cgroup_pids, kill_cgroup, run, spawn, wait_for
 
 MNT_ROOT = Path("/run/disttrain/mnt")
 # Host paths every kubelet/containerd writes to; each node gets its own folder mounted over them
@@ -153,11 +155,12 @@ def ctr(cfg: ClusterConfig, node: NodeConfig, *args: str) -> list[str]:
     return ["ctr", "--address", str(cfg.node_socket(node)), "-n", "k8s.io", *args]
 
 
-def start_containerd(cfg: ClusterConfig, node: NodeConfig) -> None:
+def start_containerd(cfg: ClusterConfig, node: NodeConfig, *, fresh: bool = True) -> None:
     d = cfg.node_dir(node)
     log = cfg.logs / f"{node.name}-containerd.log"
-    # Runtime state of a killed run (dead tasks, shim sockets) must not be resurrected.
-    shutil.rmtree(cfg.node_state(node) / "state", ignore_errors=True)
+    if fresh:
+        # Runtime state of a killed node (dead tasks, shim sockets) must not be resurrected.
+        shutil.rmtree(cfg.node_state(node) / "state", ignore_errors=True)
     cfg.node_socket(node).unlink(missing_ok=True)
     pid = spawn([*_enter(cfg, node), "containerd", "--config", d / "containerd.toml"],
                 log=log, cgroup=f"{cgroup_of(node)}/system")
@@ -191,6 +194,21 @@ def start_kubelet_and_proxy(cfg: ClusterConfig, node: NodeConfig, bin_dir: Path)
           log=cfg.logs / f"{node.name}-kubelet.log", cgroup=cg)
     spawn([*_enter(cfg, node), bin_dir / "kube-proxy", f"--config={d / 'kube-proxy.yaml'}", "--v=1"],
           log=cfg.logs / f"{node.name}-kube-proxy.log", cgroup=cg)
+
+
+def restart_containerd(cfg: ClusterConfig, node: NodeConfig) -> None:
+    """Restart only the containerd daemon (shims and containers keep running): its CRI image
+    cache otherwise keeps serving the old image behind a re-imported name."""
+    for pid in cgroup_pids(f"{cgroup_of(node)}/system"):
+        try:
+            exe = os.readlink(f"/proc/{pid}/exe")
+        except OSError:
+            continue
+        if os.path.basename(exe) == "containerd":
+            os.kill(pid, signal.SIGKILL)
+            wait_for("containerd to exit", lambda p=pid: not Path(f"/proc/{p}").exists(),
+                     timeout=10, step=f"containerd restart: {node.name}")
+    start_containerd(cfg, node, fresh=False)
 
 
 def stop(cfg: ClusterConfig, node: NodeConfig) -> None:

@@ -310,6 +310,12 @@ def decide(obs: Observed) -> Plan:
                 st["lastCheckpointStep"] = int(obs.progress["disttrain_last_checkpoint_step"])
         return finish()
 
+    stuck = next((p for p in current if p.phase == "Pending" and p.reason and p.message), None)
+    if stuck is not None:  # e.g. ErrImagePull: say why instead of a bare "starting"
+        msg = f"pod {stuck.name}: {stuck.reason}: {stuck.message}"[:500]
+        b.condition("Running", False, stuck.reason, msg)
+        b.phase(PENDING, msg)
+        return finish()
     b.phase(PENDING, f"{st['workers']['pending']} of {replicas} pods starting")
     return finish()
 
@@ -348,3 +354,20 @@ def _restart(
         force_delete_pods=sorted(set(force or [])),
         delete_servers=False,
     )
+
+
+def needs_polling(body: dict[str, Any], now: datetime, interval_s: float) -> bool:
+    """Whether the progress timer must reconcile this job: finished jobs stop costing
+    API calls once their cleanup reconcile ran, unless a TTL is still pending."""
+    status = body.get("status") or {}
+    if status.get("phase") not in TERMINAL:
+        return True
+    spec = body.get("spec") or {}
+    if (spec.get("runPolicy") or {}).get("ttlSecondsAfterFinished") is not None:
+        return True
+    if status.get("observedGeneration") != (body.get("metadata") or {}).get("generation"):
+        return True
+    done_at = parse_time(status.get("completionTime"))
+    if done_at is None:  # InvalidSpec: a spec update (on.update) will reconcile it
+        return False
+    return now < done_at + timedelta(seconds=3 * interval_s)

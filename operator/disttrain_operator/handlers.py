@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import logging
 import os
+from datetime import UTC, datetime
 from typing import Any
 
 import kopf
 
 from . import reconcile as rec
 from .api import GROUP, PLURAL, VERSION
+from .decide import needs_polling
 from .kube import Kube
 from .settings import OperatorSettings
 
@@ -43,14 +45,14 @@ def _run(namespace: str, name: str) -> None:
 
 @kopf.on.startup()
 def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
-    ours: OperatorSettings = _state["settings"]
     # kopf's bookkeeping lives in annotations under our group; status belongs to the API.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=GROUP, key="last-handled-configuration"
     )
     settings.persistence.finalizer = f"{GROUP}/finalizer"
-    settings.posting.level = logging.INFO
+    # Only warnings from kopf itself become Events; ours are posted explicitly per transition.
+    settings.posting.level = logging.WARNING
     settings.execution.max_workers = 8
     # One operator replica (the Deployment has replicas: 1): no peering objects needed.
     settings.peering.standalone = True
@@ -66,9 +68,10 @@ def changed(namespace: str, name: str, **_: Any) -> None:
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=POLL_INTERVAL_S, initial_delay=1.0)
-def poll(namespace: str, name: str, **_: Any) -> None:
+def poll(namespace: str, name: str, body: kopf.Body, **_: Any) -> None:
     """Progress (rank 0's metrics) and recovery (failed / vanished / unschedulable pods)."""
-    _run(namespace, name)
+    if needs_polling(dict(body), datetime.now(UTC), POLL_INTERVAL_S):
+        _run(namespace, name)
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)

@@ -1,18 +1,25 @@
-"""A thin, counted wrapper over the official kubernetes client for the objects a job
-owns. Every call increments `disttrain_operator_api_requests_total{verb,resource}` so
-the scale benchmark can report API requests per job from the operator's own metrics.
-Objects go in and come out as plain dicts (the builders' format)."""
+"""A thin, counted REST layer for the objects a job owns.
+
+It reuses the official client's configuration (kubeconfig or in-cluster service
+account: host, TLS, client certificates, token refresh) and its connection pool,
+but sends and receives plain JSON dicts — the builders' format — instead of the
+generated models. Every call increments
+`disttrain_operator_api_requests_total{verb,resource}` so the scale benchmark can
+report API requests per job from the operator's own metrics.
+"""
 
 from __future__ import annotations
 
 import json
 from typing import Any
+from urllib.parse import quote, urlencode
 
 from kubernetes import client, config
-from kubernetes.client.rest import ApiException
 
 from . import opmetrics
 from .api import GROUP, PLURAL, VERSION
+
+TIMEOUT_S = 30.0
 
 
 def load_config() -> None:
@@ -22,97 +29,110 @@ def load_config() -> None:
         config.load_kube_config()
 
 
-def _body(resp: Any) -> dict[str, Any]:
-    return json.loads(resp.data or b"{}")
+class KubeError(RuntimeError):
+    def __init__(self, status: int, method: str, path: str, body: str) -> None:
+        self.status = status
+        try:
+            message = json.loads(body).get("message", body)
+        except ValueError:
+            message = body
+        super().__init__(f"{method} {path}: HTTP {status}: {message}")
+
+
+_PATHS = {
+    "Pod": ("/api/v1", "pods"),
+    "Service": ("/api/v1", "services"),
+    "ConfigMap": ("/api/v1", "configmaps"),
+    "Deployment": ("/apis/apps/v1", "deployments"),
+}
 
 
 class Kube:
     def __init__(self, api_client: client.ApiClient | None = None) -> None:
         self.api = api_client or client.ApiClient()
-        self.core = client.CoreV1Api(self.api)
-        self.apps = client.AppsV1Api(self.api)
-        self.custom = client.CustomObjectsApi(self.api)
+        self.cfg = self.api.configuration
+        self.pool = self.api.rest_client.pool_manager
 
-    @staticmethod
-    def _count(verb: str, resource: str) -> None:
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        resource: str,
+        verb: str,
+        query: dict[str, str] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        allow: tuple[int, ...] = (),
+    ) -> tuple[int, dict[str, Any]]:
         opmetrics.API_REQUESTS.labels(verb=verb, resource=resource).inc()
+        if self.cfg.refresh_api_key_hook is not None:
+            self.cfg.refresh_api_key_hook(self.cfg)  # rotates the in-cluster token
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        for auth in self.cfg.auth_settings().values():
+            headers[auth["key"]] = auth["value"]
+        url = self.cfg.host + path + (f"?{urlencode(query)}" if query else "")
+        resp = self.pool.request(
+            method, url, headers=headers, body=None if body is None else json.dumps(body), timeout=TIMEOUT_S
+        )
+        text = resp.data.decode("utf-8", "replace") if resp.data else ""
+        if resp.status >= 300 and resp.status not in allow:
+            raise KubeError(resp.status, method, path, text)
+        return resp.status, (json.loads(text) if text.startswith("{") else {})
 
     # ------------------------------------------------------------------ the job
+    @staticmethod
+    def _job_path(namespace: str, name: str = "") -> str:
+        base = f"/apis/{GROUP}/{VERSION}/namespaces/{quote(namespace)}/{PLURAL}"
+        return f"{base}/{quote(name)}" if name else base
+
     def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
-        self._count("get", PLURAL)
-        try:
-            return _body(self.custom.get_namespaced_custom_object(
-                GROUP, VERSION, namespace, PLURAL, name, _preload_content=False))
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
+        status, body = self.request("GET", self._job_path(namespace, name), resource=PLURAL, verb="get", allow=(404,))
+        return None if status == 404 else body
 
     def patch_job_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
-        self._count("patch", PLURAL + "/status")
-        return _body(self.custom.patch_namespaced_custom_object_status(
-            GROUP, VERSION, namespace, PLURAL, name, {"status": status}, _preload_content=False))
+        _, body = self.request(
+            "PATCH", self._job_path(namespace, name) + "/status", resource=PLURAL + "/status", verb="patch",
+            body={"status": status}, content_type="application/merge-patch+json",
+        )
+        return body
 
     def delete_job(self, namespace: str, name: str) -> None:
-        self._count("delete", PLURAL)
-        try:
-            self.custom.delete_namespaced_custom_object(
-                GROUP, VERSION, namespace, PLURAL, name, propagation_policy="Background")
-        except ApiException as e:
-            if e.status != 404:
-                raise
+        self.request("DELETE", self._job_path(namespace, name), resource=PLURAL, verb="delete",
+                     body={"propagationPolicy": "Background"}, allow=(404,))
 
     # ----------------------------------------------------------------- children
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-        self._count("list", "pods")
-        return list(_body(self.core.list_namespaced_pod(
-            namespace, label_selector=selector, _preload_content=False)).get("items") or [])
+        _, body = self.request("GET", f"/api/v1/namespaces/{quote(namespace)}/pods", resource="pods", verb="list",
+                               query={"labelSelector": selector})
+        return list(body.get("items") or [])
 
     def create(self, obj: dict[str, Any]) -> bool:
         """Create; False when it already exists (idempotent re-creation after a crash)."""
-        kind, ns = obj["kind"], obj["metadata"]["namespace"]
-        self._count("create", kind.lower() + "s")
-        fn = {
-            "Pod": self.core.create_namespaced_pod,
-            "Service": self.core.create_namespaced_service,
-            "ConfigMap": self.core.create_namespaced_config_map,
-            "Deployment": self.apps.create_namespaced_deployment,
-        }[kind]
-        try:
-            fn(ns, obj, _preload_content=False)
-            return True
-        except ApiException as e:
-            if e.status == 409:
-                return False
-            raise
+        prefix, plural = _PATHS[obj["kind"]]
+        path = f"{prefix}/namespaces/{quote(obj['metadata']['namespace'])}/{plural}"
+        status, _ = self.request("POST", path, resource=plural, verb="create", body=obj, allow=(409,))
+        return status != 409
 
     def replace_config_map(self, obj: dict[str, Any]) -> None:
         if self.create(obj):
             return
-        self._count("replace", "configmaps")
-        self.core.replace_namespaced_config_map(
-            obj["metadata"]["name"], obj["metadata"]["namespace"], obj, _preload_content=False)
+        meta = obj["metadata"]
+        path = f"/api/v1/namespaces/{quote(meta['namespace'])}/configmaps/{quote(meta['name'])}"
+        self.request("PUT", path, resource="configmaps", verb="update", body=obj)
 
     def read_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
-        self._count("get", "configmaps")
-        try:
-            return _body(self.core.read_namespaced_config_map(name, namespace, _preload_content=False))
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
+        status, body = self.request("GET", f"/api/v1/namespaces/{quote(namespace)}/configmaps/{quote(name)}",
+                                    resource="configmaps", verb="get", allow=(404,))
+        return None if status == 404 else body
 
     def delete_pod(self, namespace: str, name: str, *, force: bool = False) -> None:
-        self._count("delete", "pods")
         # grace 0 removes the object at once: only for pods whose node cannot confirm.
-        grace = 0 if force else None
-        try:
-            self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=grace, _preload_content=False)
-        except ApiException as e:
-            if e.status != 404:
-                raise
+        body = {"gracePeriodSeconds": 0} if force else None
+        self.request("DELETE", f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}", resource="pods",
+                     verb="delete", body=body, allow=(404,))
 
     def delete_deployments(self, namespace: str, selector: str) -> None:
-        self._count("deletecollection", "deployments")
-        self.apps.delete_collection_namespaced_deployment(
-            namespace, label_selector=selector, propagation_policy="Background", _preload_content=False)
+        self.request("DELETE", f"/apis/apps/v1/namespaces/{quote(namespace)}/deployments", resource="deployments",
+                     verb="deletecollection", query={"labelSelector": selector},
+                     body={"propagationPolicy": "Background"})

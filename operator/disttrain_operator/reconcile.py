@@ -15,6 +15,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+import kopf
+
 from . import constants as c
 from . import opmetrics, progress, topology
 from .api import SpecError, parse_spec
@@ -154,6 +156,10 @@ def _apply(
             termination_grace_s=settings.termination_grace_s,
         )
         children = topology.build_children(plan.spec, ctx)
+        for obj in children.all():
+            # Builders already set the controller reference; kopf.adopt keeps the kopf idiom
+            # (idempotent for our own reference) and copies the job's labels to its children.
+            kopf.adopt(obj, owner=job)
         for cm in children.config_maps:
             kube.replace_config_map(cm)
         for obj in [*children.services, *children.deployments, *children.pods]:

@@ -134,7 +134,7 @@ def test_killed_worker_restarts_gang_and_resumes(
     request: pytest.FixtureRequest, kubectl: Kubectl, operator: OperatorProcess, namespace: str
 ) -> None:
     name = uniq("kill")
-    obj = digits_manifest(name, namespace, training={"steps": 600, "evalIntervalSteps": 0},
+    obj = digits_manifest(name, namespace, training={"steps": 1000, "evalIntervalSteps": 0},
                           checkpoint={"intervalSteps": 50})
     kubectl.apply(obj)
     kubectl.wait_phase(namespace, name, ("Running",), timeout=300)

@@ -220,3 +220,25 @@ def test_schema_and_model_reject_the_same_values(
                                                    "metadata": {"name": "j"}, "spec": spec})[1]] == [model_path]
     problems = crd.schema_errors(spec, schema, "spec")
     assert len(problems) == 1 and problems[0].startswith(model_path + ":"), problems
+
+
+def test_free_text_strings_are_nullable(committed: dict[str, Any]) -> None:
+    # kube-apiserver 1.20 built with Go >= 1.19 (the local cluster's) rejects "" in a
+    # non-nullable string field ("must be of type string: null"). Strings that may be
+    # empty must therefore be nullable; the others are enums, patterns or required.
+    loose: list[str] = []
+
+    def walk(schema: dict[str, Any], path: str, required: bool) -> None:
+        if schema.get("type") == "string" and not (
+            required or schema.get("nullable") or "enum" in schema or "pattern" in schema or "format" in schema
+        ):
+            loose.append(path)
+        for name, sub in schema.get("properties", {}).items():
+            walk(sub, f"{path}.{name}", name in schema.get("required", []))
+        if "items" in schema:
+            walk(schema["items"], f"{path}[]", False)
+
+    root = schema_of(committed)
+    walk(root["properties"]["spec"], "spec", False)
+    walk(root["properties"]["status"], "status", False)
+    assert loose == []

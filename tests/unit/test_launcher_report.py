@@ -91,3 +91,18 @@ def test_plot_is_a_png(tmp_path: Path) -> None:
     path = report.write_plot(_records(), tmp_path / "training.png", title="demo")
     assert path is not None and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert report.write_plot([], tmp_path / "none.png", title="x") is None
+
+
+def test_resuming_a_finished_run_reports_the_logged_figures(tmp_path: Path) -> None:
+    recs = report.dedupe_by_step(_records())
+    trainer = {
+        "steps": 40,
+        "final_loss": float("nan"),
+        "comm_fraction": 0.0,
+        "resumed_from_step": 40,
+    }
+    s = report.build_summary(
+        job="demo", status="Succeeded", reason=None, trainer=trainer, records=recs,
+        total_steps=40, wall_s=5.0, restarts=0, world_size=2, device="cpu", run_dir=tmp_path, plot=None,
+    )  # fmt: skip
+    assert s.final_loss == 0.25 and abs((s.comm_fraction or 0) - 0.26 / 0.6) < 1e-9

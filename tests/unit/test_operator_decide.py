@@ -204,3 +204,28 @@ def test_active_deadline() -> None:
     plan = decide(obs(dict(RUNNING_STATUS), [pod(0), pod(1)], spec=s, accepted=s))
     assert plan.status["phase"] == "Failed" and cond(plan.status, "Failed")["reason"] == "DeadlineExceeded"
     assert len(plan.delete_pods) == 2
+
+
+def test_finished_jobs_stop_polling() -> None:
+    from disttrain_operator.decide import needs_polling
+
+    meta = {"generation": 1}
+    running = {"metadata": meta, "status": {"phase": "Running", "observedGeneration": 1}}
+    assert needs_polling(running, NOW, 3)
+    done = {"metadata": meta, "spec": {}, "status": {"phase": "Succeeded", "observedGeneration": 1,
+                                                      "completionTime": format_time(NOW - timedelta(seconds=5))}}
+    assert needs_polling(done, NOW, 3)  # the cleanup reconcile has not run yet
+    done["status"]["completionTime"] = format_time(NOW - timedelta(seconds=60))
+    assert not needs_polling(done, NOW, 3)
+    done["spec"] = {"runPolicy": {"ttlSecondsAfterFinished": 600}}
+    assert needs_polling(done, NOW, 3)
+    invalid = {"metadata": meta, "status": {"phase": "Failed", "observedGeneration": 1}}
+    assert not needs_polling(invalid, NOW, 3)
+
+
+def test_image_pull_error_is_surfaced() -> None:
+    st = {**RUNNING_STATUS, "phase": "Pending"}
+    pods = [pod(0, "Pending", reason="ErrImagePull", message="pull access denied for nope:1"), pod(1, "Pending")]
+    plan = decide(obs(st, pods))
+    assert plan.status["phase"] == "Pending" and "nope:1" in plan.status["message"]
+    assert cond(plan.status, "Running")["reason"] == "ErrImagePull"

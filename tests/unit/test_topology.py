@@ -6,7 +6,6 @@ import json
 from typing import Any
 
 import pytest
-
 from disttrain_operator import api
 from disttrain_operator import constants as c
 from disttrain_operator.topology import BUILDERS, build_children, gang_role

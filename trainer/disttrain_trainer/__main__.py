@@ -12,17 +12,11 @@ import traceback
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
 
 
-def _one_rank(cfg) -> None:  # noqa: ANN001 - TrainerConfig, imported lazily
-    from .train import run  # noqa: PLC0415
-
-    run(cfg)
-
-
 def main() -> int:
     try:
         from .config import ConfigError, load_config  # noqa: PLC0415
         from .parallel import ModeNotImplemented  # noqa: PLC0415
-        from .train import check_supported  # noqa: PLC0415
+        from .train import check_supported, run  # noqa: PLC0415
     except ImportError as e:
         print(f"disttrain-trainer: missing dependency: {e} (install disttrain[trainer])", file=sys.stderr)
         return EXIT_FAILED
@@ -32,9 +26,10 @@ def main() -> int:
         if cfg.rank is None and cfg.nproc_per_node > 1:
             from .dist_env import spawn_local_ranks  # noqa: PLC0415
 
-            spawn_local_ranks(cfg, _one_rank)
+            # `run` is importable by name, so the spawned children can unpickle it.
+            spawn_local_ranks(cfg, run)
         else:
-            _one_rank(cfg if cfg.rank is not None else cfg.for_local_rank(0))
+            run(cfg if cfg.rank is not None else cfg.for_local_rank(0))
         return EXIT_OK
     except (ConfigError, ModeNotImplemented) as e:
         print(f"disttrain-trainer: {e}", file=sys.stderr)

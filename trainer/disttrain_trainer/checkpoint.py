@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
 from disttrain_operator import constants as C
 
 STATE_FILE = "state.pt"

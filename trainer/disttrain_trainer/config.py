@@ -77,9 +77,11 @@ def _cross_validate(spec: JobSpec) -> None:
     if check is None:
         return
     try:
-        check(spec)
+        errors = check(spec)  # returns the list of cross-field FieldErrors
     except SpecError as e:
-        raise ConfigError("invalid spec: " + "; ".join(str(x) for x in e.errors)) from None
+        errors = e.errors
+    if errors:
+        raise ConfigError("invalid spec: " + "; ".join(str(x) for x in errors))
 
 
 def _int(env: Mapping[str, str], name: str, default: int | None = None) -> int:

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-
 from disttrain_operator import constants as C
 from disttrain_operator.api import JobSpec
 

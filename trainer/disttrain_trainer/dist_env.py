@@ -13,10 +13,10 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
-
 from disttrain_operator import constants as C
 
 from .config import ConfigError, TrainerConfig
@@ -91,14 +91,14 @@ def cleanup() -> None:
         dist.destroy_process_group()
 
 
-def _spawned(local_rank: int, cfg: TrainerConfig, main: Callable[[TrainerConfig], None]) -> None:
+def _spawned(local_rank: int, cfg: TrainerConfig, main: Callable[[TrainerConfig], Any]) -> None:
     child = cfg.for_local_rank(local_rank)
     os.environ[C.ENV_RANK] = str(child.rank)
     os.environ[C.ENV_LOCAL_RANK] = str(local_rank)
     main(child)
 
 
-def spawn_local_ranks(cfg: TrainerConfig, main: Callable[[TrainerConfig], None]) -> None:
+def spawn_local_ranks(cfg: TrainerConfig, main: Callable[[TrainerConfig], Any]) -> None:
     """Run `main` in NPROC_PER_NODE processes; raises if any of them fails (the pod then fails as a whole)."""
     import torch.multiprocessing as mp  # noqa: PLC0415
 

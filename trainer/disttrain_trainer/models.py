@@ -14,9 +14,8 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-
 from disttrain_operator.api import JobSpec
+from torch import nn
 
 from .checkpointing import run_blocks
 from .data import Dataset

@@ -13,9 +13,8 @@ from __future__ import annotations
 import math
 
 import torch
-from torch.optim.lr_scheduler import LambdaLR
-
 from disttrain_operator.api import OptimizerSpec
+from torch.optim.lr_scheduler import LambdaLR
 
 
 def scale_factor(opt: OptimizerSpec, batch_size: int) -> float:

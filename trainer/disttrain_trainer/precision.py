@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
-
 from disttrain_operator.api import Precision
 
 

@@ -197,7 +197,7 @@ def _replica_divergence(model: nn.Module) -> float:
 
 
 def _loop(run: Run) -> dict[str, Any]:
-    spec, cfg, ctx = run.cfg.spec, run.cfg, run.ctx
+    spec, ctx = run.cfg.spec, run.ctx
     tr = spec.training
     step_fn = parallel.train_step_for(spec.mode)
     loss_fn = loss_fn_for(run.ds)

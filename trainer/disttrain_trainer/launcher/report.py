@@ -8,6 +8,7 @@ and why it failed.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -86,13 +87,19 @@ def build_summary(
         steps = _num(last, "step")
     comm = _num(trainer, "comm_fraction")
     resumed = _num(trainer, "resumed_from_step")
+    final_loss = _num(trainer, "final_loss", "loss") if trainer else None
+    if resumed is not None and steps is not None and resumed >= steps:
+        # Resumed a finished run: the trainer trained nothing now, the log holds the figures.
+        comm, final_loss = None, None
+    if final_loss is None or math.isnan(final_loss):
+        final_loss = _num(last, "loss")
     return LocalSummary(
         job=job,
         status=status,
         reason=reason,
         steps=int(steps) if steps is not None else None,
         total_steps=total_steps,
-        final_loss=_num(trainer, "final_loss", "loss") if trainer else _num(last, "loss"),
+        final_loss=final_loss,
         test_accuracy=_num(trainer, "test_accuracy"),
         val_loss=_num(trainer, "val_loss"),
         wall_s=wall_s,
@@ -124,7 +131,8 @@ def format_summary(s: LocalSummary) -> str:
         ("final loss", opt(s.final_loss, ".4f")),
         (
             "wall time",
-            f"{s.wall_s:.1f} s" + (f" (training {s.train_wall_s:.1f} s)" if s.train_wall_s else ""),
+            f"{s.wall_s:.1f} s"
+            + (f" (in the trainer {s.train_wall_s:.1f} s)" if s.train_wall_s else ""),
         ),
         (
             "communication",

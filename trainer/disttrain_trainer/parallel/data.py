@@ -4,9 +4,7 @@ Every gradient bucket goes through a DDP communication hook (plain all-reduce,
 fp16 compression or PowerSGD) wrapped by `CommTimer`: the wrapper notes when the
 hook is called and, in the returned future's `.then` callback, when its
 collective completed. The union of those intervals within a step is the step's
-communication time — measured, not estimated. (On NCCL the callback fires when
-the work is enqueued/synchronised on the stream; the step loop synchronises
-CUDA before reading the clock, so the total stays bounded by the step.)
+communication time — measured, not estimated (on CUDA with CUDA events, see CommTimer).
 """
 
 from __future__ import annotations
@@ -20,12 +18,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from disttrain_operator.api import TrainingSpec
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 from torch.nn.parallel import DistributedDataParallel as DDP
-
-from disttrain_operator.api import TrainingSpec
 
 from ..dist_env import DistContext
 from ..precision import Amp
@@ -34,11 +31,20 @@ Hook = Callable[[Any, dist.GradBucket], torch.futures.Future[torch.Tensor]]
 
 
 class CommTimer:
-    """Collects (start, end) of every in-flight bucket collective; thread-safe (callbacks run on comm threads)."""
+    """Collects (start, end) of every in-flight bucket collective; thread-safe (callbacks run on comm threads).
+
+    CPU (gloo): host clock; the `.then` callback runs when the collective has finished.
+    CUDA (NCCL): the callback fires once the work is enqueued, so the host clock would
+    miss the transfer; instead CUDA events are recorded at the hook call and in the
+    callback (which runs on the collective's stream) and resolved in `take`, after the
+    step loop has synchronised the device. Offsets are relative to the step's first event.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._intervals: list[tuple[float, float]] = []
+        self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self._ref: torch.cuda.Event | None = None
         self._bytes = 0
 
     def add(self, start: float, end: float, nbytes: int) -> None:
@@ -46,22 +52,29 @@ class CommTimer:
             self._intervals.append((start, end))
             self._bytes += nbytes
 
-    def take(self) -> tuple[float, int]:
-        """(seconds during which at least one collective was in flight, gradient bytes) since the last take."""
+    def _add_events(self, start: torch.cuda.Event, end: torch.cuda.Event, nbytes: int) -> None:
         with self._lock:
-            spans, nbytes = sorted(self._intervals), self._bytes
-            self._intervals, self._bytes = [], 0
-        total, cur_s, cur_e = 0.0, None, None
-        for s, e in spans:
-            if cur_e is None or s > cur_e:
-                if cur_e is not None:
-                    total += cur_e - cur_s  # type: ignore[operator]
-                cur_s, cur_e = s, e
-            else:
-                cur_e = max(cur_e, e)
-        if cur_e is not None:
-            total += cur_e - cur_s  # type: ignore[operator]
-        return total, nbytes
+            self._events.append((start, end))
+            self._bytes += nbytes
+
+    def _cuda_start(self) -> torch.cuda.Event:
+        ev = torch.cuda.Event(enable_timing=True)
+        with self._lock:
+            if self._ref is None:
+                self._ref = ev
+        ev.record()
+        return ev
+
+    def take(self) -> tuple[float, int]:
+        """(seconds during which at least one collective was in flight, gradient bytes) since the last take.
+
+        On CUDA the caller must have synchronised the device first (the step loop does)."""
+        with self._lock:
+            spans, events, ref, nbytes = self._intervals, self._events, self._ref, self._bytes
+            self._intervals, self._events, self._ref, self._bytes = [], [], None, 0
+        if ref is not None:
+            spans = spans + [(ref.elapsed_time(a) / 1e3, ref.elapsed_time(b) / 1e3) for a, b in events]
+        return _union(sorted(spans)), nbytes
 
     def wrap(self, inner: Hook) -> Hook:
         # No annotations on `timed`: DDP checks them with inspect and rejects the string
@@ -69,6 +82,17 @@ class CommTimer:
         def timed(state, bucket):  # type: ignore[no-untyped-def]
             buf = bucket.buffer()
             nbytes = buf.numel() * buf.element_size()
+            if buf.is_cuda:
+                start_ev = self._cuda_start()
+                fut = inner(state, bucket)
+
+                def done_cuda(f: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+                    end_ev = torch.cuda.Event(enable_timing=True)
+                    end_ev.record()  # on the collective's stream: completes when the all-reduce has
+                    self._add_events(start_ev, end_ev, nbytes)
+                    return f.value()
+
+                return fut.then(done_cuda)
             start = time.perf_counter()
             fut = inner(state, bucket)
 
@@ -79,6 +103,21 @@ class CommTimer:
             return fut.then(done)
 
         return timed
+
+
+def _union(spans: list[tuple[float, float]]) -> float:
+    """Total length covered by sorted intervals (overlapping buckets count once)."""
+    total, cur_s, cur_e = 0.0, 0.0, None
+    for s, e in spans:
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        total += cur_e - cur_s
+    return total
 
 
 def _inner_hook(training: TrainingSpec) -> tuple[Any, Hook]:

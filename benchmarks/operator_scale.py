@@ -1,0 +1,229 @@
+"""Operator scale benchmark: N DistTrainJobs x W workers with a trivial worker command.
+
+Measures, on a real cluster (KUBECONFIG, else the local cluster's kubeconfig):
+- apply-to-all-pods-created latency per job (p50/p95): from the create call of the
+  job to the moment a pod watch has seen all W of its pods (objects created, not
+  necessarily running: this is the operator's latency, not the kubelets');
+- apply-to-Succeeded for the whole batch (pods run `sleep`, then exit 0);
+- the operator's CPU seconds and peak RSS (it runs as a host process: /proc);
+- API requests per job: the operator's own client requests (its
+  disttrain_operator_api_requests_total counter; kopf's watch streams and
+  annotation patches are not in it) and the apiserver's apiserver_request_total
+  delta over the run (every client: kubelets, scheduler, controllers, kopf).
+
+    .venv/bin/python benchmarks/operator_scale.py --jobs 50 --workers 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "operator"))
+
+
+def default_kubeconfig() -> str:
+    env = os.environ.get("KUBECONFIG")
+    if env:
+        return env
+    cache = Path(os.environ.get("DISTTRAIN_CACHE", Path.home() / ".cache" / "disttrain"))
+    return str(cache / "cluster" / "kubeconfig")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def proc_cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def proc_peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def scrape_sum(text: str, name: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def job_body(name: str, ns: str, workers: int, image: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "disttrain.dev/v1alpha1",
+        "kind": "DistTrainJob",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "mode": "data",
+            "image": image,
+            "workers": {
+                "replicas": workers,
+                "resources": {"cpu": "10m", "memory": "16Mi"},
+                "template": {"containers": [{"name": "trainer", "command": ["sh", "-c", "sleep 2"]}]},
+            },
+            "data": {"batchSize": 64 * workers},
+            "runPolicy": {"cleanPodPolicy": "None"},
+        },
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--jobs", type=int, default=50)
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--image", default="disttrain-trainer:dev")
+    ap.add_argument("--poll-interval", type=float, default=3.0)
+    ap.add_argument("--timeout", type=float, default=900.0, help="give up waiting for Succeeded after this")
+    ap.add_argument("--kubeconfig", default=default_kubeconfig())
+    ap.add_argument("--json", type=Path, help="also write the results here")
+    args = ap.parse_args(argv)
+
+    from kubernetes import client, config, watch
+
+    config.load_kube_config(args.kubeconfig)
+    core, custom = client.CoreV1Api(), client.CustomObjectsApi()
+    env = {**os.environ, "KUBECONFIG": args.kubeconfig}
+    subprocess.run(["kubectl", "apply", "-f", str(ROOT / "manifests/crd/disttrainjobs.yaml")], env=env,
+                   check=True, capture_output=True)
+    ns = f"bench-{uuid.uuid4().hex[:6]}"
+    core.create_namespace({"metadata": {"name": ns}})
+    port = free_port()
+    log = open(Path("/tmp") / f"operator-{ns}.log", "wb")  # noqa: SIM115
+    op = subprocess.Popen(
+        [str(Path(sys.executable).parent / "disttrain"), "operator", "--namespace", ns, "--metrics-port", str(port),
+         "--poll-interval", str(args.poll_interval)],
+        env=env, stdout=log, stderr=subprocess.STDOUT,
+    )
+
+    def op_metrics() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            return r.read().decode()
+
+    def apiserver_requests() -> float:
+        raw = subprocess.run(["kubectl", "get", "--raw", "/metrics"], env=env, capture_output=True, text=True)
+        return scrape_sum(raw.stdout, "apiserver_request_total") if raw.returncode == 0 else float("nan")
+
+    try:
+        for _ in range(100):
+            try:
+                op_metrics()
+                break
+            except OSError:
+                time.sleep(0.2)
+        time.sleep(2.0)  # kopf's watches are up
+        created_at: dict[str, float] = {}
+        seen: dict[str, set[str]] = {}
+        all_created: dict[str, float] = {}
+        stop = threading.Event()
+
+        def watch_pods() -> None:
+            w = watch.Watch()
+            for ev in w.stream(core.list_namespaced_pod, ns, label_selector="disttrain.dev/job-name",
+                               timeout_seconds=int(args.timeout)):
+                now = time.monotonic()
+                pod = ev["object"]
+                job = pod.metadata.labels.get("disttrain.dev/job-name")
+                seen.setdefault(job, set()).add(pod.metadata.name)
+                if len(seen[job]) == args.workers and job not in all_created:
+                    all_created[job] = now
+                if stop.is_set() or len(all_created) == args.jobs:
+                    w.stop()
+
+        watcher = threading.Thread(target=watch_pods, daemon=True)
+        watcher.start()
+        time.sleep(1.0)
+        cpu0, api0, t0 = proc_cpu_s(op.pid), apiserver_requests(), time.monotonic()
+        names = [f"scale-{i:03d}" for i in range(args.jobs)]
+        for name in names:
+            created_at[name] = time.monotonic()
+            custom.create_namespaced_custom_object("disttrain.dev", "v1alpha1", ns, "disttrainjobs",
+                                                   job_body(name, ns, args.workers, args.image))
+        apply_s = time.monotonic() - t0
+        watcher.join(timeout=args.timeout)
+        created_s = time.monotonic() - t0
+        # Then every job to Succeeded (pods ran `sleep 2` and exited 0).
+        deadline = time.monotonic() + args.timeout
+        done = 0
+        while time.monotonic() < deadline:
+            items = custom.list_namespaced_custom_object("disttrain.dev", "v1alpha1", ns, "disttrainjobs")["items"]
+            done = sum((i.get("status") or {}).get("phase") == "Succeeded" for i in items)
+            if done == args.jobs:
+                break
+            time.sleep(2.0)
+        succeeded_s = time.monotonic() - t0
+        cpu_s = proc_cpu_s(op.pid) - cpu0
+        api_total = apiserver_requests() - api0
+        text = op_metrics()
+        op_requests = scrape_sum(text, "disttrain_operator_api_requests_total")
+        reconciles = scrape_sum(text, "disttrain_operator_reconcile_seconds_count")
+        latencies = [all_created[n] - created_at[n] for n in names if n in all_created]
+        result = {
+            "jobs": args.jobs,
+            "workers": args.workers,
+            "pods": args.jobs * args.workers,
+            "jobs_with_all_pods": len(latencies),
+            "apply_s": round(apply_s, 2),
+            "all_pods_created_s": round(created_s, 2),
+            "create_latency_p50_s": round(percentile(latencies, 0.5), 3) if latencies else None,
+            "create_latency_p95_s": round(percentile(latencies, 0.95), 3) if latencies else None,
+            "jobs_succeeded": done,
+            "all_succeeded_s": round(succeeded_s, 1),
+            "operator_cpu_s": round(cpu_s, 1),
+            "operator_peak_rss_mb": round(proc_peak_rss_mb(op.pid), 1),
+            "operator_requests_per_job": round(op_requests / args.jobs, 1),
+            "reconciles_per_job": round(reconciles / args.jobs, 1),
+            "apiserver_requests_per_job": round(api_total / args.jobs, 1),
+            "poll_interval_s": args.poll_interval,
+        }
+        print(json.dumps(result, indent=2))
+        print(
+            "\n| jobs x workers | all pods created | create p50 | create p95 | all Succeeded | operator CPU | "
+            "peak RSS | operator req/job | apiserver req/job |\n|---|---|---|---|---|---|---|---|---|\n"
+            f"| {args.jobs} x {args.workers} | {result['all_pods_created_s']} s | {result['create_latency_p50_s']} s | "
+            f"{result['create_latency_p95_s']} s | {result['all_succeeded_s']} s ({done}/{args.jobs}) | "
+            f"{result['operator_cpu_s']} s | {result['operator_peak_rss_mb']} MB | "
+            f"{result['operator_requests_per_job']} | {result['apiserver_requests_per_job']} |"
+        )
+        if args.json:
+            args.json.write_text(json.dumps(result, indent=2))
+        return 0 if done == args.jobs and len(latencies) == args.jobs else 1
+    finally:
+        # Delete while the operator runs: kopf's finalizers must be released.
+        subprocess.run(["kubectl", "delete", "namespace", ns, "--wait=true", "--timeout=300s"], env=env,
+                       capture_output=True)
+        op.terminate()
+        try:
+            op.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            op.kill()
+        log.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""Helpers for the cluster tier: a `kube` helper on the local cluster and a namespace per test.
+
+(Helpers are fixtures, not importable functions: tests run with --import-mode=importlib.)
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+
+TEST_IMAGE = "disttrain-test:dev"
+TRAINER_IMAGE = "disttrain-trainer:dev"
+
+
+class Kube:
+    def __init__(self, api: client.ApiClient) -> None:
+        self.api = api
+        self.core = client.CoreV1Api(api)
+        self.apps = client.AppsV1Api(api)
+        self.test_image, self.trainer_image = TEST_IMAGE, TRAINER_IMAGE
+
+    @staticmethod
+    def wait(probe: Callable[[], Any], *, timeout: float, what: str, interval: float = 0.5) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            got = probe()
+            if got:
+                return got
+            time.sleep(interval)
+        raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+    def exists(self, read: Callable[[], Any]) -> bool:
+        try:
+            read()
+            return True
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+
+    @staticmethod
+    def pod(name: str, *, command: list[str], image: str = TEST_IMAGE, node: str | None = None,
+            labels: dict[str, str] | None = None, container: dict[str, Any] | None = None,
+            **spec: Any) -> client.V1Pod:
+        spec.setdefault("restart_policy", "Never")
+        return client.V1Pod(
+            metadata=client.V1ObjectMeta(name=name, labels=labels or {}),
+            spec=client.V1PodSpec(
+                node_selector={"kubernetes.io/hostname": node} if node else None,
+                termination_grace_period_seconds=1,
+                containers=[client.V1Container(name="main", image=image, image_pull_policy="Never",
+                                               command=command, **(container or {}))],
+                **spec,
+            ),
+        )
+
+    def logs(self, ns: str, name: str) -> str:
+        try:
+            return str(self.core.read_namespaced_pod_log(name, ns))
+        except ApiException as e:
+            return f"<no logs: {e.reason}>"
+
+    def wait_phase(self, ns: str, name: str, phases: tuple[str, ...], timeout: float = 90) -> client.V1Pod:
+        def probe() -> client.V1Pod | None:
+            p = self.core.read_namespaced_pod(name, ns)
+            if p.status.phase in phases:
+                return p
+            if p.status.phase == "Failed":
+                raise AssertionError(f"pod {ns}/{name} failed: {p.status.container_statuses}\n"
+                                     f"logs:\n{self.logs(ns, name)}")
+            return None
+
+        return self.wait(probe, timeout=timeout, what=f"pod {ns}/{name} to reach {phases}")
+
+
+@pytest.fixture(scope="session")
+def kube(local_cluster: Any) -> Kube:
+    return Kube(config.new_client_from_config(config_file=str(local_cluster.kubeconfig)))
+
+
+@pytest.fixture
+def namespace(kube: Kube) -> Iterator[str]:
+    name = f"ct-{uuid.uuid4().hex[:8]}"
+    kube.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    # The ServiceAccount admission plugin rejects pods until the namespace's default SA exists.
+    kube.wait(lambda: kube.exists(lambda: kube.core.read_namespaced_service_account("default", name)),
+              timeout=30, what=f"default ServiceAccount in {name}")
+    yield name
+    kube.core.delete_namespace(name, propagation_policy="Background")

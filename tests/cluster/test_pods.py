@@ -1,0 +1,50 @@
+"""Pods on the local cluster: the trainer image, ConfigMap/Secret plumbing, owner GC."""
+
+from __future__ import annotations
+
+from kubernetes import client
+
+
+def test_trainer_image_imports_torch_and_logs_come_back(kube, namespace):
+    code = "import torch, disttrain_trainer; print('trainer-image-ok', torch.__version__)"
+    kube.core.create_namespaced_pod(namespace, kube.pod(
+        "trainer", image=kube.trainer_image, command=["python", "-c", code],
+        security_context=client.V1PodSecurityContext(run_as_non_root=True)))
+    kube.wait_phase(namespace, "trainer", ("Succeeded",), timeout=180)
+    # read through the apiserver -> kubelet path, as `kubectl logs` does
+    assert "trainer-image-ok 2.13.0" in kube.logs(namespace, "trainer")
+
+
+def test_configmap_file_and_secret_env(kube, namespace):
+    kube.core.create_namespaced_config_map(namespace, client.V1ConfigMap(
+        metadata=client.V1ObjectMeta(name="cfg"), data={"greeting.txt": "hello from a configmap"}))
+    kube.core.create_namespaced_secret(namespace, client.V1Secret(
+        metadata=client.V1ObjectMeta(name="sec"), string_data={"token": "s3cr3t-value"}))
+    kube.core.create_namespaced_pod(namespace, kube.pod(
+        "reader", command=["sh", "-c", 'cat /cfg/greeting.txt; echo; echo "secret=$TOKEN"'],
+        volumes=[client.V1Volume(name="cfg", config_map=client.V1ConfigMapVolumeSource(name="cfg"))],
+        container={
+            "volume_mounts": [client.V1VolumeMount(name="cfg", mount_path="/cfg")],
+            "env": [client.V1EnvVar(name="TOKEN", value_from=client.V1EnvVarSource(
+                secret_key_ref=client.V1SecretKeySelector(name="sec", key="token")))],
+        }))
+    kube.wait_phase(namespace, "reader", ("Succeeded",))
+    out = kube.logs(namespace, "reader")
+    assert "hello from a configmap" in out
+    assert "secret=s3cr3t-value" in out
+
+
+def test_deleting_owner_garbage_collects_pods(kube, namespace):
+    owner = kube.core.create_namespaced_config_map(namespace, client.V1ConfigMap(
+        metadata=client.V1ObjectMeta(name="owner")))
+    ref = client.V1OwnerReference(api_version="v1", kind="ConfigMap", name="owner", uid=owner.metadata.uid)
+    for i in range(2):
+        p = kube.pod(f"owned-{i}", command=["sleep", "3600"])
+        p.metadata.owner_references = [ref]
+        kube.core.create_namespaced_pod(namespace, p)
+    kube.core.delete_namespaced_config_map("owner", namespace, propagation_policy="Background")
+
+    def gone() -> bool:
+        return not kube.core.list_namespaced_pod(namespace).items
+
+    kube.wait(gone, timeout=60, what="the garbage collector to delete the owned pods")

@@ -1,0 +1,31 @@
+"""Extended resources: nvidia.com/gpu requests are really scheduled."""
+
+from __future__ import annotations
+
+from kubernetes import client
+
+
+def _gpu_pod(kube, name: str, gpus: int) -> client.V1Pod:
+    limits = {"nvidia.com/gpu": str(gpus)}
+    return kube.pod(name, command=["true"],
+                    container={"resources": client.V1ResourceRequirements(limits=limits, requests=limits)})
+
+
+def test_gpu_requests_are_scheduled_by_capacity(kube, namespace, local_cluster):
+    gpu_nodes = [name for name, n in local_cluster.gpus.items() if n > 0]
+    assert gpu_nodes, "the default local cluster advertises nvidia.com/gpu on its last node"
+    most = max(local_cluster.gpus.values())
+
+    kube.core.create_namespaced_pod(namespace, _gpu_pod(kube, "too-many", most + 7))
+    kube.core.create_namespaced_pod(namespace, _gpu_pod(kube, "fits", 1))
+
+    ok = kube.wait_phase(namespace, "fits", ("Succeeded",))
+    assert ok.spec.node_name in gpu_nodes
+
+    def failed_scheduling() -> bool:
+        evs = kube.core.list_namespaced_event(namespace, field_selector="involvedObject.name=too-many").items
+        return any(e.reason == "FailedScheduling" and "nvidia.com/gpu" in (e.message or "") for e in evs)
+
+    kube.wait(failed_scheduling, timeout=30, what="a FailedScheduling event naming nvidia.com/gpu")
+    p = kube.core.read_namespaced_pod("too-many", namespace)
+    assert p.status.phase == "Pending" and not p.spec.node_name

@@ -1,0 +1,77 @@
+"""Config parsing: the env contract and the spec JSON into a frozen TrainerConfig, with clear errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from disttrain_operator import constants as C
+from disttrain_operator.api import parse_spec, to_json
+from disttrain_trainer.config import ConfigError, load_config
+
+
+def env_for(tmp: Path, **extra: str) -> dict[str, str]:
+    path = tmp / "config.json"
+    path.write_text(json.dumps(to_json(parse_spec({"workers": {"replicas": 2, "procsPerWorker": 2}}))))
+    return {C.ENV_CONFIG: str(path), C.ENV_WORLD_SIZE: "4", C.ENV_JOB: "j1", C.ENV_MASTER_ADDR: "m", **extra}
+
+
+def test_env_contract_with_rank(tmp_path: Path) -> None:
+    cfg = load_config(env_for(tmp_path, RANK="3", LOCAL_RANK="1", NODE_RANK="1", DISTTRAIN_CHECKPOINT_DIR="/ck",
+                              DISTTRAIN_METRICS_PORT="9500", MASTER_PORT="1234"))  # fmt: skip
+    assert (cfg.rank, cfg.local_rank, cfg.world_size, cfg.master_port) == (3, 1, 4, 1234)
+    assert cfg.checkpoint_dir == Path("/ck/j1")
+    assert cfg.metrics_port == 9501
+    assert cfg.spec.workers.replicas == 2
+
+
+def test_without_rank_the_pod_spawns_local_ranks(tmp_path: Path) -> None:
+    cfg = load_config(env_for(tmp_path, NODE_RANK="1", NPROC_PER_NODE="2"))
+    assert cfg.rank is None
+    child = cfg.for_local_rank(1)
+    assert (child.rank, child.local_rank, child.metrics_port) == (3, 1, 9401)
+    assert cfg.checkpoint_dir == Path("/checkpoints/j1")  # spec.checkpoint.path default
+
+
+def test_metrics_port_zero_is_off(tmp_path: Path) -> None:
+    assert load_config(env_for(tmp_path, RANK="0", DISTTRAIN_METRICS_PORT="0")).metrics_port == 0
+
+
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        ({C.ENV_RANK: "4"}, "RANK=4 must be in [0, WORLD_SIZE=4)"),
+        ({C.ENV_RANK: "x"}, "RANK='x' must be an integer"),
+        ({C.ENV_DEVICE: "tpu"}, "DISTTRAIN_DEVICE='tpu' must be cpu or cuda"),
+    ],
+)
+def test_bad_env_names_the_variable(tmp_path: Path, extra: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        load_config(env_for(tmp_path, **extra))
+    assert message in str(e.value)
+
+
+def test_missing_or_bad_config(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="DISTTRAIN_CONFIG is not set"):
+        load_config({})
+    with pytest.raises(ConfigError, match="file not found"):
+        load_config({C.ENV_CONFIG: str(tmp_path / "nope.json")})
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"training": {"steps": 0}}))
+    with pytest.raises(ConfigError, match=r"spec.training.steps: 0 must be >= 1"):
+        load_config({C.ENV_CONFIG: str(bad)})
+
+
+def test_unresolvable_master_times_out_with_a_clear_error() -> None:
+    from disttrain_trainer.dist_env import wait_for_master
+
+    with pytest.raises(ConfigError, match="MASTER_ADDR='no-such-host.invalid' did not resolve"):
+        wait_for_master("no-such-host.invalid", timeout_s=0.5)
+
+
+def test_cross_field_rules_apply(tmp_path: Path) -> None:
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(to_json(parse_spec({"model": {"name": "gpt"}, "data": {"name": "digits"}}))))
+    with pytest.raises(ConfigError, match="spec.data.name"):
+        load_config({C.ENV_CONFIG: str(path), C.ENV_RANK: "0"})
