@@ -47,6 +47,7 @@ def test_plain_output_is_throttled_but_keeps_the_last_state() -> None:
     now[0] = 1.0
     p.update({"step": 20, "loss": 0.9, "samples_per_s": 10}, elapsed_s=2, restarts=0)  # throttled
     p.note("restarting")
+    p.status("not shown without a terminal")
     p.finish()
     lines = out.getvalue().splitlines()
     assert len(lines) == 3
@@ -57,8 +58,9 @@ def test_plain_output_is_throttled_but_keeps_the_last_state() -> None:
 def test_tty_output_redraws_in_place() -> None:
     out = io.StringIO()
     p = ProgressPrinter(out, total=10, tty=True)
+    p.status("starting 2 processes ... 3 s")
     p.update({"step": 5, "loss": 1.0}, elapsed_s=1, restarts=0)
     p.update({"step": 10, "loss": 0.5}, elapsed_s=2, restarts=0)
     p.finish()
     text = out.getvalue()
-    assert text.count("\r") == 2 and text.endswith("\n") and "[" in text
+    assert text.count("\r") == 3 and text.endswith("\n") and "[" in text and "starting" in text

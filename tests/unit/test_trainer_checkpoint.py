@@ -23,7 +23,9 @@ def test_partial_and_corrupt_checkpoints_are_skipped(tmp_path: Path) -> None:
     partial = tmp_path / f"{ckpt.TMP_PREFIX}step-00000010-abc"
     partial.mkdir()
     (partial / ckpt.STATE_FILE).write_bytes(b"\x00" * 10)
-    torn = tmp_path / ckpt.name_for(8)  # complete-looking dir with garbage: skipped, older one loads
+    torn = tmp_path / ckpt.name_for(
+        8
+    )  # complete-looking dir with garbage: skipped, older one loads
     torn.mkdir()
     (torn / ckpt.STATE_FILE).write_bytes(b"garbage")
     (torn / ckpt.META_FILE).write_text("{}")

@@ -13,8 +13,16 @@ from disttrain_trainer.config import ConfigError, load_config
 
 def env_for(tmp: Path, **extra: str) -> dict[str, str]:
     path = tmp / "config.json"
-    path.write_text(json.dumps(to_json(parse_spec({"workers": {"replicas": 2, "procsPerWorker": 2}}))))
-    return {C.ENV_CONFIG: str(path), C.ENV_WORLD_SIZE: "4", C.ENV_JOB: "j1", C.ENV_MASTER_ADDR: "m", **extra}
+    path.write_text(
+        json.dumps(to_json(parse_spec({"workers": {"replicas": 2, "procsPerWorker": 2}})))
+    )
+    return {
+        C.ENV_CONFIG: str(path),
+        C.ENV_WORLD_SIZE: "4",
+        C.ENV_JOB: "j1",
+        C.ENV_MASTER_ADDR: "m",
+        **extra,
+    }
 
 
 def test_env_contract_with_rank(tmp_path: Path) -> None:
@@ -72,6 +80,8 @@ def test_unresolvable_master_times_out_with_a_clear_error() -> None:
 
 def test_cross_field_rules_apply(tmp_path: Path) -> None:
     path = tmp_path / "c.json"
-    path.write_text(json.dumps(to_json(parse_spec({"model": {"name": "gpt"}, "data": {"name": "digits"}}))))
+    path.write_text(
+        json.dumps(to_json(parse_spec({"model": {"name": "gpt"}, "data": {"name": "digits"}})))
+    )
     with pytest.raises(ConfigError, match="spec.data.name"):
         load_config({C.ENV_CONFIG: str(path), C.ENV_RANK: "0"})

@@ -47,7 +47,10 @@ def grads(spec_dict: dict, tmp: Path, policy: str) -> dict[str, torch.Tensor]:
     [
         {"model": {"name": "mlp", "hidden": 16, "layers": 6}, "data": {"name": "digits"}},
         {"model": {"name": "cnn", "hidden": 8, "layers": 4}, "data": {"name": "digits"}},
-        {"model": {"name": "gpt", "hidden": 32, "layers": 4, "heads": 4, "blockSize": 16}, "data": {"name": "pytext"}},
+        {
+            "model": {"name": "gpt", "hidden": 32, "layers": 4, "heads": 4, "blockSize": 16},
+            "data": {"name": "pytext"},
+        },
     ],
     ids=["mlp", "cnn", "gpt"],
 )

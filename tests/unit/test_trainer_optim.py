@@ -11,7 +11,14 @@ from disttrain_trainer.optim import build_optimizer, build_scheduler, lr_at, pea
 
 
 def opt(**kw) -> OptimizerSpec:  # noqa: ANN003
-    base = {"name": "sgd", "lr": 0.1, "base_batch_size": 256, "warmup_steps": 10, "decay": "cosine", "min_lr_ratio": 0.0}
+    base = {
+        "name": "sgd",
+        "lr": 0.1,
+        "base_batch_size": 256,
+        "warmup_steps": 10,
+        "decay": "cosine",
+        "min_lr_ratio": 0.0,
+    }
     return OptimizerSpec(**{**base, **kw})
 
 
@@ -65,9 +72,15 @@ def test_scheduler_applies_the_rule_to_the_optimizer() -> None:
         seen.append(optimizer.param_groups[0]["lr"])
         optimizer.step()
         sched.step()
-    assert seen == pytest.approx([lr_at(s, opt=o, batch_size=1024, total_steps=50) for s in range(50)])
+    assert seen == pytest.approx(
+        [lr_at(s, opt=o, batch_size=1024, total_steps=50) for s in range(50)]
+    )
 
 
-@pytest.mark.parametrize("name,cls", [("sgd", torch.optim.SGD), ("adam", torch.optim.Adam), ("adamw", torch.optim.AdamW)])
+@pytest.mark.parametrize(
+    "name,cls", [("sgd", torch.optim.SGD), ("adam", torch.optim.Adam), ("adamw", torch.optim.AdamW)]
+)
 def test_optimizer_names(name: str, cls: type) -> None:
-    assert isinstance(build_optimizer([torch.nn.Parameter(torch.zeros(1))], opt(name=name), 256), cls)
+    assert isinstance(
+        build_optimizer([torch.nn.Parameter(torch.zeros(1))], opt(name=name), 256), cls
+    )

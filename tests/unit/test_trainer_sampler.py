@@ -59,7 +59,9 @@ def test_digits_packed_into_shards_and_fixed_split(tmp_path: Path) -> None:
 
 
 def test_pytext_windows_shift_by_one(tmp_path: Path) -> None:
-    spec = parse_spec({"model": {"name": "gpt", "blockSize": 16}, "data": {"name": "pytext", "shards": 2}})
+    spec = parse_spec(
+        {"model": {"name": "gpt", "blockSize": 16}, "data": {"name": "pytext", "shards": 2}}
+    )
     ds = load_dataset(spec, tmp_path)
     assert ds.kind == "lm" and ds.num_classes > 50
     rows = np.array([0, ds.num_train // 2, ds.num_train - 1])
@@ -67,4 +69,3 @@ def test_pytext_windows_shift_by_one(tmp_path: Path) -> None:
     assert x.shape == (3, 16) and np.array_equal(x[:, 1:], y[:, :-1])
     vx, vy = ds.test_batches()
     assert vx.shape[1] == 16 and np.array_equal(vx[:, 1:], vy[:, :-1])
-

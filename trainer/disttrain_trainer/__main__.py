@@ -18,7 +18,10 @@ def main() -> int:
         from .parallel import ModeNotImplemented  # noqa: PLC0415
         from .train import check_supported, run  # noqa: PLC0415
     except ImportError as e:
-        print(f"disttrain-trainer: missing dependency: {e} (install disttrain[trainer])", file=sys.stderr)
+        print(
+            f"disttrain-trainer: missing dependency: {e} (install disttrain[trainer])",
+            file=sys.stderr,
+        )
         return EXIT_FAILED
     try:
         cfg = load_config()

@@ -107,7 +107,13 @@ def save(root: Path, state: dict[str, Any], step: int, *, keep: int, world_size:
     try:
         _write_state(tmp / STATE_FILE, state, step)
         nbytes = (tmp / STATE_FILE).stat().st_size
-        meta = {"step": step, "world_size": world_size, "bytes": nbytes, "time": time.time(), "format": 1}
+        meta = {
+            "step": step,
+            "world_size": world_size,
+            "bytes": nbytes,
+            "time": time.time(),
+            "format": 1,
+        }
         (tmp / META_FILE).write_text(json.dumps(meta))
         _fsync_file(tmp / META_FILE)
         _fsync_dir(tmp)
@@ -130,7 +136,9 @@ def prune(root: Path, keep: int) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def load_latest(root: Path, map_location: str | torch.device = "cpu") -> tuple[int, dict[str, Any]] | None:
+def load_latest(
+    root: Path, map_location: str | torch.device = "cpu"
+) -> tuple[int, dict[str, Any]] | None:
     """The newest complete checkpoint that actually loads; a corrupt one is skipped with a warning."""
     for step, path in reversed(list_checkpoints(root)):
         try:

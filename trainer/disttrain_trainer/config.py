@@ -56,9 +56,13 @@ def load_spec(path: str | Path) -> JobSpec:
     try:
         raw = json.loads(Path(path).read_text())
     except FileNotFoundError:
-        raise ConfigError(f"{C.ENV_CONFIG}={path}: file not found; mount the job config there") from None
+        raise ConfigError(
+            f"{C.ENV_CONFIG}={path}: file not found; mount the job config there"
+        ) from None
     except json.JSONDecodeError as e:
-        raise ConfigError(f"{C.ENV_CONFIG}={path}: not JSON ({e}); it must be to_json(spec)") from None
+        raise ConfigError(
+            f"{C.ENV_CONFIG}={path}: not JSON ({e}); it must be to_json(spec)"
+        ) from None
     try:
         spec = parse_spec(raw)
     except SpecError as e:
@@ -88,7 +92,9 @@ def _int(env: Mapping[str, str], name: str, default: int | None = None) -> int:
     value = env.get(name)
     if value is None or value == "":
         if default is None:
-            raise ConfigError(f"{name} is not set; the launcher (operator or `disttrain local`) must set it")
+            raise ConfigError(
+                f"{name} is not set; the launcher (operator or `disttrain local`) must set it"
+            )
         return default
     try:
         return int(value)
@@ -106,7 +112,9 @@ def load_config(environ: Mapping[str, str] | None = None) -> TrainerConfig:
     env = os.environ if environ is None else environ
     config_path = env.get(C.ENV_CONFIG)
     if not config_path:
-        raise ConfigError(f"{C.ENV_CONFIG} is not set; point it at the job spec JSON (to_json(spec))")
+        raise ConfigError(
+            f"{C.ENV_CONFIG} is not set; point it at the job spec JSON (to_json(spec))"
+        )
     spec = load_spec(config_path)
     nproc = _int(env, C.ENV_NPROC_PER_NODE, spec.workers.procs_per_worker)
     world = _int(env, C.ENV_WORLD_SIZE, spec.world_size)

@@ -49,7 +49,9 @@ class Shards:
 
     def take(self, rows: np.ndarray) -> np.ndarray:
         maps = self._maps()
-        return np.stack([np.asarray(maps[r // self.rows_per_shard][r % self.rows_per_shard]) for r in rows])
+        return np.stack(
+            [np.asarray(maps[r // self.rows_per_shard][r % self.rows_per_shard]) for r in rows]
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -142,7 +144,10 @@ def vocabulary() -> list[str]:
 def _pack_rows(out: Path, stem: str, arr: np.ndarray, shards: int) -> int:
     per = -(-len(arr) // shards)
     for s in range(shards):
-        np.save(out / f"{stem}-{s:05d}-of-{shards:05d}.npy", np.ascontiguousarray(arr[s * per : (s + 1) * per]))
+        np.save(
+            out / f"{stem}-{s:05d}-of-{shards:05d}.npy",
+            np.ascontiguousarray(arr[s * per : (s + 1) * per]),
+        )
     return per
 
 
@@ -150,7 +155,9 @@ def _pack_tokens(out: Path, tokens: np.ndarray, shards: int, block: int) -> int:
     windows = len(tokens) - block - 1
     per = -(-windows // shards)
     for s in range(shards):
-        np.save(out / f"tokens-{s:05d}-of-{shards:05d}.npy", tokens[s * per : (s + 1) * per + block + 1])
+        np.save(
+            out / f"tokens-{s:05d}-of-{shards:05d}.npy", tokens[s * per : (s + 1) * per + block + 1]
+        )
     return per
 
 
@@ -167,14 +174,28 @@ def _build(spec: JobSpec, out: Path) -> dict[str, Any]:
         per = _pack_tokens(out, train, shards, block)
         starts = np.linspace(0, len(val) - block - 2, TEXT_EVAL_WINDOWS).astype(np.int64)
         np.save(out / "test-x.npy", np.stack([val[s : s + block + 1] for s in starts]))
-        return {"kind": "lm", "per": per, "num_train": len(train) - block - 1, "classes": len(vocab), "dim": block}
-    xtr, ytr, xte, yte = _digits() if d.name == "digits" else _synthetic(d.synthetic_samples, d.seed)
+        return {
+            "kind": "lm",
+            "per": per,
+            "num_train": len(train) - block - 1,
+            "classes": len(vocab),
+            "dim": block,
+        }
+    xtr, ytr, xte, yte = (
+        _digits() if d.name == "digits" else _synthetic(d.synthetic_samples, d.seed)
+    )
     per = _pack_rows(out, "train-x", xtr, shards)
     _pack_rows(out, "train-y", ytr, shards)
     np.save(out / "test-x.npy", xte)
     np.save(out / "test-y.npy", yte)
     classes = 10 if d.name == "digits" else SYNTHETIC_CLASSES
-    return {"kind": "classify", "per": per, "num_train": len(xtr), "classes": classes, "dim": xtr.shape[1]}
+    return {
+        "kind": "classify",
+        "per": per,
+        "num_train": len(xtr),
+        "classes": classes,
+        "dim": xtr.shape[1],
+    }
 
 
 def _key(spec: JobSpec) -> str:
@@ -184,7 +205,9 @@ def _key(spec: JobSpec) -> str:
         parts["block"] = spec.model.block_size
     if d.name == "synthetic":
         parts |= {"n": d.synthetic_samples, "seed": d.seed}
-    return f"{d.name}-" + hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:12]
+    return (
+        f"{d.name}-" + hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:12]
+    )
 
 
 def default_cache_dir() -> Path:
@@ -213,7 +236,10 @@ def load_dataset(spec: JobSpec, cache_dir: Path | None = None) -> Dataset:
     if meta["kind"] == "lm":
         files = tuple(target / f"tokens-{s:05d}-of-{shards:05d}.npy" for s in range(shards))
         tw = TokenWindows(
-            files=files, windows_per_shard=meta["per"], total_windows=meta["num_train"], block_size=meta["dim"]
+            files=files,
+            windows_per_shard=meta["per"],
+            total_windows=meta["num_train"],
+            block_size=meta["dim"],
         )
         return Dataset(
             name=spec.data.name, kind="lm", num_train=meta["num_train"], num_classes=meta["classes"],
@@ -244,10 +270,20 @@ class GlobalBatchSampler:
 
     def __init__(self, num_samples: int, batch_size: int, seed: int, rank: int = 0, world: int = 1):
         if batch_size % world:
-            raise ValueError(f"data.batchSize {batch_size} must be divisible by the data-parallel size {world}")
+            raise ValueError(
+                f"data.batchSize {batch_size} must be divisible by the data-parallel size {world}"
+            )
         if batch_size > num_samples:
-            raise ValueError(f"data.batchSize {batch_size} exceeds the {num_samples} training samples")
-        self.n, self.batch, self.seed, self.rank, self.world = num_samples, batch_size, seed, rank, world
+            raise ValueError(
+                f"data.batchSize {batch_size} exceeds the {num_samples} training samples"
+            )
+        self.n, self.batch, self.seed, self.rank, self.world = (
+            num_samples,
+            batch_size,
+            seed,
+            rank,
+            world,
+        )
         self.epoch, self.offset = 0, 0
         self._perm: np.ndarray | None = None
 
@@ -269,7 +305,12 @@ class GlobalBatchSampler:
         return self.next_global()[self.rank * per : (self.rank + 1) * per]
 
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "offset": self.offset, "seed": self.seed, "batch_size": self.batch}
+        return {
+            "epoch": self.epoch,
+            "offset": self.offset,
+            "seed": self.seed,
+            "batch_size": self.batch,
+        }
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.epoch, self.offset, self._perm = int(state["epoch"]), int(state["offset"]), None

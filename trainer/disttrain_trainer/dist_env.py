@@ -68,7 +68,9 @@ def pick_device(cfg: TrainerConfig) -> torch.device:
 
 def init_distributed(cfg: TrainerConfig) -> DistContext:
     if cfg.rank is None:
-        raise ConfigError("init_distributed needs a rank; spawn_local_ranks assigns one per process")
+        raise ConfigError(
+            "init_distributed needs a rank; spawn_local_ranks assigns one per process"
+        )
     device = pick_device(cfg)
     backend = "nccl" if device.type == "cuda" else "gloo"
     wait_for_master(cfg.master_addr)
@@ -82,7 +84,11 @@ def init_distributed(cfg: TrainerConfig) -> DistContext:
             device_id=device if device.type == "cuda" else None,
         )
     return DistContext(
-        rank=cfg.rank, world_size=cfg.world_size, local_rank=cfg.local_rank, device=device, backend=backend
+        rank=cfg.rank,
+        world_size=cfg.world_size,
+        local_rank=cfg.local_rank,
+        device=device,
+        backend=backend,
     )
 
 
@@ -102,4 +108,6 @@ def spawn_local_ranks(cfg: TrainerConfig, main: Callable[[TrainerConfig], Any]) 
     """Run `main` in NPROC_PER_NODE processes; raises if any of them fails (the pod then fails as a whole)."""
     import torch.multiprocessing as mp  # noqa: PLC0415
 
-    mp.start_processes(_spawned, args=(cfg, main), nprocs=cfg.nproc_per_node, join=True, start_method="spawn")
+    mp.start_processes(
+        _spawned, args=(cfg, main), nprocs=cfg.nproc_per_node, join=True, start_method="spawn"
+    )

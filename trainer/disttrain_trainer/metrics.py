@@ -37,7 +37,16 @@ class StepStats:
 
 
 class Metrics:
-    def __init__(self, *, job: str, rank: int, mode: str, port: int, run_dir: Path | None, enabled: bool = True):
+    def __init__(
+        self,
+        *,
+        job: str,
+        rank: int,
+        mode: str,
+        port: int,
+        run_dir: Path | None,
+        enabled: bool = True,
+    ):
         self.enabled = enabled
         self.registry = CollectorRegistry()
         labels = ("job", "rank", "mode")
@@ -52,24 +61,39 @@ class Metrics:
 
         self.step_time = Histogram(P + "step_seconds", "Wall time of one optimizer step.", labels,
                                    buckets=STEP_BUCKETS, registry=r).labels(**self._values)  # fmt: skip
-        self.compute_total = counter("compute_seconds", "Step time not spent loading data or communicating.")
-        self.comm_total = counter("communication_seconds", "Time with a gradient collective in flight (measured).")
+        self.compute_total = counter(
+            "compute_seconds", "Step time not spent loading data or communicating."
+        )
+        self.comm_total = counter(
+            "communication_seconds", "Time with a gradient collective in flight (measured)."
+        )
         self.data_total = counter("data_seconds", "Time spent loading and moving batches.")
         self.samples_total = counter("samples", "Training samples processed by this rank.")
-        self.comm_bytes_total = counter("communication_bytes", "Gradient bytes handed to collectives.")
+        self.comm_bytes_total = counter(
+            "communication_bytes", "Gradient bytes handed to collectives."
+        )
         self.compute_step = gauge("step_compute_seconds", "Compute seconds of the last step.")
-        self.comm_step = gauge("step_communication_seconds", "Communication seconds of the last step.")
+        self.comm_step = gauge(
+            "step_communication_seconds", "Communication seconds of the last step."
+        )
         self.data_step = gauge("step_data_seconds", "Data-loading seconds of the last step.")
-        self.samples_per_s = gauge("samples_per_second", "Samples per second of this rank in the last step.")
+        self.samples_per_s = gauge(
+            "samples_per_second", "Samples per second of this rank in the last step."
+        )
         self.loss = gauge("loss", "Training loss of the last step on this rank.")
         self.lr = gauge("learning_rate", "Learning rate of the last step.")
         self.step = gauge("step", "Optimizer steps completed.")
-        self.comm_fraction = gauge("communication_fraction", "Communication seconds / step seconds, last step.")
+        self.comm_fraction = gauge(
+            "communication_fraction", "Communication seconds / step seconds, last step."
+        )
         self.last_ckpt = gauge("last_checkpoint_step", "Step of the newest checkpoint written.")
         self.ckpt_seconds = gauge("checkpoint_seconds", "Seconds the last checkpoint took.")
         self.ckpt_bytes = gauge("checkpoint_bytes", "Bytes of the last checkpoint.")
         self.ckpt_total = counter("checkpoints", "Checkpoints written.")
-        self.eval_value = gauge("eval_metric", "Last evaluation: test accuracy (classification) or validation loss (text).")
+        self.eval_value = gauge(
+            "eval_metric",
+            "Last evaluation: test accuracy (classification) or validation loss (text).",
+        )
         self._server: Any = None
         self._log = None
         if enabled and port:

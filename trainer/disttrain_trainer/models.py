@@ -24,12 +24,17 @@ Factory = Callable[[JobSpec, Dataset], nn.Module]
 
 
 class MLP(nn.Module):
-    def __init__(self, inputs: int, hidden: int, layers: int, classes: int, dropout: float, act_ckpt: str):
+    def __init__(
+        self, inputs: int, hidden: int, layers: int, classes: int, dropout: float, act_ckpt: str
+    ):
         super().__init__()
         self.act_ckpt = act_ckpt
         self.stem = nn.Sequential(nn.Linear(inputs, hidden), nn.ReLU())
         self.blocks = nn.Sequential(
-            *(nn.Sequential(nn.Linear(hidden, hidden), nn.ReLU(), nn.Dropout(dropout)) for _ in range(layers - 1))
+            *(
+                nn.Sequential(nn.Linear(hidden, hidden), nn.ReLU(), nn.Dropout(dropout))
+                for _ in range(layers - 1)
+            )
         )
         self.head = nn.Linear(hidden, classes)
 
@@ -40,14 +45,24 @@ class MLP(nn.Module):
 class CNN(nn.Module):
     """A small CNN for 8x8 single-channel images (digits)."""
 
-    def __init__(self, side: int, hidden: int, layers: int, classes: int, dropout: float, act_ckpt: str):
+    def __init__(
+        self, side: int, hidden: int, layers: int, classes: int, dropout: float, act_ckpt: str
+    ):
         super().__init__()
         self.side, self.act_ckpt = side, act_ckpt
         self.stem = nn.Sequential(nn.Conv2d(1, hidden, 3, padding=1), nn.ReLU())
         self.blocks = nn.Sequential(
-            *(nn.Sequential(nn.Conv2d(hidden, hidden, 3, padding=1), nn.ReLU()) for _ in range(layers - 1))
+            *(
+                nn.Sequential(nn.Conv2d(hidden, hidden, 3, padding=1), nn.ReLU())
+                for _ in range(layers - 1)
+            )
         )
-        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Dropout(dropout), nn.Linear(4 * hidden, classes))
+        self.head = nn.Sequential(
+            nn.AdaptiveAvgPool2d(2),
+            nn.Flatten(),
+            nn.Dropout(dropout),
+            nn.Linear(4 * hidden, classes),
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.reshape(-1, 1, self.side, self.side)
@@ -67,7 +82,9 @@ class CausalSelfAttention(nn.Module):
         b, t, c = x.shape
         q, k, v = self.qkv(x).split(c, dim=2)
         q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
+        y = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
+        )
         return self.proj(y.transpose(1, 2).contiguous().view(b, t, c))
 
 
@@ -76,7 +93,9 @@ class Block(nn.Module):
         super().__init__()
         self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
         self.attn = CausalSelfAttention(dim, heads, dropout)
-        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim), nn.Dropout(dropout))
+        self.mlp = nn.Sequential(
+            nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim), nn.Dropout(dropout)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))
@@ -86,7 +105,16 @@ class Block(nn.Module):
 class GPT(nn.Module):
     """A small character-level GPT in the style of nanoGPT (pre-LN blocks, causal SDPA)."""
 
-    def __init__(self, vocab: int, block_size: int, dim: int, layers: int, heads: int, dropout: float, act_ckpt: str):
+    def __init__(
+        self,
+        vocab: int,
+        block_size: int,
+        dim: int,
+        layers: int,
+        heads: int,
+        dropout: float,
+        act_ckpt: str,
+    ):
         super().__init__()
         self.block_size, self.act_ckpt = block_size, act_ckpt
         self.tok = nn.Embedding(vocab, dim)
@@ -121,7 +149,14 @@ class GPT(nn.Module):
 def _mlp(spec: JobSpec, ds: Dataset) -> nn.Module:
     m = spec.model
     _classifier_data("mlp", ds)
-    return MLP(ds.input_dim, m.hidden, m.layers, ds.num_classes, m.dropout, spec.training.activation_checkpointing)
+    return MLP(
+        ds.input_dim,
+        m.hidden,
+        m.layers,
+        ds.num_classes,
+        m.dropout,
+        spec.training.activation_checkpointing,
+    )
 
 
 def _cnn(spec: JobSpec, ds: Dataset) -> nn.Module:
@@ -129,20 +164,34 @@ def _cnn(spec: JobSpec, ds: Dataset) -> nn.Module:
     _classifier_data("cnn", ds)
     side = math.isqrt(ds.input_dim)
     if side * side != ds.input_dim:
-        raise ValueError(f"model.name cnn needs square images; data {ds.name} has {ds.input_dim} features")
-    return CNN(side, m.hidden, m.layers, ds.num_classes, m.dropout, spec.training.activation_checkpointing)
+        raise ValueError(
+            f"model.name cnn needs square images; data {ds.name} has {ds.input_dim} features"
+        )
+    return CNN(
+        side, m.hidden, m.layers, ds.num_classes, m.dropout, spec.training.activation_checkpointing
+    )
 
 
 def _gpt(spec: JobSpec, ds: Dataset) -> nn.Module:
     m = spec.model
     if ds.kind != "lm":
         raise ValueError(f"model.name gpt needs a text dataset (data.name: pytext), not {ds.name}")
-    return GPT(ds.num_classes, m.block_size, m.hidden, m.layers, m.heads, m.dropout, spec.training.activation_checkpointing)
+    return GPT(
+        ds.num_classes,
+        m.block_size,
+        m.hidden,
+        m.layers,
+        m.heads,
+        m.dropout,
+        spec.training.activation_checkpointing,
+    )
 
 
 def _classifier_data(model: str, ds: Dataset) -> None:
     if ds.kind != "classify":
-        raise ValueError(f"model.name {model} needs a classification dataset (digits or synthetic), not {ds.name}")
+        raise ValueError(
+            f"model.name {model} needs a classification dataset (digits or synthetic), not {ds.name}"
+        )
 
 
 MODELS: dict[str, Factory] = {"mlp": _mlp, "cnn": _cnn, "gpt": _gpt}
@@ -152,14 +201,20 @@ def resolve(name: str) -> Factory:
     if name in MODELS:
         return MODELS[name]
     if ":" not in name:
-        raise ValueError(f"model.name {name!r}: not one of {', '.join(MODELS)} and not 'package.module:factory'")
+        raise ValueError(
+            f"model.name {name!r}: not one of {', '.join(MODELS)} and not 'package.module:factory'"
+        )
     module, attr = name.split(":", 1)
     try:
         factory = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as e:
-        raise ValueError(f"model.name {name!r}: cannot import ({e}); is the module installed in the image?") from None
+        raise ValueError(
+            f"model.name {name!r}: cannot import ({e}); is the module installed in the image?"
+        ) from None
     if not callable(factory):
-        raise ValueError(f"model.name {name!r} is not callable; it must be factory(spec, dataset) -> nn.Module")
+        raise ValueError(
+            f"model.name {name!r} is not callable; it must be factory(spec, dataset) -> nn.Module"
+        )
     return factory
 
 

@@ -50,7 +50,9 @@ def lr_factor(step: int, *, opt: OptimizerSpec, batch_size: int, total_steps: in
 
 
 def lr_at(step: int, *, opt: OptimizerSpec, batch_size: int, total_steps: int) -> float:
-    return peak_lr(opt, batch_size) * lr_factor(step, opt=opt, batch_size=batch_size, total_steps=total_steps)
+    return peak_lr(opt, batch_size) * lr_factor(
+        step, opt=opt, batch_size=batch_size, total_steps=total_steps
+    )
 
 
 def build_optimizer(params: object, opt: OptimizerSpec, batch_size: int) -> torch.optim.Optimizer:
@@ -64,7 +66,9 @@ def build_optimizer(params: object, opt: OptimizerSpec, batch_size: int) -> torc
     raise ValueError(f"optimizer.name {opt.name!r} must be sgd, adam or adamw")
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, opt: OptimizerSpec, batch_size: int, total_steps: int) -> LambdaLR:
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, opt: OptimizerSpec, batch_size: int, total_steps: int
+) -> LambdaLR:
     return LambdaLR(
         optimizer, lambda s: lr_factor(s, opt=opt, batch_size=batch_size, total_steps=total_steps)
     )

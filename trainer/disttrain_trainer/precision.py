@@ -33,6 +33,8 @@ class Amp:
 
 def make_amp(precision: Precision, device: torch.device) -> Amp:
     if precision == "fp16" and device.type != "cuda":
-        raise ValueError("training.precision fp16 needs a GPU (GradScaler on CUDA); use bf16 or fp32 on CPU")
+        raise ValueError(
+            "training.precision fp16 needs a GPU (GradScaler on CUDA); use bf16 or fp32 on CPU"
+        )
     scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
     return Amp(precision=precision, device=device, scaler=scaler)

@@ -60,7 +60,9 @@ def _set_threads(cfg: TrainerConfig) -> None:
 
 def loss_fn_for(ds: Dataset):  # noqa: ANN201
     if ds.kind == "lm":
-        return lambda logits, y: F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.reshape(-1))
+        return lambda logits, y: F.cross_entropy(
+            logits.float().view(-1, logits.shape[-1]), y.reshape(-1)
+        )
     return lambda logits, y: F.cross_entropy(logits.float(), y)
 
 
@@ -77,7 +79,9 @@ def evaluate(model: nn.Module, ds: Dataset, amp: Amp) -> tuple[str, float]:
         with amp.autocast():
             logits = model(x).float()
         if ds.kind == "lm":
-            loss_sum += float(F.cross_entropy(logits.view(-1, logits.shape[-1]), y.reshape(-1), reduction="sum"))
+            loss_sum += float(
+                F.cross_entropy(logits.view(-1, logits.shape[-1]), y.reshape(-1), reduction="sum")
+            )
             count += y.numel()
         else:
             correct += int((logits.argmax(1) == y).sum())
@@ -87,7 +91,11 @@ def evaluate(model: nn.Module, ds: Dataset, amp: Amp) -> tuple[str, float]:
 
 
 def _rng_state() -> dict[str, Any]:
-    state: dict[str, Any] = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": np.random.get_state(),
+        "python": random.getstate(),
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -97,7 +105,11 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+    if (
+        "cuda" in state
+        and torch.cuda.is_available()
+        and len(state["cuda"]) == torch.cuda.device_count()
+    ):
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
@@ -116,7 +128,9 @@ class Run:
     metrics: Metrics
     step: int = 0
     resumed_from: int | None = None
-    totals: dict[str, float] = field(default_factory=lambda: {"step": 0.0, "comm": 0.0, "samples": 0.0})
+    totals: dict[str, float] = field(
+        default_factory=lambda: {"step": 0.0, "comm": 0.0, "samples": 0.0}
+    )
 
     def state(self) -> dict[str, Any]:
         rngs: list[Any] = [None] * self.ctx.world_size
@@ -130,7 +144,10 @@ class Run:
             "scaler": self.amp.scaler.state_dict() if self.amp.scaler is not None else None,
             "sampler": self.sampler.state_dict(),
             "rng": rngs,
-            "spec_data": {"batch_size": self.cfg.spec.data.batch_size, "seed": self.cfg.spec.data.seed},
+            "spec_data": {
+                "batch_size": self.cfg.spec.data.batch_size,
+                "seed": self.cfg.spec.data.seed,
+            },
         }
 
     def restore(self, state: dict[str, Any]) -> None:
@@ -153,7 +170,9 @@ class Run:
             info = [res.seconds, res.bytes]
         else:
             info = [0.0, 0]
-        dist.broadcast_object_list(info, src=0)  # also a barrier: nobody runs ahead of a half-written save
+        dist.broadcast_object_list(
+            info, src=0
+        )  # also a barrier: nobody runs ahead of a half-written save
         self.metrics.observe_checkpoint(self.step, float(info[0]), int(info[1]))
 
 
@@ -208,7 +227,14 @@ def _loop(run: Run) -> dict[str, Any]:
         t0 = time.perf_counter()
         micro = _batch(run)
         t1 = time.perf_counter()
-        res = step_fn(run.model, micro, loss_fn=loss_fn, optimizer=run.optimizer, scheduler=run.scheduler, amp=run.amp)
+        res = step_fn(
+            run.model,
+            micro,
+            loss_fn=loss_fn,
+            optimizer=run.optimizer,
+            scheduler=run.scheduler,
+            amp=run.amp,
+        )
         if ctx.device.type == "cuda":
             torch.cuda.synchronize(ctx.device)
         t2 = time.perf_counter()
@@ -230,7 +256,12 @@ def _loop(run: Run) -> dict[str, Any]:
         if log and ctx.is_main:
             print(f"step {run.step}/{tr.steps} loss {res.loss:.4f} lr {stats.lr:.4g} "
                   f"samples/s {res.samples * ctx.world_size / step_s:.0f} comm {stats.comm_fraction:.0%}", flush=True)  # fmt: skip
-        if tr.eval_interval_steps and run.step % tr.eval_interval_steps == 0 and run.step < tr.steps and ctx.is_main:
+        if (
+            tr.eval_interval_steps
+            and run.step % tr.eval_interval_steps == 0
+            and run.step < tr.steps
+            and ctx.is_main
+        ):
             eval_result = evaluate(run.inner, run.ds, run.amp)
             run.metrics.observe_eval(run.step, *eval_result)
         if run.step % spec.checkpoint.interval_steps == 0 or run.step == tr.steps:
@@ -246,6 +277,7 @@ def _loop(run: Run) -> dict[str, Any]:
         "steps": run.step,
         "final_loss": float(loss_t) / ctx.world_size,
         "resumed_from_step": run.resumed_from,
+        "restart_attempt": run.cfg.restart_attempt,
         "world_size": ctx.world_size,
         "mode": spec.mode,
         "device": ctx.device.type,
@@ -269,9 +301,13 @@ def run(cfg: TrainerConfig, *, metrics: Metrics | None = None) -> dict[str, Any]
     spec = cfg.spec
     ctx = init_distributed(cfg)
     own_metrics = metrics is None
-    m = metrics or Metrics(job=cfg.job, rank=ctx.rank, mode=spec.mode, port=cfg.metrics_port, run_dir=cfg.run_dir)
+    m = metrics or Metrics(
+        job=cfg.job, rank=ctx.rank, mode=spec.mode, port=cfg.metrics_port, run_dir=cfg.run_dir
+    )
     try:
-        if ctx.local_rank == 0:  # one rank per machine packs the shards; the others then just map them
+        if (
+            ctx.local_rank == 0
+        ):  # one rank per machine packs the shards; the others then just map them
             ds = load_dataset(spec)
         dist.barrier()
         if ctx.local_rank != 0:
@@ -279,12 +315,18 @@ def run(cfg: TrainerConfig, *, metrics: Metrics | None = None) -> dict[str, Any]
         amp = make_amp(spec.training.precision, ctx.device)
         inner = build_model(spec, ds)
         wrapped, timer = parallel.apply(inner, mesh=ctx, cfg=cfg)
-        torch.manual_seed(spec.data.seed * 1000 + ctx.rank)  # per-rank streams (dropout), after identical init
+        torch.manual_seed(
+            spec.data.seed * 1000 + ctx.rank
+        )  # per-rank streams (dropout), after identical init
         np.random.seed(spec.data.seed * 1000 + ctx.rank)
         random.seed(spec.data.seed * 1000 + ctx.rank)
         optimizer = build_optimizer(inner.parameters(), spec.optimizer, spec.data.batch_size)
-        scheduler = build_scheduler(optimizer, spec.optimizer, spec.data.batch_size, spec.training.steps)
-        sampler = GlobalBatchSampler(ds.num_train, spec.data.batch_size, spec.data.seed, ctx.rank, ctx.world_size)
+        scheduler = build_scheduler(
+            optimizer, spec.optimizer, spec.data.batch_size, spec.training.steps
+        )
+        sampler = GlobalBatchSampler(
+            ds.num_train, spec.data.batch_size, spec.data.seed, ctx.rank, ctx.world_size
+        )
         r = Run(cfg=cfg, ctx=ctx, ds=ds, model=wrapped, inner=inner, timer=timer, optimizer=optimizer,
                 scheduler=scheduler, amp=amp, sampler=sampler, metrics=m)  # fmt: skip
         _resume(r)
@@ -308,5 +350,10 @@ def write_summary(cfg: TrainerConfig, summary: dict[str, Any]) -> None:
     if cfg.termination_log is not None:
         try:
             Path(cfg.termination_log).write_text(json.dumps(summary, sort_keys=True))
-        except OSError as e:  # the summary.json is still there; a missing termination log is not fatal
-            print(f"disttrain-trainer: cannot write termination log {cfg.termination_log}: {e}", flush=True)
+        except (
+            OSError
+        ) as e:  # the summary.json is still there; a missing termination log is not fatal
+            print(
+                f"disttrain-trainer: cannot write termination log {cfg.termination_log}: {e}",
+                flush=True,
+            )

@@ -146,6 +146,15 @@ class ProgressPrinter:
         else:
             self._pending = line  # printed by finish() so the last state is never lost
 
+    def status(self, text: str) -> None:
+        """A transient line (e.g. while the processes start); only on a terminal, where it is redrawn."""
+        if not self.tty:
+            return
+        self.stream.write("\r" + text.ljust(len(self._last_line)))
+        self.stream.flush()
+        self._drawn = True
+        self._last_line = text
+
     def note(self, message: str) -> None:
         """A message on its own line (restarts, warnings) without garbling the bar."""
         if self.tty and self._drawn:

@@ -182,12 +182,19 @@ def run_local(job: api.DistTrainJob, options: LocalOptions) -> LocalResult:
                 attempt=attempt,
             )
             outcome: Failure | bool = False
+            stepped = False  # has this attempt logged a step yet
             while outcome is False:
                 time.sleep(options.poll_interval_s)
                 new = [r for r in tail.read_new() if "event" not in r]  # step records only
                 records.extend(new)
+                elapsed = time.monotonic() - started
                 if printer and new:
-                    printer.update(new[-1], elapsed_s=time.monotonic() - started, restarts=restarts)
+                    printer.update(new[-1], elapsed_s=elapsed, restarts=restarts)
+                    stepped = True
+                elif printer and not stepped:
+                    printer.status(
+                        f"starting {spec.world_size} processes (attempt {attempt}) ... {elapsed:.0f} s"
+                    )
                 outcome = gang.poll()
                 if outcome is False and deadline and time.monotonic() - started > deadline:
                     break

@@ -18,10 +18,14 @@ IMPLEMENTED = ("data",)
 
 class ModeNotImplemented(RuntimeError):
     def __init__(self, mode: str):
-        super().__init__(f"mode {mode} is not implemented by this trainer yet (implemented: {', '.join(IMPLEMENTED)})")
+        super().__init__(
+            f"mode {mode} is not implemented by this trainer yet (implemented: {', '.join(IMPLEMENTED)})"
+        )
 
 
-def apply(model: nn.Module, *, mesh: DistContext, cfg: TrainerConfig) -> tuple[nn.Module, CommTimer]:
+def apply(
+    model: nn.Module, *, mesh: DistContext, cfg: TrainerConfig
+) -> tuple[nn.Module, CommTimer]:
     """Wrap `model` for cfg.spec.mode; returns the wrapped model and its communication timer."""
     mode = cfg.spec.mode
     if mode == "data":
@@ -35,4 +39,11 @@ def train_step_for(mode: str):  # noqa: ANN201 - returns the mode's train_step f
     raise ModeNotImplemented(mode)
 
 
-__all__ = ["IMPLEMENTED", "CommTimer", "ModeNotImplemented", "StepResult", "apply", "train_step_for"]
+__all__ = [
+    "IMPLEMENTED",
+    "CommTimer",
+    "ModeNotImplemented",
+    "StepResult",
+    "apply",
+    "train_step_for",
+]

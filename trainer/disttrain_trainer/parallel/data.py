@@ -73,7 +73,9 @@ class CommTimer:
             spans, events, ref, nbytes = self._intervals, self._events, self._ref, self._bytes
             self._intervals, self._events, self._ref, self._bytes = [], [], None, 0
         if ref is not None:
-            spans = spans + [(ref.elapsed_time(a) / 1e3, ref.elapsed_time(b) / 1e3) for a, b in events]
+            spans = spans + [
+                (ref.elapsed_time(a) / 1e3, ref.elapsed_time(b) / 1e3) for a, b in events
+            ]
         return _union(sorted(spans)), nbytes
 
     def wrap(self, inner: Hook) -> Hook:
@@ -136,7 +138,9 @@ def _inner_hook(training: TrainingSpec) -> tuple[Any, Hook]:
     return None, default_hooks.allreduce_hook
 
 
-def wrap_ddp(model: nn.Module, *, ctx: DistContext, training: TrainingSpec) -> tuple[DDP, CommTimer]:
+def wrap_ddp(
+    model: nn.Module, *, ctx: DistContext, training: TrainingSpec
+) -> tuple[DDP, CommTimer]:
     model = model.to(ctx.device)
     ddp = DDP(
         model,
