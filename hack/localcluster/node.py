@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 from .config import BRIDGE_IP, CLUSTER_DOMAIN, PAUSE_IMAGE, POD_CIDR, ClusterConfig, NodeConfig
-from .proc import ClusterError, cgroup_pids, kill_cgroup, run, spawn, wait_for
+from .proc import ClusterError, alive, cgroup_pids, kill_cgroup, run, spawn, wait_for
 
 MNT_ROOT = Path("/run/disttrain/mnt")
 # Host paths every kubelet/containerd writes to; each node gets its own folder mounted over them
@@ -206,7 +206,7 @@ def restart_containerd(cfg: ClusterConfig, node: NodeConfig) -> None:
             continue
         if os.path.basename(exe) == "containerd":
             os.kill(pid, signal.SIGKILL)
-            wait_for("containerd to exit", lambda p=pid: not Path(f"/proc/{p}").exists(),
+            wait_for("containerd to exit", lambda p=pid: not alive(p),
                      timeout=10, step=f"containerd restart: {node.name}")
     start_containerd(cfg, node, fresh=False)
 

@@ -106,7 +106,7 @@ def cgroup_pids(rel: str) -> set[int]:
                 pids.update(int(x) for x in procs.read_text().split())
             except OSError:
                 pass
-    return pids
+    return {p for p in pids if alive(p)}
 
 
 def kill_cgroup(rel: str, timeout: float = 15) -> None:
@@ -172,12 +172,27 @@ def spawn(
     return proc.pid
 
 
+def alive(pid: int) -> bool:
+    """False for gone or zombie processes (reaping our own zombie children on the way)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    if state in ("Z", "X"):
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        return False
+    return True
+
+
 def wait_for(what: str, probe: Callable[[], bool], *, timeout: float, step: str, log: Path | None = None, pid: int | None = None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if probe():
             return
-        if pid is not None and not Path(f"/proc/{pid}").exists():
+        if pid is not None and not alive(pid):
             raise ClusterError(step, f"process {pid} exited while waiting for {what}", log)
         time.sleep(0.2)
     raise ClusterError(step, f"timed out after {timeout:.0f}s waiting for {what}", log)

@@ -199,7 +199,7 @@ def decide(obs: Observed) -> Plan:
 
     # ---- replicas may change only inside the elastic range (a resize = a new attempt).
     desired = spec.workers.replicas
-    if st.get("lastSpecReplicas") is not None and int(st["lastSpecReplicas"]) != desired:
+    if int(st.get("lastSpecReplicas") or 0) > 0 and int(st["lastSpecReplicas"]) != desired:
         el = spec.elastic
         if el is not None and el.min_replicas <= desired <= el.max_replicas:
             if desired != replicas and phase in (PENDING, RUNNING):
