@@ -39,3 +39,14 @@ def test_resave_same_step_replaces(tmp_path: Path) -> None:
     ckpt.save(tmp_path, {"v": 2}, 7, keep=3, world_size=1)
     assert ckpt.load_latest(tmp_path)[1] == {"v": 2}  # type: ignore[index]
     assert len(list(tmp_path.iterdir())) == 1
+
+
+def test_truncated_state_is_rejected_by_its_byte_count(tmp_path: Path) -> None:
+    # Checkpoints are written without zip CRCs (speed); the byte count in meta.json
+    # is what catches a state file that lost its tail.
+    ckpt.save(tmp_path, {"w": torch.ones(1000)}, 1, keep=3, world_size=1)
+    res = ckpt.save(tmp_path, {"w": torch.full((1000,), 2.0)}, 2, keep=3, world_size=1)
+    state_file = res.path / ckpt.STATE_FILE
+    state_file.write_bytes(state_file.read_bytes()[:-16])
+    step, state = ckpt.load_latest(tmp_path)  # type: ignore[misc]
+    assert step == 1 and torch.equal(state["w"], torch.ones(1000))
