@@ -93,12 +93,17 @@ class LocalCluster:
             api.result()
             for f in futs:
                 f.result()
-        say("controllers, scheduler, DNS, kubelets")
+        say("DNS, kubelets, kube-proxies")
         self._post_apiserver()
-        controlplane.start_controllers(cfg, bins)
         controlplane.start_dns(cfg)
         for n in cfg.nodes:
             node.start_kubelet_and_proxy(cfg, n, bins)
+        # The controller-manager starts once nodes are Ready: started earlier, it sees every node
+        # NotReady, enters "master disruption mode", and afterwards may never taint a lost node
+        # NoExecute (observed with v1.20.2), so node-loss evictions would not happen.
+        self.wait_ready(controllers=False)
+        say("controller-manager, scheduler")
+        controlplane.start_controllers(cfg, bins)
         self.wait_ready()
         took = time.monotonic() - t0
         say(f"up in {took:.1f}s; nodes {', '.join(self.node_names)}")
@@ -125,6 +130,9 @@ class LocalCluster:
         for n in self.cfg.nodes:
             if images.import_into(self.cfg, n, archives):
                 node.restart_containerd(self.cfg, n)
+                # one node at a time: all nodes NotReady at once puts the node controller in
+                # "master disruption mode" (see up())
+                self.wait_ready()
 
     def _post_apiserver(self) -> None:
         # --endpoint-reconciler-type=none: point the `kubernetes` Service at the bridge address,
@@ -138,7 +146,9 @@ class LocalCluster:
                  timeout=30, step="kubernetes service", log=self.cfg.logs / "kube-apiserver.log")
         self.kubectl("apply", "-f", "-", input=json.dumps(ep))
 
-    def wait_ready(self) -> None:
+    def wait_ready(self, *, controllers: bool = True) -> None:
+        """All nodes Ready with their GPUs advertised; with `controllers`, also the default
+        ServiceAccount's token (pods cannot be created before it)."""
         cfg = self.cfg
 
         def ready() -> bool:
@@ -157,6 +167,8 @@ class LocalCluster:
                 if str(it["status"].get("allocatable", {}).get("nvidia.com/gpu", "0")) != str(want):
                     self.set_node_gpus(n.name, want)
                     return False
+            if not controllers:
+                return True
             sa = self.kubectl("get", "serviceaccount", "default", "-o", "jsonpath={.secrets[0].name}", check=False)
             return sa.returncode == 0 and sa.stdout.strip() != ""
 

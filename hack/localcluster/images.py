@@ -208,13 +208,17 @@ def project_images() -> list[Archive]:
 def _build_target(target: str, ref: str) -> Path:
     log, step = log_path(), f"image {target} (buildah bud)"
     t0 = time.monotonic()
-    run([*BUILDAH, "bud", "--isolation", "chroot", "--layers", "--pull=never", "-f", REPO_ROOT / "Dockerfile",
+    # No --layers: buildah's layer cache keys a RUN on its text, not on the bind-mounted
+    # wheelhouse, so a cached layer would keep a stale project. Inputs are hashed above instead.
+    run([*BUILDAH, "bud", "--isolation", "chroot", "--pull=never", "-f", REPO_ROOT / "Dockerfile",
          "--target", target, "--build-arg", f"BASE_IMAGE={BASE_IMAGE}", "-t", ref, REPO_ROOT],
         step=step, log=log, timeout=1800)
     t1 = time.monotonic()
     tar = images_dir() / f"{target}.tar"
     tar.unlink(missing_ok=True)
-    run([*BUILDAH, "push", ref, f"oci-archive:{tar}:{ref.rsplit(':', 1)[1]}"], step=step, log=log, timeout=900)
+    # Uncompressed layers (-D): gzip of ~1 GB costs minutes on a busy 2-core box, and the
+    # archive only travels to the local containerd, which would gunzip it again.
+    run([*BUILDAH, "push", "-D", ref, f"oci-archive:{tar}:{ref.rsplit(':', 1)[1]}"], step=step, log=log, timeout=900)
     say(f"image {ref}: buildah bud {t1 - t0:.1f}s, push to OCI archive {time.monotonic() - t1:.1f}s "
         f"({tar.stat().st_size / 1e6:.0f} MB)")
     return tar

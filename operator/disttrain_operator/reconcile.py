@@ -174,6 +174,7 @@ def _apply(
     if not restarting:
         patch_status()
     for type_, reason, message in plan.events:
+        log.info("%s/%s: %s %s: %s", ns, name, type_, reason, message)
         event(job, type_, reason, message)
     opmetrics.set_phase(meta["uid"], new.get("phase"))
     if plan.delete_job:

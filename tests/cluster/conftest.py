@@ -88,8 +88,16 @@ def kube(local_cluster: Any) -> Kube:
 def namespace(kube: Kube) -> Iterator[str]:
     name = f"ct-{uuid.uuid4().hex[:8]}"
     kube.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
-    # The ServiceAccount admission plugin rejects pods until the namespace's default SA exists.
-    kube.wait(lambda: kube.exists(lambda: kube.core.read_namespaced_service_account("default", name)),
-              timeout=30, what=f"default ServiceAccount in {name}")
+    # The ServiceAccount admission plugin rejects pods until the namespace's default SA exists
+    # and has its token secret.
+    def sa_ready() -> bool:
+        try:
+            return bool(kube.core.read_namespaced_service_account("default", name).secrets)
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+
+    kube.wait(sa_ready, timeout=30, what=f"default ServiceAccount token in {name}")
     yield name
     kube.core.delete_namespace(name, propagation_policy="Background")

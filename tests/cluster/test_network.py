@@ -22,13 +22,22 @@ def test_cross_node_tcp_by_headless_dns_and_clusterip_service(kube, namespace, l
     kube.wait_phase(namespace, "server", ("Running",))
     fqdn = f"server.peers.{namespace}.svc.cluster.local"
     # DNS records appear a few seconds after the pod starts: retry, as the trainer does.
-    script = (
-        f"for i in $(seq 60); do wget -q -T 2 -O /tmp/a http://{fqdn}:8080/ && break; sleep 1; done; "
-        "echo headless=$(cat /tmp/a); "
-        "for i in $(seq 60); do wget -q -T 2 -O /tmp/b http://web/ && break; sleep 1; done; "
-        "echo service=$(cat /tmp/b)"
-    )
-    kube.core.create_namespaced_pod(namespace, kube.pod("client", node=b, command=["sh", "-c", script]))
+    # (python: busybox's static wget cannot resolve names through glibc's NSS)
+    script = f"""
+import time, urllib.request
+def get(url):
+    for _ in range(60):
+        try:
+            return urllib.request.urlopen(url, timeout=2).read().decode().strip()
+        except OSError as e:
+            err = e
+            time.sleep(1)
+    return f"error: {{err}}"
+print("headless=" + get("http://{fqdn}:8080/"))
+print("service=" + get("http://web/"))
+"""
+    kube.core.create_namespaced_pod(namespace, kube.pod(
+        "client", node=b, image=kube.trainer_image, command=["python", "-c", script]))
     done = kube.wait_phase(namespace, "client", ("Succeeded",), timeout=150)
     server = kube.core.read_namespaced_pod("server", namespace)
     assert server.spec.node_name == a and done.spec.node_name == b, "pods must sit on different nodes"

@@ -179,6 +179,8 @@ def job_manifest(name: str, ns: str, *, steps: int = 20, sleep: int | None = Non
             body[key] = {**body[key], **value}
         else:
             body[key] = value
+    if "batchSize" not in (spec.get("data") or {}):  # divisible by the data-parallel degree
+        body["data"]["batchSize"] = 32 * body["workers"]["replicas"]
     return {"apiVersion": "disttrain.dev/v1alpha1", "kind": "DistTrainJob",
             "metadata": {"name": name, "namespace": ns}, "spec": body}
 

@@ -57,6 +57,9 @@ def run(args: argparse.Namespace) -> int:
     handlers.configure(cfg)
     kopf.configure(verbose=args.verbose)
     logging.getLogger("disttrain.operator").setLevel(logging.DEBUG if args.verbose else logging.INFO)
+    if not args.verbose:
+        # kopf logs every timer tick at INFO; our reconciler logs each transition itself.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     kube.load_config()
     if cfg.metrics_port:
         prometheus_client.start_http_server(cfg.metrics_port)
