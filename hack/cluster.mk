@@ -31,6 +31,7 @@ kind-up: wheelhouse ## kind cluster "disttrain" (1 control plane + 2 workers) wi
 	docker build --target operator -t disttrain-operator:dev .
 	kind get clusters | grep -qx $(KIND_NAME) || kind create cluster --name $(KIND_NAME) --config hack/kind.yaml
 	kind load docker-image --name $(KIND_NAME) disttrain-trainer:dev disttrain-operator:dev
+	mkdir -p $(HOME)/.cache/disttrain
 	kind get kubeconfig --name $(KIND_NAME) > $(HOME)/.cache/disttrain/kind-kubeconfig
 	# Advertise 2 nvidia.com/gpu on the last worker, as the local cluster does.
 	kubectl --kubeconfig $(HOME)/.cache/disttrain/kind-kubeconfig patch node $(KIND_NAME)-worker2 \

@@ -65,19 +65,18 @@ def local_cluster() -> Iterator[object]:
 
     if os.geteuid() != 0:
         _cluster_unavailable("needs root (network namespaces, cgroups, mounts); run the tests as root")
-    cluster = LocalCluster.current()
+    cluster = None
     started = False
     try:
-        if cluster.is_up():
-            cluster.refresh_images()
-        else:
-            cluster = LocalCluster()
-            started = True
-            cluster.up()
-    except ClusterError as e:
-        if started:
+        cluster = LocalCluster.current()
+        if not cluster.is_up():
+            cluster = LocalCluster()  # node count and GPUs from the environment, not the last run
+        started = cluster.ensure_up()
+    except (ClusterError, ValueError) as e:
+        if started and cluster is not None:
             cluster.down()
-        _cluster_unavailable(f"{e}\n(bring it up by hand with `make cluster-up`; logs in {cluster.cfg.logs})")
+        logs = cluster.cfg.logs if cluster is not None else "~/.cache/disttrain/cluster/logs"
+        _cluster_unavailable(f"{e}\n(bring it up by hand with `make cluster-up`; logs in {logs})")
     yield cluster
     if started:
         cluster.down()

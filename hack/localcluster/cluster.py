@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from . import controlplane, images, network, node
 from .config import APISERVER_PORT, BRIDGE_IP, CHECKPOINT_DIR, REPO_ROOT, ClusterConfig, NodeConfig
-from .proc import ClusterError, kill_cgroup, remove_cgroups, run, say, wait_for
+from .proc import ClusterError, kill_cgroup, locked, remove_cgroups, run, say, wait_for
 
 
 def bin_dir() -> Path:
@@ -61,7 +64,31 @@ class LocalCluster:
         names = {i["metadata"]["name"] for i in json.loads(res.stdout)["items"]}
         return names == set(self.node_names)
 
+    def lock(self) -> contextlib.AbstractContextManager[None]:
+        return locked(self.cfg.root.parent / "cluster.lock")
+
+    def ensure_up(self) -> bool:
+        """Reuse a running cluster (bringing its images up to date) or start one; True if started."""
+        with self.lock():
+            if self.is_up():
+                self.refresh_images()
+                return False
+            self._up()
+            return True
+
     def up(self) -> float:
+        with self.lock():
+            return self._up()
+
+    def _up(self) -> float:
+        try:
+            return self._bring_up()
+        except BaseException:
+            say(f"bring-up failed; stopping what started (logs stay in {self.cfg.logs})")
+            self.cleanup()
+            raise
+
+    def _bring_up(self) -> float:
         t0 = time.monotonic()
         cfg = self.cfg
         bins = bin_dir()
@@ -127,8 +154,10 @@ class LocalCluster:
     def refresh_images(self) -> None:
         """Rebuild images whose inputs changed and import them into every node of a running cluster."""
         archives = images.ensure_all(bin_dir())
-        for n in self.cfg.nodes:
-            if images.import_into(self.cfg, n, archives):
+        with ThreadPoolExecutor(max_workers=len(self.cfg.nodes)) as pool:
+            changed = list(pool.map(lambda n: images.import_into(self.cfg, n, archives), self.cfg.nodes))
+        for n, did in zip(self.cfg.nodes, changed, strict=True):
+            if did:
                 node.restart_containerd(self.cfg, n)
                 # one node at a time: all nodes NotReady at once puts the node controller in
                 # "master disruption mode" (see up())
@@ -177,7 +206,8 @@ class LocalCluster:
 
     def down(self) -> None:
         say("stopping and cleaning the local cluster")
-        self.cleanup()
+        with self.lock():
+            self.cleanup()
         say("down")
 
     def cleanup(self) -> None:
@@ -238,10 +268,7 @@ class LocalCluster:
         patch = [{"op": "add", "path": f"/status/{f}/nvidia.com~1gpu", "value": str(count)}
                  for f in ("capacity", "allocatable")]
         token = controlplane._admin_token(self.cfg)
-        # kubectl 1.32 cannot patch the status subresource of a 1.20 server; use the REST call.
-        import ssl
-        import urllib.request
-
+        # A plain REST call: no dependency on the kubectl version's --subresource support.
         req = urllib.request.Request(
             f"https://{BRIDGE_IP}:{APISERVER_PORT}/api/v1/nodes/{name}/status",
             data=json.dumps(patch).encode(), method="PATCH",

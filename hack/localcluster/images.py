@@ -30,12 +30,13 @@ from .config import (
     NodeConfig,
     cache_dir,
 )
-from .proc import ClusterError, run, say
+from .proc import ClusterError, locked, run, say
 
 BASE_IMAGE = "localhost/disttrain-base:bookworm"
 WHEELS = REPO_ROOT / "build" / "wheels"
 BUILDAH = ["buildah", "--storage-driver", "vfs"]
-PROJECT_INPUTS = ("Dockerfile", ".dockerignore", "pyproject.toml", "README.md", "operator", "trainer")
+# README.md is needed by the build (package metadata) but does not change what runs: not hashed.
+PROJECT_INPUTS = ("Dockerfile", ".dockerignore", "pyproject.toml", "operator", "trainer")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -225,7 +226,8 @@ def _build_target(target: str, ref: str) -> Path:
 
 
 def ensure_all(bins: Path) -> dict[str, Archive]:
-    archives = [pause_image(bins), test_image(), *project_images()]
+    with locked(images_dir() / ".lock"):
+        archives = [pause_image(bins), test_image(), *project_images()]
     return {a.ref: a for a in archives}
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from .config import CGROUP_PARENT
@@ -29,6 +31,18 @@ class ClusterError(RuntimeError):
             lines = log.read_text(errors="replace").splitlines()[-15:]
             tail = "\n  | " + "\n  | ".join(lines) if lines else ""
         super().__init__(f"local cluster step '{step}' failed: {message}{where}{tail}")
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """An exclusive flock: concurrent test sessions must not build or (re)start at once."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def say(msg: str) -> None:
@@ -124,8 +138,11 @@ def kill_cgroup(rel: str, timeout: float = 15) -> None:
 
 
 def remove_cgroups(rel: str) -> None:
-    """rmdir the cgroup tree depth-first in every hierarchy (only empty cgroups can go)."""
-    for d in cgroup_dirs(rel):
+    """rmdir the cgroup tree depth-first in every hierarchy (only empty cgroups can go),
+    including the v2 `unified` one where runc mirrors v1 cgroups on hybrid hosts."""
+    unified = CGROUP_FS / "unified"
+    extra = [unified / CGROUP_PARENT / rel if rel else unified / CGROUP_PARENT] if unified.is_dir() else []
+    for d in [*cgroup_dirs(rel), *extra]:
         if not d.exists():
             continue
         for sub in sorted((p for p in d.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
