@@ -149,14 +149,18 @@ def _worker(rank: int, a: Args, port: int, metrics_ports: list[int], out: str) -
         timer = on[2]
         add = timer.add
 
+        span_log: list[tuple[float, float]] = []
+
         def recording_add(start: float, end: float, nbytes: int) -> None:
             bucket_log.append(
                 nbytes
             )  # sizes of the buckets DDP actually reduced, for the raw baseline
+            span_log.append((start, end))  # the CommTimer's own intervals, for the aligned figure
             add(start, end, nbytes)
 
         timer.add = recording_add  # type: ignore[method-assign]
         step_no = [0, 0]
+        step_spans: list[tuple[float, float]] = []
         book_s: list[float] = []
 
         def step(
@@ -175,6 +179,9 @@ def _worker(rank: int, a: Args, port: int, metrics_ports: list[int], out: str) -
             step_no[idx] += 1
             if metrics is not None:
                 comm_s, nbytes = tmr.take()
+                if span_log:  # this step's first hook call and last completion on this rank
+                    step_spans.append((min(b for b, _ in span_log), max(e for _, e in span_log)))
+                span_log.clear()
                 comm_s = min(comm_s, t2 - t1)
                 step_s = time.perf_counter() - t0
                 metrics.observe_step(
@@ -193,6 +200,7 @@ def _worker(rank: int, a: Args, port: int, metrics_ports: list[int], out: str) -
             step(off, None, 1)
         on[2].take()
         book_s.clear()
+        step_spans.clear()
         buckets = list(bucket_log)  # bytes of each bucket DDP reduced in one (post-rebuild) step
 
         # Baseline for (a) inside a training loop: a plain model, backward, then all_reduce of
@@ -235,6 +243,17 @@ def _worker(rank: int, a: Args, port: int, metrics_ports: list[int], out: str) -
                 t_off.append(step(off, None, 1)[0])
             loop_s.append(plain_step())
         loop_tput = [sum(buckets) / dt for dt in loop_s]
+
+        # (a) aligned: the same CommTimer intervals, but counted from the moment the LAST rank's
+        # hook fired (a collective cannot start before every rank joins), as the raw baseline's
+        # barrier does. Both ranks run on one host, so perf_counter (CLOCK_MONOTONIC) is shared.
+        all_spans: list[list[tuple[float, float]]] = [[] for _ in range(WORLD)]
+        dist.all_gather_object(all_spans, step_spans)
+        aligned_s = [
+            max(sp[i][1] for sp in all_spans) - max(sp[i][0] for sp in all_spans)
+            for i in range(min(len(sp) for sp in all_spans))
+        ]
+        aligned_tput = [sum(buckets) / dt for dt in aligned_s if dt > 0]
 
         # (a) raw all_reduce of the same buckets in isolation (ranks aligned by a barrier),
         # issued back to back as DDP's reducer does: what gloo moves on this machine.
@@ -289,6 +308,8 @@ def _worker(rank: int, a: Args, port: int, metrics_ports: list[int], out: str) -
                 "grad_bytes": sum(buckets),
                 "buckets": buckets,
                 "ddp_comm_MBps": _med(ddp_tput) / MB,
+                "ddp_aligned_MBps": _med(aligned_tput) / MB,
+                "ddp_aligned_ms": _med(aligned_s) * 1e3,
                 "ddp_comm_ms": _med(comm_s_all) * 1e3,
                 "raw_allreduce_MBps": _med(raw_tput) / MB,
                 "raw_allreduce_ms": _med(raw_s) * 1e3,
@@ -309,7 +330,8 @@ def _worker(rank: int, a: Args, port: int, metrics_ports: list[int], out: str) -
 
 
 def _table(r: dict[str, Any], a: Args) -> str:
-    comm_ratio = r["ddp_comm_MBps"] / r["raw_allreduce_MBps"]
+    comm_ratio = r["ddp_aligned_MBps"] / r["raw_allreduce_MBps"]
+    wait_ratio = r["ddp_comm_MBps"] / r["raw_allreduce_MBps"]
     overhead = r["overhead_paired"]
     ck_ratio = r["ckpt_MBps"] / r["raw_write_MBps"]
     ok = {
@@ -329,9 +351,13 @@ def _table(r: dict[str, Any], a: Args) -> str:
         "",
         "| measurement | disttrain | reference | ratio | target | |",
         "| --- | --- | --- | --- | --- | --- |",
-        f"| (a) gradient all-reduce throughput | {r['ddp_comm_MBps']:.0f} MB/s inside a DDP step "
-        f"({r['ddp_comm_ms']:.1f} ms/step) | {r['raw_allreduce_MBps']:.0f} MB/s raw all_reduce, same buckets "
-        f"({r['raw_allreduce_ms']:.1f} ms) | {comm_ratio:.2f} | >= 0.8 | {verdict('comm')} |",
+        f"| (a) gradient all-reduce throughput, from the last rank's hook call | {r['ddp_aligned_MBps']:.0f} MB/s "
+        f"inside a DDP step ({r['ddp_aligned_ms']:.1f} ms/step) | {r['raw_allreduce_MBps']:.0f} MB/s raw "
+        f"all_reduce, same buckets, ranks aligned by a barrier ({r['raw_allreduce_ms']:.1f} ms) "
+        f"| {comm_ratio:.2f} | >= 0.8 | {verdict('comm')} |",
+        f"| (a-wait) same, counted from this rank's hook call = the trainer's comm metric (waiting for "
+        f"the slower rank included) | {r['ddp_comm_MBps']:.0f} MB/s ({r['ddp_comm_ms']:.1f} ms/step) "
+        f"| {r['raw_allreduce_MBps']:.0f} MB/s | {wait_ratio:.2f} | (diagnostic) | |",
         f"| (a') same, vs all_reduce after backward in a plain loop (rank skew included) "
         f"| {r['ddp_comm_MBps']:.0f} MB/s | {r['loop_allreduce_MBps']:.0f} MB/s "
         f"({r['loop_allreduce_ms']:.1f} ms) | {r['ddp_comm_MBps'] / r['loop_allreduce_MBps']:.2f} "
@@ -389,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.json:
         Path(ns.json).write_text(json.dumps(result, indent=2) + "\n")
     missed = (
-        result["ddp_comm_MBps"] / result["raw_allreduce_MBps"] < TARGETS["comm_ratio"]
+        result["ddp_aligned_MBps"] / result["raw_allreduce_MBps"] < TARGETS["comm_ratio"]
         or result["overhead_paired"] > TARGETS["metrics_overhead"]
         or result["ckpt_MBps"] / result["raw_write_MBps"] < TARGETS["checkpoint_ratio"]
     )

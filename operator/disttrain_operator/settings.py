@@ -65,17 +65,26 @@ def from_env(environ: Mapping[str, str] | None = None, **overrides: object) -> O
     def get(name: str) -> str | None:
         return env.get(ENV_PREFIX + name)
 
+    def number(name: str, default: float, kind: type = int) -> object:
+        raw = get(name)
+        if raw is None or raw == "":
+            return default
+        try:
+            return kind(raw)
+        except ValueError:
+            raise ValueError(f"{ENV_PREFIX}{name}={raw!r} is not a number; set it to e.g. {default}") from None
+
     ns = get("NAMESPACE")
     values: dict[str, object] = {
         "namespaces": tuple(n.strip() for n in ns.split(",") if n.strip()) if ns else (),
         "all_namespaces": _env_bool(get("ALL_NAMESPACES"), False),
         "default_image": get("DEFAULT_IMAGE") or DEFAULT_IMAGE,
         "image_pull_policy": get("IMAGE_PULL_POLICY") or "IfNotPresent",
-        "metrics_port": int(get("METRICS_PORT") or 8080),
+        "metrics_port": number("METRICS_PORT", 8080),
         "liveness": get("LIVENESS") or "",
-        "poll_interval_s": float(get("POLL_INTERVAL") or 3.0),
-        "force_delete_after_s": float(get("FORCE_DELETE_AFTER") or 30.0),
-        "node_lost_after_s": float(get("NODE_LOST_AFTER") or 15.0),
+        "poll_interval_s": number("POLL_INTERVAL", 3.0, float),
+        "force_delete_after_s": number("FORCE_DELETE_AFTER", 30.0, float),
+        "node_lost_after_s": number("NODE_LOST_AFTER", 15.0, float),
     }
     for key, value in overrides.items():
         if value is not None:

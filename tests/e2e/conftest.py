@@ -147,6 +147,10 @@ def _namespace(kubectl: Kubectl, prefix: str) -> Iterator[str]:
     ns = f"{prefix}-{uuid.uuid4().hex[:6]}"
     kubectl.run("create", "namespace", ns)
     yield ns
+    # Jobs first, while the operator still runs: kopf's finalizer must be released,
+    # or the namespace would hang in Terminating once the operator is gone.
+    kubectl.run("delete", "disttrainjobs.disttrain.dev", "--all", "-n", ns, "--wait=true", "--timeout=90s",
+                check=False, timeout=120)
     kubectl.run("delete", "namespace", ns, "--wait=false", check=False)
 
 

@@ -55,3 +55,8 @@ def test_settings_from_env_and_flags() -> None:
     assert from_env({}, all_namespaces=True).watch_namespaces() == []
     with pytest.raises(ValueError, match="not both"):
         from_env({"DISTTRAIN_OPERATOR_NAMESPACE": "a"}, all_namespaces=True)
+
+
+def test_settings_reject_non_numbers_naming_the_variable() -> None:
+    with pytest.raises(ValueError, match="DISTTRAIN_OPERATOR_METRICS_PORT='tcp://10.96.0.9:8080' is not a number"):
+        from_env({"DISTTRAIN_OPERATOR_METRICS_PORT": "tcp://10.96.0.9:8080"})
