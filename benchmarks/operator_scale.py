@@ -182,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         text = op_metrics()
         op_requests = scrape_sum(text, "disttrain_operator_api_requests_total")
         reconciles = scrape_sum(text, "disttrain_operator_reconcile_seconds_count")
+        reconcile_total_s = scrape_sum(text, "disttrain_operator_reconcile_seconds_sum")
         latencies = [all_created[n] - created_at[n] for n in names if n in all_created]
         result = {
             "jobs": args.jobs,
@@ -198,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
             "operator_peak_rss_mb": round(proc_peak_rss_mb(op.pid), 1),
             "operator_requests_per_job": round(op_requests / args.jobs, 1),
             "reconciles_per_job": round(reconciles / args.jobs, 1),
+            "reconcile_mean_s": round(reconcile_total_s / max(reconciles, 1), 3),
             "apiserver_requests_per_job": round(api_total / args.jobs, 1),
             "poll_interval_s": args.poll_interval,
         }

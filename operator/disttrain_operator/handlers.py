@@ -39,8 +39,8 @@ def _post(job: dict[str, Any], type_: str, reason: str, message: str) -> None:
     kopf.event(job, type=type_, reason=reason, message=message[:1000])
 
 
-def _run(namespace: str, name: str) -> None:
-    rec.reconcile(_kube(), _state["settings"], namespace, name, _post)
+def _run(namespace: str, name: str, *, wait: bool = True) -> None:
+    rec.reconcile(_kube(), _state["settings"], namespace, name, _post, wait=wait)
 
 
 @kopf.on.startup()
@@ -53,7 +53,8 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.finalizer = f"{GROUP}/finalizer"
     # Only warnings from kopf itself become Events; ours are posted explicitly per transition.
     settings.posting.level = logging.WARNING
-    settings.execution.max_workers = 8
+    # Sync handlers run in this thread pool; each reconcile is a few blocking API calls.
+    settings.execution.max_workers = 16
     # One operator replica (the Deployment has replicas: 1): no peering objects needed.
     settings.peering.standalone = True
     settings.watching.server_timeout = 300
@@ -71,7 +72,7 @@ def changed(namespace: str, name: str, **_: Any) -> None:
 def poll(namespace: str, name: str, body: kopf.Body, **_: Any) -> None:
     """Progress (rank 0's metrics) and recovery (failed / vanished / unschedulable pods)."""
     if needs_polling(dict(body), datetime.now(UTC), POLL_INTERVAL_S):
-        _run(namespace, name)
+        _run(namespace, name, wait=False)
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)

@@ -49,7 +49,12 @@ _PATHS = {
 
 class Kube:
     def __init__(self, api_client: client.ApiClient | None = None) -> None:
-        self.api = api_client or client.ApiClient()
+        if api_client is None:
+            cfg = client.Configuration.get_default_copy()
+            # One connection per handler thread (kopf's executor), not the default 10.
+            cfg.connection_pool_maxsize = 32
+            api_client = client.ApiClient(cfg)
+        self.api = api_client
         self.cfg = self.api.configuration
         self.pool = self.api.rest_client.pool_manager
 

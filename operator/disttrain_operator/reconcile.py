@@ -69,16 +69,23 @@ def _accepted_spec(kube: Kube, job: dict[str, Any], status: dict[str, Any]) -> A
         return None
 
 
-def reconcile(kube: Kube, settings: OperatorSettings, namespace: str, name: str, event: EventFn) -> Plan | None:
-    with _lock(namespace, name):
-        start = time.perf_counter()
-        try:
-            return _reconcile(kube, settings, namespace, name, event)
-        except Exception:
-            opmetrics.RECONCILE_ERRORS.inc()
-            raise
-        finally:
-            opmetrics.RECONCILE_SECONDS.observe(time.perf_counter() - start)
+def reconcile(
+    kube: Kube, settings: OperatorSettings, namespace: str, name: str, event: EventFn, *, wait: bool = True
+) -> Plan | None:
+    """One reconcile. wait=False (the timer): skip when another one for this job is running,
+    instead of parking a worker thread on the lock while other jobs wait for threads."""
+    lock = _lock(namespace, name)
+    if not lock.acquire(blocking=wait):
+        return None
+    start = time.perf_counter()
+    try:
+        return _reconcile(kube, settings, namespace, name, event)
+    except Exception:
+        opmetrics.RECONCILE_ERRORS.inc()
+        raise
+    finally:
+        lock.release()
+        opmetrics.RECONCILE_SECONDS.observe(time.perf_counter() - start)
 
 
 def _reconcile(kube: Kube, settings: OperatorSettings, namespace: str, name: str, event: EventFn) -> Plan | None:

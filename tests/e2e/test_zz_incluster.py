@@ -27,7 +27,7 @@ def installed(kubectl: Kubectl) -> Iterator[None]:
         yield
     finally:
         for part in ("operator/deployment.yaml", "rbac/application.yaml", "rbac/framework.yaml",
-                     "rbac/service-account.yaml"):
+                     "rbac/service-account.yaml", "operator/namespace.yaml"):
             kubectl.run("delete", "--ignore-not-found", "-f", str(ROOT / "manifests" / part), check=False)
 
 
