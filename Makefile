@@ -16,7 +16,8 @@ help: ## list targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml
-	@command -v $(PYTHON) >/dev/null || { apt-get update && apt-get install -y python3 python3-venv; }
+	@# Debian's python3 lacks venv/ensurepip until python3-venv is installed.
+	@$(PYTHON) -c 'import venv, ensurepip' 2>/dev/null || { apt-get update && apt-get install -y python3 python3-venv; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# torch is pinned (see pyproject.toml); the editable install keeps tests on the working tree.

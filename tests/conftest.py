@@ -8,6 +8,7 @@ never has a GPU).
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -30,6 +31,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
         report.longrepr = f"CI=true forbids skipping this tier: {reason}"
 
 
+TIERS = ("unit", *STRICT_TIERS)
+TESTS_ROOT = Path(__file__).resolve().parent
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # The tier is the folder: tests/dist -> dist, tests/cluster -> cluster, tests/e2e -> e2e.
     for item in items:
@@ -37,6 +42,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for tier in STRICT_TIERS:
             if tier in parts[parts.index("tests") + 1 :][:1]:
                 item.add_marker(getattr(pytest.mark, tier))
+    # A whole-suite run (`make test`) must run every tier: a tier that collects nothing (a
+    # folder lost to a .gitignore pattern, a broken conftest) fails instead of passing quietly.
+    whole_suite = any(Path(arg).resolve() == TESTS_ROOT for arg in config.args)
+    if whole_suite and not config.option.keyword and not config.option.markexpr:
+        found = {tier: 0 for tier in TIERS}
+        for item in items:
+            rel = item.path.resolve().relative_to(TESTS_ROOT).parts
+            if rel and rel[0] in found:
+                found[rel[0]] += 1
+        empty = [tier for tier, n in found.items() if n == 0]
+        if empty:
+            raise pytest.UsageError(f"no tests collected in tier(s) {', '.join(empty)} (tests/<tier>/)")
 
 
 # ---- local cluster fixtures (owned by hack/, issue 4) --------------------------------------
@@ -46,7 +63,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # Under CI=true a cluster that cannot come up FAILS the test, naming the step and its log.
 import sys  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 _HACK = Path(__file__).resolve().parents[1] / "hack"
 

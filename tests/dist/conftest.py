@@ -1,0 +1,139 @@
+"""Fixtures for multi-process trainer tests: real `python -m disttrain_trainer` processes on gloo."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from disttrain_operator import constants as C
+from disttrain_operator.api import parse_spec, to_json
+
+RANK_TIMEOUT_S = 240
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    checkpoint_dir: Path  # <root>/<job>
+    returncodes: list[int]
+    outputs: list[str]
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        return json.loads((self.run_dir / "summary.json").read_text())
+
+    def log(self, rank: int = 0) -> list[dict[str, Any]]:
+        lines = (self.run_dir / f"metrics-rank{rank}.jsonl").read_text().splitlines()
+        return [json.loads(x) for x in lines]
+
+    def steps_log(self, rank: int = 0) -> list[dict[str, Any]]:
+        return [r for r in self.log(rank) if "event" not in r]
+
+
+class TrainerLauncher:
+    def __init__(self, tmp: Path):
+        self.tmp = tmp
+        self.ckpt_root = tmp / "checkpoints"
+        self.data_cache = tmp.parent / "disttrain-test-data"  # shared by tests of one session
+
+    def spec_file(self, spec: dict[str, Any], name: str) -> Path:
+        path = self.tmp / f"{name}.json"
+        path.write_text(json.dumps(to_json(parse_spec(spec))))
+        return path
+
+    def run(
+        self,
+        spec: dict[str, Any],
+        *,
+        world: int,
+        job: str,
+        env: dict[str, str] | None = None,
+        expect_ok: bool = True,
+        timeout: float = RANK_TIMEOUT_S,
+    ) -> RunResult:
+        config = self.spec_file(spec, job)
+        run_dir = self.tmp / "runs" / job
+        port = free_port()
+        procs = []
+        for rank in range(world):
+            e = {
+                **os.environ,
+                C.ENV_CONFIG: str(config),
+                C.ENV_WORLD_SIZE: str(world),
+                C.ENV_RANK: str(rank),
+                C.ENV_LOCAL_RANK: str(rank),
+                C.ENV_NODE_RANK: str(rank),
+                C.ENV_NPROC_PER_NODE: "1",
+                C.ENV_MASTER_ADDR: "127.0.0.1",
+                C.ENV_MASTER_PORT: str(port),
+                C.ENV_JOB: job,
+                C.ENV_CHECKPOINT_DIR: str(self.ckpt_root),
+                C.ENV_RUN_DIR: str(run_dir),
+                C.ENV_METRICS_PORT: "0",
+                C.ENV_TERMINATION_LOG: str(self.tmp / f"termination-{job}-{rank}.log"),
+                C.ENV_DATA_CACHE: str(self.data_cache),
+                "OMP_NUM_THREADS": "1",
+                **(env or {}),
+            }
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "disttrain_trainer"],
+                    env=e,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                )
+            )
+        outputs = []
+        try:
+            for p in procs:
+                out, _ = p.communicate(timeout=timeout)
+                outputs.append(out)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        result = RunResult(run_dir, self.ckpt_root / job, [p.returncode for p in procs], outputs)
+        if expect_ok:
+            assert result.returncodes == [0] * world, "\n".join(outputs)[-4000:]
+        return result
+
+
+@pytest.fixture
+def trainer(tmp_path: Path) -> TrainerLauncher:
+    return TrainerLauncher(tmp_path)
+
+
+def digits_spec(**over: Any) -> dict[str, Any]:
+    """A tiny MLP on digits; `over` replaces whole sections, e.g. training={...}."""
+    spec: dict[str, Any] = {
+        "mode": "data",
+        "model": {"name": "mlp", "hidden": 32, "layers": 2},
+        "data": {"name": "digits", "batchSize": 64, "seed": 3, "shards": 3},
+        "optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.9, "baseBatchSize": 64, "warmupSteps": 5,
+                      "decay": "cosine"},
+        "training": {"steps": 20, "logIntervalSteps": 1},
+        "checkpoint": {"intervalSteps": 20, "keep": 3},
+    }  # fmt: skip
+    for k, v in over.items():
+        spec[k] = {**spec.get(k, {}), **v} if isinstance(v, dict) else v
+    return spec
+
+
+@pytest.fixture
+def make_digits_spec():  # noqa: ANN201
+    return digits_spec

@@ -1,0 +1,156 @@
+"""`disttrain local` end to end with real trainer processes: validation, CPU fallback,
+resume of an existing run dir, Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+MANIFEST = """\
+apiVersion: disttrain.dev/v1alpha1
+kind: DistTrainJob
+metadata: {{name: {name}}}
+spec:
+  mode: data
+  workers: {{replicas: {replicas}, procsPerWorker: {procs}, resources: {{gpus: {gpus}}}}}
+  model: {{name: mlp, hidden: 64, layers: 1}}
+  data: {{name: digits, batchSize: {batch}, seed: 3, shards: 2}}
+  optimizer: {{name: sgd, lr: 0.05, baseBatchSize: 64, decay: none}}
+  training: {{steps: {steps}, logIntervalSteps: 5}}
+  checkpoint: {{intervalSteps: 20, keep: 1}}
+"""
+
+
+def manifest(tmp: Path, name: str, *, replicas: int = 2, procs: int = 1, gpus: int = 0,
+             batch: int = 64, steps: int = 40) -> Path:  # fmt: skip
+    path = tmp / f"{name}.yaml"
+    path.write_text(
+        MANIFEST.format(
+            name=name, replicas=replicas, procs=procs, gpus=gpus, batch=batch, steps=steps
+        )
+    )
+    return path
+
+
+def cmd(path: Path, run_dir: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "disttrain_operator",
+        "local",
+        str(path),
+        "--run-dir",
+        str(run_dir),
+        *extra,
+    ]
+
+
+def run(path: Path, run_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd(path, run_dir, "--no-progress", "--metrics-port", "0", *extra),
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+
+
+def test_a_bad_manifest_exits_2_naming_the_fields_and_starts_nothing(tmp_path: Path) -> None:
+    path = manifest(tmp_path, "bad-job", replicas=0)
+    text = path.read_text().replace("batchSize: 64", "batchSize: many")
+    path.write_text(text)
+    result = run(path, tmp_path / "run")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"{path}: spec.workers.replicas: 0 must be >= 1" in result.stderr
+    assert f"{path}: spec.data.batchSize: expected an integer" in result.stderr
+    assert "nothing was started" in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_cross_field_error_is_reported_like_validate(tmp_path: Path) -> None:
+    path = manifest(tmp_path, "odd-batch", replicas=2, batch=63)
+    result = run(path, tmp_path / "run")
+    assert result.returncode == 2
+    assert "spec.data.batchSize" in result.stderr
+    validate = subprocess.run([sys.executable, "-m", "disttrain_operator", "validate", str(path)],
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+    problems = [line for line in validate.stderr.splitlines() if line.startswith(str(path))]
+    assert problems and all(p in result.stderr for p in problems)
+
+
+@pytest.mark.timeout(300)
+def test_gpus_without_cuda_fall_back_to_cpu_and_a_run_dir_resumes_unless_fresh(
+    tmp_path: Path,
+) -> None:
+    import torch
+
+    # One pod with 2 processes (procsPerWorker = gpus = 2): RANK/LOCAL_RANK come from the launcher.
+    path = manifest(tmp_path, "cpu-fallback", replicas=1, procs=2, gpus=2, steps=40)
+    run_dir = tmp_path / "run"
+    first = run(path, run_dir)
+    assert first.returncode == 0, first.stdout + first.stderr
+    if not torch.cuda.is_available():
+        assert (
+            "warning: workers.resources.gpus=2 but CUDA is not available on this machine: running on CPU"
+            in first.stderr
+        )
+    assert (
+        "Succeeded" in first.stdout
+        and "test accuracy" in first.stdout
+        and "steps          40/40" in first.stdout
+    )
+    trainer = json.loads((run_dir / "summary.json").read_text())
+    assert (
+        trainer["world_size"] == 2
+        and trainer["steps"] == 40
+        and trainer["resumed_from_step"] is None
+    )
+    local = json.loads((run_dir / "local-summary.json").read_text())
+    assert (
+        local["plot"] == str(run_dir.resolve() / "training.png") and Path(local["plot"]).is_file()
+    )
+    assert json.loads((run_dir / "termination-log").read_text())["steps"] == 40
+    assert {p.name for p in (run_dir / "logs").iterdir()} == {"rank0.log", "rank1.log"}
+
+    # Same run dir, more steps: resumes from the step-40 checkpoint.
+    longer = manifest(tmp_path, "cpu-fallback", replicas=1, procs=2, gpus=2, steps=60)
+    second = run(longer, run_dir)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "resuming from the checkpoints in" in second.stdout
+    assert json.loads((run_dir / "summary.json").read_text())["resumed_from_step"] == 40
+
+    # --fresh starts over.
+    third = run(longer, run_dir, "--fresh")
+    assert third.returncode == 0, third.stdout + third.stderr
+    assert "resuming" not in third.stdout
+    assert json.loads((run_dir / "summary.json").read_text())["resumed_from_step"] is None
+
+
+@pytest.mark.timeout(300)
+def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
+    path = manifest(tmp_path, "interrupt-me", steps=1_000_000)
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(cmd(path, run_dir, "--metrics-port", "0"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while (
+            not (run_dir / "metrics-rank0.jsonl").is_file()
+            or not (run_dir / "metrics-rank0.jsonl").stat().st_size
+        ):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        pids = [int(p) for p in json.loads((run_dir / "pids.json").read_text())["pids"].values()]
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, out + err
+    assert "Interrupted: stopped by the user" in out
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
