@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from disttrain_operator import constants as C
+from disttrain_operator import validation
 from disttrain_operator.api import JobSpec, SpecError, parse_spec
 
 
@@ -72,18 +73,8 @@ def load_spec(path: str | Path) -> JobSpec:
 
 
 def _cross_validate(spec: JobSpec) -> None:
-    """Run the API helper's cross-field rules when that module exists (it is optional for the trainer)."""
-    try:
-        from disttrain_operator import validation  # noqa: PLC0415
-    except ImportError:
-        return
-    check = getattr(validation, "validate_spec", None)
-    if check is None:
-        return
-    try:
-        errors = check(spec)  # returns the list of cross-field FieldErrors
-    except SpecError as e:
-        errors = e.errors
+    """The same cross-field rules `disttrain validate` and the operator apply."""
+    errors = validation.validate_spec(spec)
     if errors:
         raise ConfigError("invalid spec: " + "; ".join(str(x) for x in errors))
 
