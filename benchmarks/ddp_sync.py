@@ -182,14 +182,12 @@ def _worker(rank: int, a: Args, port: int, metrics_ports: list[int], out: str) -
                 if span_log:  # this step's first hook call and last completion on this rank
                     step_spans.append((min(b for b, _ in span_log), max(e for _, e in span_log)))
                 span_log.clear()
-                comm_s = min(comm_s, t2 - t1)
-                step_s = time.perf_counter() - t0
-                metrics.observe_step(
-                    StepStats(step=step_no[idx], loss=res.loss, lr=sched.get_last_lr()[0],
-                              samples_per_s=res.samples / step_s, step_s=step_s, compute_s=(t2 - t1) - comm_s,
-                              comm_s=comm_s, data_s=t1 - t0, comm_fraction=comm_s / step_s, comm_bytes=nbytes),
-                    log=step_no[idx] % a.log_interval == 0,
+                stats = StepStats.from_times(  # the trainer's own accounting (train._loop)
+                    step=step_no[idx], loss=res.loss, lr=sched.get_last_lr()[0], samples=res.samples,
+                    t0=t0, t1=t1, t2=t2, end=time.perf_counter(), comm_s=comm_s, comm_bytes=nbytes,
                 )  # fmt: skip
+                comm_s = stats.comm_s
+                metrics.observe_step(stats, log=step_no[idx] % a.log_interval == 0)
                 book_s.append(time.perf_counter() - t2)  # the bookkeeping alone, timed directly
             return time.perf_counter() - t0, comm_s, nbytes
 

@@ -35,6 +35,22 @@ class StepStats:
     comm_fraction: float
     comm_bytes: int
 
+    @classmethod
+    def from_times(
+        cls, *, step: int, loss: float, lr: float, samples: int, t0: float, t1: float, t2: float,
+        end: float, comm_s: float, comm_bytes: int,
+    ) -> StepStats:
+        """One step's split: data = t0..t1, work = t1..t2 (compute + the communication measured
+        inside it), step = t0..end (bookkeeping included). Communication is clamped to the work
+        span: a collective still in flight after the step returned is not part of this step."""
+        comm_s = min(comm_s, t2 - t1)
+        step_s = end - t0
+        return cls(
+            step=step, loss=loss, lr=lr, samples_per_s=samples / step_s, step_s=step_s,
+            compute_s=(t2 - t1) - comm_s, comm_s=comm_s, data_s=t1 - t0,
+            comm_fraction=comm_s / step_s, comm_bytes=comm_bytes,
+        )  # fmt: skip
+
 
 class Metrics:
     def __init__(

@@ -239,19 +239,17 @@ def _loop(run: Run) -> dict[str, Any]:
             torch.cuda.synchronize(ctx.device)
         t2 = time.perf_counter()
         comm_s, nbytes = run.timer.take()
-        comm_s = min(comm_s, t2 - t1)
         run.step += 1
         last_loss = res.loss
         log = run.step % tr.log_interval_steps == 0 or run.step == tr.steps
-        step_s = time.perf_counter() - t0
-        stats = StepStats(
-            step=run.step, loss=res.loss, lr=run.scheduler.get_last_lr()[0],
-            samples_per_s=res.samples / step_s, step_s=step_s, compute_s=(t2 - t1) - comm_s, comm_s=comm_s,
-            data_s=t1 - t0, comm_fraction=comm_s / step_s, comm_bytes=nbytes,
+        stats = StepStats.from_times(
+            step=run.step, loss=res.loss, lr=run.scheduler.get_last_lr()[0], samples=res.samples,
+            t0=t0, t1=t1, t2=t2, end=time.perf_counter(), comm_s=comm_s, comm_bytes=nbytes,
         )  # fmt: skip
+        step_s = stats.step_s
         run.metrics.observe_step(stats, log=log)
         run.totals["step"] += step_s
-        run.totals["comm"] += comm_s
+        run.totals["comm"] += stats.comm_s
         run.totals["samples"] += res.samples * ctx.world_size
         if log and ctx.is_main:
             print(f"step {run.step}/{tr.steps} loss {res.loss:.4f} lr {stats.lr:.4g} "
