@@ -25,7 +25,7 @@ FROM base AS trainer
 # --no-index: the wheelhouse is the pin set (torch==2.13.0 CPU among them).
 RUN --mount=type=bind,source=build/wheels,target=/wheels \
     pip install --no-cache-dir --no-index --find-links=/wheels "disttrain[trainer]" \
- && python -c "import torch, disttrain_trainer"
+ && python -c "import torch, disttrain_api, disttrain_trainer"
 USER 10001:10001
 CMD ["python", "-m", "disttrain_trainer"]
 

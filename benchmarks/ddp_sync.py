@@ -43,7 +43,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from disttrain_operator import api
+from disttrain_api import model as api
 from disttrain_trainer import checkpoint as ckpt
 from disttrain_trainer import parallel
 from disttrain_trainer.config import config_for

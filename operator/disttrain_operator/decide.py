@@ -16,7 +16,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from .api import JobSpec
+from disttrain_api import exitcodes
+from disttrain_api import metric_names as names
+from disttrain_api.model import JobSpec
+
 from .observe import PodView, format_time, parse_summary, parse_time
 
 # Phases (DESIGN.md): Pending | Running | Restarting | Succeeded | Failed | Suspended
@@ -25,7 +28,7 @@ SUCCEEDED, FAILED, SUSPENDED = "Succeeded", "Failed", "Suspended"
 TERMINAL = (SUCCEEDED, FAILED)
 IMMUTABLE_FIELDS = ("mode", "model", "parallelism")
 # Exit code 2 is the trainer's "configuration error / mode not implemented": retrying cannot help.
-PERMANENT_EXIT_CODES = (2,)
+PERMANENT_EXIT_CODES = exitcodes.PERMANENT
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -304,10 +307,10 @@ def decide(obs: Observed) -> Plan:
             b.condition("Running", True, "GangRunning", f"all {replicas} worker pods are running (attempt {attempt})")
             b.phase(RUNNING, "training")
         if obs.progress:
-            if "disttrain_step" in obs.progress:
-                st["step"] = int(obs.progress["disttrain_step"])
-            if "disttrain_last_checkpoint_step" in obs.progress:
-                st["lastCheckpointStep"] = int(obs.progress["disttrain_last_checkpoint_step"])
+            if names.STEP in obs.progress:
+                st["step"] = int(obs.progress[names.STEP])
+            if names.LAST_CHECKPOINT_STEP in obs.progress:
+                st["lastCheckpointStep"] = int(obs.progress[names.LAST_CHECKPOINT_STEP])
         return finish()
 
     stuck = next((p for p in current if p.phase == "Pending" and p.reason and p.message), None)

@@ -12,9 +12,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 import kopf
+from disttrain_api.model import GROUP, PLURAL, VERSION
 
 from . import reconcile as rec
-from .api import GROUP, PLURAL, VERSION
 from .decide import needs_polling
 from .kube import Kube
 from .settings import OperatorSettings

@@ -14,10 +14,10 @@ import json
 from typing import Any
 from urllib.parse import quote, urlencode
 
+from disttrain_api.model import GROUP, PLURAL, VERSION
 from kubernetes import client, config
 
 from . import opmetrics
-from .api import GROUP, PLURAL, VERSION
 
 TIMEOUT_S = 30.0
 

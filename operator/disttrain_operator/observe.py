@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from . import constants as c
+from disttrain_api import constants as c
 
 
 @dataclass(frozen=True, kw_only=True)

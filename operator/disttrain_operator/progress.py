@@ -5,9 +5,9 @@ from __future__ import annotations
 import urllib.error
 import urllib.request
 
-from .observe import parse_prometheus
+from disttrain_api.metric_names import PROGRESS_SERIES as SERIES
 
-SERIES = ("disttrain_step", "disttrain_last_checkpoint_step")
+from .observe import parse_prometheus
 
 
 def scrape(ip: str, port: int, timeout_s: float = 1.5) -> dict[str, float] | None:

@@ -16,16 +16,16 @@ from datetime import UTC, datetime
 from typing import Any
 
 import kopf
+from disttrain_api import constants as c
+from disttrain_api.model import SpecError, parse_spec
+from disttrain_api.validation import load_job
 
-from . import constants as c
 from . import opmetrics, progress, topology
-from .api import SpecError, parse_spec
 from .decide import RUNNING, Observed, Plan, decide
 from .kube import Kube
 from .observe import pod_view
 from .settings import OperatorSettings
 from .topology.common import BuildContext, config_map_name
-from .validation import load_job
 
 log = logging.getLogger("disttrain.operator")
 EventFn = Callable[[dict[str, Any], str, str, str], None]

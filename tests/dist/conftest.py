@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from disttrain_operator import constants as C
-from disttrain_operator.api import parse_spec, to_json
+from disttrain_api import constants as C
+from disttrain_api.model import parse_spec, to_json
 
 RANK_TIMEOUT_S = 240
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from disttrain_operator import constants as C
+from disttrain_api import constants as C
 
 JOB = "local-restart"
 STEPS = 300

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 
 import torch
-from disttrain_operator import constants as C
+from disttrain_api import constants as C
 from disttrain_trainer import checkpoint as ckpt
 
 

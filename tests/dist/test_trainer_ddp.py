@@ -39,7 +39,7 @@ def test_two_processes_equal_one_process_same_global_batch(trainer, make_digits_
 
 def final_model_initial(trainer, spec) -> dict[str, torch.Tensor]:  # noqa: ANN001
     """The parameters after 0 steps: build the model exactly as the trainer does."""
-    from disttrain_operator.api import parse_spec
+    from disttrain_api.model import parse_spec
     from disttrain_trainer.data import load_dataset
     from disttrain_trainer.models import build_model
 
@@ -105,7 +105,7 @@ def test_pod_without_rank_spawns_nproc_local_ranks(trainer, make_digits_spec) ->
     import subprocess
     import sys
 
-    from disttrain_operator import constants as C
+    from disttrain_api import constants as C
 
     from_spec = make_digits_spec(
         workers={"replicas": 1, "procsPerWorker": 2}, training={"steps": 10}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from disttrain_operator import constants as C
+from disttrain_api import constants as C
 
 pytestmark = pytest.mark.gpu
 

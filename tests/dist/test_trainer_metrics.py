@@ -9,7 +9,7 @@ import subprocess
 import sys
 import urllib.request
 
-from disttrain_operator import constants as C
+from disttrain_api import constants as C
 
 # Runs one rank with an injected Metrics whose HTTP server outlives training, so the
 # test can scrape it after the run; it exits when the test closes its stdin.

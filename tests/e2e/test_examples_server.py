@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 import yaml
-from disttrain_operator import api
-from disttrain_operator.validation import load_job
+from disttrain_api import model as api
+from disttrain_api.validation import load_job
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "manifests" / "examples").glob("*.yaml"))
 

@@ -7,8 +7,8 @@ import json
 from typing import Any
 
 import pytest
-from disttrain_operator import api
-from disttrain_operator.api import (
+from disttrain_api import model as api
+from disttrain_api.model import (
     JobSpec,
     JobStatus,
     SpecError,

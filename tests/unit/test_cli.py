@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from disttrain_api.crd import crd_yaml
 from disttrain_operator import __version__
-from disttrain_operator.crd import crd_yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted(str(p) for p in (ROOT / "manifests" / "examples").glob("*.yaml"))

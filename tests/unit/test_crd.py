@@ -13,8 +13,9 @@ from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 import pytest
 import yaml
-from disttrain_operator import api, crd
-from disttrain_operator.dataparse import is_optional, json_name, strip_optional
+from disttrain_api import crd
+from disttrain_api import model as api
+from disttrain_api.dataparse import is_optional, json_name, strip_optional
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_FILE = ROOT / "manifests" / "crd" / "disttrainjobs.yaml"

@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 import yaml
-from disttrain_operator import api, crd
-from disttrain_operator.validation import load_job
+from disttrain_api import crd
+from disttrain_api import model as api
+from disttrain_api.validation import load_job
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "examples"
 BY_MODE = {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from disttrain_operator import constants as C
+from disttrain_api import constants as C
 from disttrain_trainer.launcher import env as E
 
 

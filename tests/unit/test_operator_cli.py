@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import kopf
-from disttrain_operator.api import GROUP, PLURAL
+from disttrain_api.model import GROUP, PLURAL
 from disttrain_operator.cli import build_parser
 
 

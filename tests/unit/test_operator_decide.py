@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from disttrain_operator import api
+from disttrain_api import model as api
 from disttrain_operator.decide import Observed, decide
 from disttrain_operator.observe import PodView, format_time
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
-from disttrain_operator import constants as c
+from disttrain_api import constants as c
 from disttrain_operator.observe import parse_prometheus, parse_summary, pod_view
 from disttrain_operator.settings import from_env
 

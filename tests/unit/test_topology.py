@@ -6,8 +6,8 @@ import json
 from typing import Any
 
 import pytest
-from disttrain_operator import api
-from disttrain_operator import constants as c
+from disttrain_api import constants as c
+from disttrain_api import model as api
 from disttrain_operator.topology import BUILDERS, build_children, gang_role
 from disttrain_operator.topology.common import BuildContext
 

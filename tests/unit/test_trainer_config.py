@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from disttrain_operator import constants as C
-from disttrain_operator.api import parse_spec, to_json
+from disttrain_api import constants as C
+from disttrain_api.model import parse_spec, to_json
 from disttrain_trainer.config import ConfigError, load_config
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from disttrain_operator.api import parse_spec
-from disttrain_trainer.checkpointing import segment_size
+from disttrain_api.model import parse_spec
+from disttrain_trainer.activation_checkpointing import segment_size
 from disttrain_trainer.data import load_dataset
 from disttrain_trainer.models import GPT, MODELS, build_model, resolve
 

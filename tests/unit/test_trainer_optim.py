@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from disttrain_operator.api import OptimizerSpec
+from disttrain_api.model import OptimizerSpec
 from disttrain_trainer.optim import build_optimizer, build_scheduler, lr_at, peak_lr
 
 

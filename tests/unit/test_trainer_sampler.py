@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from disttrain_operator.api import parse_spec
+from disttrain_api.model import parse_spec
 from disttrain_trainer.data import GlobalBatchSampler, load_dataset
 
 

@@ -7,8 +7,8 @@ import copy
 from typing import Any
 
 import pytest
-from disttrain_operator.api import SpecError
-from disttrain_operator.validation import check_job, load_job, validate_spec
+from disttrain_api.model import SpecError
+from disttrain_api.validation import check_job, load_job, validate_spec
 
 
 def manifest(**spec: Any) -> dict[str, Any]:

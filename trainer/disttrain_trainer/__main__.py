@@ -1,7 +1,8 @@
 """`python -m disttrain_trainer`: one worker process (or, without RANK, all local ranks of a pod).
 
-Exit 0 on success; 2 for a bad config or a mode this trainer does not run yet;
-1 for any other failure. The reason is one line on stderr.
+Exit codes (disttrain_api.exitcodes): OK on success; CONFIG for a config that
+fails the same way on every retry; FAILED for anything transient, which the
+launcher or the operator retries. The reason is one line on stderr.
 """
 
 from __future__ import annotations
@@ -9,7 +10,10 @@ from __future__ import annotations
 import sys
 import traceback
 
-EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
+from disttrain_api.exitcodes import CONFIG as EXIT_CONFIG
+from disttrain_api.exitcodes import FAILED as EXIT_FAILED
+from disttrain_api.exitcodes import INTERRUPTED as EXIT_INTERRUPTED
+from disttrain_api.exitcodes import OK as EXIT_OK
 
 
 def main() -> int:
@@ -39,7 +43,7 @@ def main() -> int:
         return EXIT_CONFIG
     except KeyboardInterrupt:
         print("disttrain-trainer: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     except Exception as e:  # noqa: BLE001 - the one-line reason for the pod status; the traceback goes before it
         traceback.print_exc()
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from disttrain_operator import constants as C
+from disttrain_api import constants as C
 
 STATE_FILE = "state.pt"
 META_FILE = "meta.json"

@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from disttrain_operator import constants as C
-from disttrain_operator import validation
-from disttrain_operator.api import JobSpec, SpecError, parse_spec
+from disttrain_api import constants as C
+from disttrain_api import validation
+from disttrain_api.model import JobSpec, SpecError, parse_spec
 
 
 class ConfigError(ValueError):

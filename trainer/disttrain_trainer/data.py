@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from disttrain_operator import constants as C
-from disttrain_operator.api import JobSpec
+from disttrain_api import constants as C
+from disttrain_api.model import JobSpec
 
 FORMAT_VERSION = 1
 TEST_FRACTION = 0.2

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from disttrain_operator import constants as C
+from disttrain_api import constants as C
 
 from .config import ConfigError, TrainerConfig
 

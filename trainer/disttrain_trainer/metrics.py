@@ -16,7 +16,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from disttrain_operator.constants import METRICS_PREFIX as P
+from disttrain_api import metric_names as names
+from disttrain_api.metric_names import PREFIX as P
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -98,11 +99,12 @@ class Metrics:
         )
         self.loss = gauge("loss", "Training loss of the last step on this rank.")
         self.lr = gauge("learning_rate", "Learning rate of the last step.")
-        self.step = gauge("step", "Optimizer steps completed.")
+        self.step = Gauge(names.STEP, "Optimizer steps completed.", labels, registry=r).labels(**self._values)
         self.comm_fraction = gauge(
             "communication_fraction", "Communication seconds / step seconds, last step."
         )
-        self.last_ckpt = gauge("last_checkpoint_step", "Step of the newest checkpoint written.")
+        self.last_ckpt = Gauge(names.LAST_CHECKPOINT_STEP, "Step of the newest checkpoint written.", labels,
+                               registry=r).labels(**self._values)
         self.ckpt_seconds = gauge("checkpoint_seconds", "Seconds the last checkpoint took.")
         self.ckpt_bytes = gauge("checkpoint_bytes", "Bytes of the last checkpoint.")
         self.ckpt_total = counter("checkpoints", "Checkpoints written.")

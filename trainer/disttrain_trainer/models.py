@@ -14,10 +14,10 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from disttrain_operator.api import JobSpec
+from disttrain_api.model import JobSpec
 from torch import nn
 
-from .checkpointing import run_blocks
+from .activation_checkpointing import run_blocks
 from .data import Dataset
 
 Factory = Callable[[JobSpec, Dataset], nn.Module]

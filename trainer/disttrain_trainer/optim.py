@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 
 import torch
-from disttrain_operator.api import OptimizerSpec
+from disttrain_api.model import OptimizerSpec
 from torch.optim.lr_scheduler import LambdaLR
 
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
-from disttrain_operator.api import Precision
+from disttrain_api.model import Precision
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -21,7 +21,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def run(args: argparse.Namespace) -> int:
-    from disttrain_operator.crd import crd_yaml
+    from disttrain_api.crd import crd_yaml
 
     sys.stdout.write(crd_yaml())
     return 0

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-EXIT_INVALID = 2
+from disttrain_api.exitcodes import CONFIG as EXIT_INVALID
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -53,9 +53,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 def load_manifest(path: str) -> tuple[Any, list[str]]:
     """(the one DistTrainJob in `path`, []) or (None, problems formatted as `disttrain validate` prints them)."""
     import yaml
+    from disttrain_api.validation import load_job
 
     from disttrain_operator.cli import validate_cmd
-    from disttrain_operator.validation import load_job
 
     try:
         with open(path, encoding="utf-8") as f:

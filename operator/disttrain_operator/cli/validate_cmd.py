@@ -12,7 +12,7 @@ import argparse
 import sys
 from typing import Any
 
-EXIT_INVALID = 2
+from disttrain_api.exitcodes import CONFIG as EXIT_INVALID
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -51,7 +51,7 @@ def _loader() -> type:
 
 
 def _is_other_kind(doc: Any) -> bool:
-    from disttrain_operator.api import GROUP, KIND
+    from disttrain_api.model import GROUP, KIND
 
     if not isinstance(doc, dict) or "kind" not in doc or doc.get("kind") == KIND:
         return False
@@ -71,8 +71,7 @@ def _summary(job: Any) -> str:
 def validate_text(text: str, name: str, out: list[str], problems: list[str]) -> None:
     """Validate one file's text; append OK lines to `out` and problem lines to `problems`."""
     import yaml
-
-    from disttrain_operator.validation import check_job
+    from disttrain_api.validation import check_job
 
     try:
         docs = list(yaml.load_all(text, Loader=_loader()))

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from disttrain_api.model import API_VERSION
+
 from disttrain_operator import __version__
-from disttrain_operator.api import API_VERSION
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .. import constants as c
-from ..api import JobSpec
+from disttrain_api import constants as c
+from disttrain_api.model import JobSpec
+
 from . import data, federated, hybrid, paramserver, pipeline, tensor
 from .common import BuildContext, Children
 

@@ -13,8 +13,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import constants as c
-from ..api import API_VERSION, KIND, JobSpec, to_json
+from disttrain_api import constants as c
+from disttrain_api.model import API_VERSION, KIND, JobSpec, to_json
 
 CONTAINER = "trainer"
 RUN_DIR = "/run/disttrain"

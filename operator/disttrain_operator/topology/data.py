@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ..api import JobSpec
+from disttrain_api.model import JobSpec
+
 from .common import BuildContext, Children
 from .gang import build_gang, mesh_annotation
 

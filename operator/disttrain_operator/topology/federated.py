@@ -3,8 +3,9 @@ client pods that each simulate clients/replicas logical clients and report round
 
 from __future__ import annotations
 
-from .. import constants as c
-from ..api import FederatedSpec, JobSpec
+from disttrain_api import constants as c
+from disttrain_api.model import FederatedSpec, JobSpec
+
 from .common import BuildContext, Children
 from .served import build_served
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import constants as c
-from ..api import JobSpec
+from disttrain_api import constants as c
+from disttrain_api.model import JobSpec
+
 from . import common
 from .common import BuildContext, Children
 

@@ -3,7 +3,8 @@ annotation records the layout the trainer derives from WORLD_SIZE and parallelis
 
 from __future__ import annotations
 
-from ..api import JobSpec
+from disttrain_api.model import JobSpec
+
 from .common import BuildContext, Children
 from .gang import build_gang, mesh_annotation
 

@@ -3,8 +3,9 @@ gRPC Service holding the parameters, and worker pods that pull/push to it."""
 
 from __future__ import annotations
 
-from .. import constants as c
-from ..api import JobSpec, ParamServerSpec
+from disttrain_api import constants as c
+from disttrain_api.model import JobSpec, ParamServerSpec
+
 from .common import BuildContext, Children
 from .served import build_served
 

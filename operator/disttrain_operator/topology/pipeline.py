@@ -3,7 +3,8 @@ ranks are pipeline stages; the stage of a rank is rank % pipeline (trainer side)
 
 from __future__ import annotations
 
-from ..api import JobSpec
+from disttrain_api.model import JobSpec
+
 from .common import BuildContext, Children
 from .gang import build_gang, mesh_annotation
 

@@ -8,8 +8,9 @@ import copy
 import dataclasses
 from typing import Any
 
-from .. import constants as c
-from ..api import JobSpec
+from disttrain_api import constants as c
+from disttrain_api.model import JobSpec
+
 from . import common
 from .common import BuildContext, Children
 

@@ -4,7 +4,8 @@ procsPerWorker = tensor degree; the gang shape is the same."""
 
 from __future__ import annotations
 
-from ..api import JobSpec
+from disttrain_api.model import JobSpec
+
 from .common import BuildContext, Children
 from .gang import build_gang, mesh_annotation
 

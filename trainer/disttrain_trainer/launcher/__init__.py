@@ -1,7 +1,7 @@
 """`disttrain local`: run a DistTrainJob's gang of trainer processes on this machine.
 
 The launcher speaks the same env contract as the operator's pods
-(`disttrain_operator.constants`), so a job that works here works in a cluster.
+(`disttrain_api.constants`), so a job that works here works in a cluster.
 It imports no torch at module level: only the CUDA probe does, lazily.
 
 Modules: `env` (per-process environment), `gang` (start/watch/kill the

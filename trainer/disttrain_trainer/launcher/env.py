@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from disttrain_operator import constants as C
+from disttrain_api import constants as C
 
 LOCALHOST = "127.0.0.1"
 # Set only when the user has not: one process per core share avoids the

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from disttrain_operator import api
+from disttrain_api import exitcodes
+from disttrain_api import model as api
 
 from disttrain_trainer.launcher import env as envmod
 from disttrain_trainer.launcher import report
@@ -29,11 +30,11 @@ from disttrain_trainer.launcher.progress import JsonlTail, ProgressPrinter, metr
 CONFIG_FILE = "config.json"
 CHECKPOINTS_DIR = "checkpoints"
 TERMINATION_LOG = "termination-log"
-# The trainer exits 2 when it rejects the config (e.g. a mode it does not
-# implement): restarting cannot help, so the launcher fails at once.
-EXIT_CONFIG = 2
-EXIT_FAILED = 1
-EXIT_INTERRUPTED = 130
+# The trainer exits CONFIG when it rejects the config: restarting cannot help,
+# so the launcher fails at once (see disttrain_api.exitcodes).
+EXIT_CONFIG = exitcodes.CONFIG
+EXIT_FAILED = exitcodes.FAILED
+EXIT_INTERRUPTED = exitcodes.INTERRUPTED
 # Files a previous run left that --fresh removes (nothing else in the dir is touched).
 RUN_ARTIFACTS = (
     CHECKPOINTS_DIR,

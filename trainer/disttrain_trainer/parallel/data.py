@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from disttrain_operator.api import TrainingSpec
+from disttrain_api.model import TrainingSpec
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd

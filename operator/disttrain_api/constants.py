@@ -40,9 +40,8 @@ ROLE_CLIENT = "client"
 ROLE_SERVER = "server"
 
 GPU_RESOURCE = "nvidia.com/gpu"
-METRICS_PREFIX = "disttrain_"
 
-# --- appended by the operator (issue 5) ---------------------------------------
+# --- federated / parameter-server topologies ----------------------------------
 # Federated / parameter-server topologies: which side a pod plays and where the
 # gRPC service (aggregator or parameter server) listens, as host:port.
 ENV_ROLE = "DISTTRAIN_ROLE"

@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from disttrain_operator.dataparse import (  # re-exported: others import these from api
+from disttrain_api.dataparse import (  # re-exported: others import these from api
     QUANTITY_PATTERN,
     FieldError,
     Object,

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from disttrain_operator.api import DistTrainJob, FieldError, JobSpec, SpecError, parse_job_partial
+from disttrain_api.model import DistTrainJob, FieldError, JobSpec, SpecError, parse_job_partial
 
 # Modes whose workers each hold a whole model replica.
 REPLICA_MODES = ("data", "federated", "paramserver")
