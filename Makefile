@@ -47,8 +47,9 @@ test-e2e: $(STAMP) cluster-prereqs ## end-to-end tier (any cluster: KUBECONFIG, 
 lint: $(STAMP) ## ruff
 	$(VENV)/bin/ruff check operator trainer tests benchmarks hack
 
-manifests: $(STAMP) ## regenerate the CRD from the API model
+manifests: $(STAMP) ## regenerate the CRD from the API model (manifests/crd and the chart's crds/)
 	$(VENV)/bin/disttrain crd > manifests/crd/disttrainjobs.yaml
+	cp manifests/crd/disttrainjobs.yaml charts/disttrain/crds/disttrainjobs.yaml
 
 bench: $(STAMP) ## run the benchmarks (see benchmarks/README.md)
 	$(PY) benchmarks/ddp_sync.py
