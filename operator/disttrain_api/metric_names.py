@@ -17,6 +17,10 @@ STEP_SECONDS_SUM = STEP_SECONDS + "_sum"
 # Communication time the step waits for (the numerator of the communication fraction).
 COMM_SECONDS_TOTAL = PREFIX + "communication_seconds_total"
 
+# Federated mode (the aggregator's series; the dashboard's federated row reads them).
+FEDERATED_ROUND = PREFIX + "federated_round"  # gauge: rounds completed
+FEDERATED_CLIENTS = PREFIX + "federated_clients"  # gauge: client updates aggregated in the last round
+
 # Series the operator reads from rank 0's /metrics for status.step / lastCheckpointStep / commFraction.
 PROGRESS_SERIES = (STEP, LAST_CHECKPOINT_STEP, COMM_SECONDS_TOTAL, STEP_SECONDS_SUM)
 
