@@ -184,7 +184,9 @@ def test_bad_value_fails_naming_its_path(helm: str, flag: str, path: str) -> Non
     proc = subprocess.run([helm, "template", "disttrain", str(CHART), "--set", flag],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0
-    assert f"'{path}'" in proc.stderr, proc.stderr
+    # Helm 4 writes the JSON pointer ('/trainer/pullPolicy'), Helm 3 the dotted path (trainer.pullPolicy:).
+    dotted = path.strip("/").replace("/", ".")
+    assert f"'{path}'" in proc.stderr or f"- {dotted}:" in proc.stderr, proc.stderr
 
 
 def test_readme_values_table_is_up_to_date() -> None:
@@ -207,3 +209,15 @@ def test_every_value_has_a_description_and_a_default() -> None:
         return [path]
 
     assert sorted(walk(values, "")) == sorted(paths), "values.yaml and values.schema.json list different values"
+
+
+def test_notes_say_what_was_installed(helm: str) -> None:
+    # Helm 4's --dry-run=client renders NOTES.txt without a cluster (Helm 3's still asks the cluster).
+    proc = subprocess.run([helm, "install", "dt", str(CHART), "--dry-run=client", "--namespace", "ml-ops",
+                           "--set", "operator.watchNamespaces={ml}", "--set", "trainer.allowCPUFallback=true"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    notes = proc.stdout.split("NOTES:", 1)[1]
+    assert "kubectl rollout status deployment/dt-disttrain-operator -n ml-ops" in notes
+    assert "reconciles DistTrainJobs in ml;" in notes and "CPU fallback is ON" in notes
+    assert "keeps the DistTrainJob CRD" in notes
