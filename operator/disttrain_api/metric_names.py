@@ -33,6 +33,9 @@ LABEL_NAMESPACE = "namespace"
 LABEL_RANK = "rank"
 LABEL_MODE = "mode"
 SERIES_LABELS = (LABEL_JOB, LABEL_NAMESPACE, LABEL_RANK, LABEL_MODE)
+# A target label the scrape config adds from the pod label disttrain.dev/restart-attempt (the
+# chart's PodMonitor and README scrape config): the dashboard counts gang restarts with it.
+LABEL_RESTART_ATTEMPT = "restart_attempt"
 
 
 def comm_fraction(progress: dict[str, float]) -> float | None:

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
+from disttrain_api import metric_names as names
 from disttrain_operator import settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -159,6 +160,9 @@ def test_non_default_values(helm: str) -> None:
     )
     (pm,) = by_kind(docs, "PodMonitor")
     assert pm["spec"]["selector"]["matchExpressions"] == [{"key": "disttrain.dev/job-name", "operator": "Exists"}]
+    (endpoint,) = pm["spec"]["podMetricsEndpoints"]
+    assert {"sourceLabels": ["__meta_kubernetes_pod_label_disttrain_dev_restart_attempt"],
+            "targetLabel": names.LABEL_RESTART_ATTEMPT} in endpoint["relabelings"]
     (sm,) = by_kind(docs, "ServiceMonitor")
     assert sm["spec"]["endpoints"][0]["port"] == "metrics"
 

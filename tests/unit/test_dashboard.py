@@ -78,6 +78,11 @@ def test_queries_read_only_series_that_exist() -> None:
         assert names.STEP in query
 
 
+def test_restart_panel_uses_the_scrape_target_label() -> None:
+    (expr,) = [e for t, e in QUERIES if "restarts" in t.lower()]
+    assert f"by ({names.LABEL_JOB}, {names.LABEL_RESTART_ATTEMPT})" in expr
+
+
 def test_panels_cover_the_story() -> None:
     titles = " | ".join(p["title"].lower() for p in dashboard.panels(DASH))
     for needed in ("step time", "samples / s", "where step time goes", "communication fraction", "loss",

@@ -156,7 +156,7 @@ def test_relabelling_keeps_the_metrics_ports_and_our_labels(scraped: Prom) -> No
     assert all(t["health"] == "up" and t["labels"]["job"] == SCRAPE_JOB for t in active), active
     (series,) = scraped.query(f'{names.STEP}{{{names.LABEL_JOB}="digits", {names.LABEL_RANK}="0"}}')
     labels = series["metric"]
-    assert labels[names.LABEL_NAMESPACE] == "ml" and labels["job"] == SCRAPE_JOB and labels["restart_attempt"] == "0"
+    assert labels[names.LABEL_NAMESPACE] == "ml" and labels["job"] == SCRAPE_JOB and labels[names.LABEL_RESTART_ATTEMPT] == "0"
     assert not [k for k in labels if k.startswith("exported_")], labels
 
 

@@ -1,7 +1,7 @@
 """Per-rank training metrics: Prometheus /metrics and a JSON-lines log with the same figures.
 
-Series (prefix disttrain_, labels dtjob/namespace/rank/mode: metric_names.SERIES_LABELS): step time histogram; compute,
-communication and data-loading seconds as counters (_total) and per-step
+Series (prefix disttrain_, labels dtjob/namespace/rank/mode: metric_names.SERIES_LABELS):
+step time histogram; compute, communication and data-loading seconds as counters (_total) and per-step
 gauges; samples/s; loss; step; last checkpoint step; checkpoint seconds and
 bytes; communication fraction (comm / step time), the headline number of the
 scaling problem. Each rank uses its own CollectorRegistry so several ranks can
