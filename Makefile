@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 EXTRAS ?= operator,trainer,dev
 PYTEST_ARGS ?=
 
-.PHONY: help venv demo test test-unit test-dist test-cluster test-e2e lint manifests bench clean
+.PHONY: help venv demo test test-unit test-dist test-cluster test-e2e lint manifests protos bench clean
 
 help: ## list targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -49,6 +49,10 @@ lint: $(STAMP) ## ruff
 
 manifests: $(STAMP) ## regenerate the CRD from the API model
 	$(VENV)/bin/disttrain crd > manifests/crd/disttrainjobs.yaml
+
+PROTO := trainer/disttrain_trainer/tensor_transport/protos/tensor_transport.proto
+protos: $(STAMP) ## regenerate the committed gRPC stubs from the .proto (tests/unit/test_federated_protos.py checks drift)
+	$(PY) -m grpc_tools.protoc -I trainer --python_out=trainer --pyi_out=trainer --grpc_python_out=trainer $(PROTO)
 
 bench: $(STAMP) ## run the benchmarks (see benchmarks/README.md)
 	$(PY) benchmarks/ddp_sync.py

@@ -13,3 +13,17 @@ LAST_CHECKPOINT_STEP = PREFIX + "last_checkpoint_step"
 
 # Series the operator reads from rank 0's /metrics for status.step / status.lastCheckpointStep.
 PROGRESS_SERIES = (STEP, LAST_CHECKPOINT_STEP)
+
+# --- federated mode (aggregator and client processes) -------------------------
+FED_ROUND = PREFIX + "federated_round"
+FED_ROUND_SECONDS = PREFIX + "federated_round_seconds"
+FED_CLIENTS_SAMPLED = PREFIX + "federated_clients_sampled"
+FED_CLIENTS_ANSWERED = PREFIX + "federated_clients_answered"
+FED_CLIENTS_DROPPED = PREFIX + "federated_clients_dropped"
+FED_UPDATES_REJECTED = PREFIX + "federated_updates_rejected"
+FED_ROUND_RETRIES = PREFIX + "federated_round_retries"
+FED_BYTES_UP = PREFIX + "federated_bytes_up"
+FED_BYTES_DOWN = PREFIX + "federated_bytes_down"
+FED_ACCURACY = PREFIX + "federated_global_accuracy"
+FED_CLIENT_COMPUTE_SECONDS = PREFIX + "federated_client_compute_seconds"
+FED_CLIENT_COMM_SECONDS = PREFIX + "federated_client_communication_seconds"
