@@ -223,8 +223,17 @@ class FederatedSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class ParamServerSpec:
-    max_staleness: int = fld(4, minimum=0, desc="Bound on how many versions a pushed gradient may lag.")
-    port: int = fld(50052, minimum=1, maximum=65535, desc="Parameter-server gRPC port.")
+    max_staleness: int = fld(
+        4, minimum=0,
+        desc="A pushed gradient computed on parameters more than this many updates behind its shard's "
+        "is rejected (the worker pulls and goes on); within the bound the step is lr / max(1, staleness).",
+    )
+    shards: int = fld(
+        1, minimum=1, maximum=64,
+        desc="Server replicas; parameters are split over them by tensor (largest first onto the least "
+        "loaded), so no single server carries all the traffic.",
+    )
+    port: int = fld(50052, minimum=1, maximum=65535, desc="Parameter-server gRPC port (every shard).")
 
 
 @dataclass(frozen=True, kw_only=True)
