@@ -414,7 +414,11 @@ class Aggregator(pbg.FederatedServicer):
             if len(pts) < s.threshold:
                 self.log(f"aggregator: round {ra.round_id}: only {len(pts)} shares of {w}, need {s.threshold}")
                 return None
-            secrets_[w] = secagg.combine(sorted(pts.items())[: s.threshold])
+            try:
+                secrets_[w] = secagg.combine(sorted(pts.items())[: s.threshold])
+            except ValueError as e:
+                self.log(f"aggregator: round {ra.round_id}: {w}: {e}")
+                return None
         return secagg.unmask(
             s.masked_sum,
             survivors={u: secrets_[(u, "self")] for u in s.plan.survivors},

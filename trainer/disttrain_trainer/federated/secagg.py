@@ -178,6 +178,9 @@ def combine(shares: list[tuple[int, int]], length: int = SECRET_BYTES) -> bytes:
                 num = num * (-xj) % PRIME
                 den = den * (xi - xj) % PRIME
         total = (total + yi * num * pow(den, -1, PRIME)) % PRIME
+    if total >> (8 * length):
+        # A secret is < 2^256; anything else means too few or tampered shares (chance ~2^-265).
+        raise ValueError(f"the shares do not interpolate to a {length}-byte secret (too few, or tampered)")
     return total.to_bytes(length, "big")
 
 

@@ -86,6 +86,7 @@ class Gang:
     def __init__(self, members: list[_Member], attempt: int):
         self._members = members
         self.attempt = attempt
+        self.lost: dict[int, Failure] = {}  # optional ranks that failed (see poll)
 
     @classmethod
     def start(
@@ -140,9 +141,20 @@ class Gang:
     def pids(self) -> dict[int, int]:
         return {m.slot.rank: m.proc.pid for m in self._members}
 
-    def poll(self) -> Failure | bool:
-        """False while running, True when every process exited 0, a Failure otherwise."""
+    def poll(self, optional: frozenset[int] = frozenset()) -> Failure | bool:
+        """False while running, True when every process exited 0, a Failure otherwise.
+
+        Ranks in `optional` (federated clients) may fail without failing the gang: their
+        failures collect in `lost`, and the gang succeeds when all other ranks exited 0.
+        """
         codes = [(m, m.proc.poll()) for m in self._members]
+        for m, rc in codes:
+            if m.slot.rank in optional and rc is not None and rc != 0 and m.slot.rank not in self.lost:
+                self.lost[m.slot.rank] = Failure(
+                    rank=m.slot.rank, pid=m.proc.pid, returncode=rc, log=m.log,
+                    log_tail=tuple(tail_lines(m.log, 8, since=m.log_offset)),
+                )  # fmt: skip
+        codes = [(m, rc) for m, rc in codes if m.slot.rank not in optional]
         failed = [(m, rc) for m, rc in codes if rc is not None and rc != 0]
         if failed:
             # A killed process takes its peers down with connection errors a moment
