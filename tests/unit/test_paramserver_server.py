@@ -70,7 +70,7 @@ def test_bad_pushes_are_rejected_and_leave_the_parameters_untouched(served) -> N
     cases = {
         "bad_shape": [("w", torch.ones(3, 4)), ("b", torch.ones(B_SHAPE))],
         "non_finite": nan,
-        "bad_dtype": [("w", torch.ones(W_SHAPE, dtype=torch.float64))],
+        "bad_dtype": [("w", torch.ones(W_SHAPE, dtype=torch.float16))],
         "unknown_tensor": [("v", torch.ones(2))],
         "duplicate_tensor": [("b", torch.ones(B_SHAPE)), ("b", torch.ones(B_SHAPE))],
     }

@@ -73,7 +73,6 @@ class ServerMetrics(_Sink):
         self.pull_bytes = self.counter(names.PS_SERVER_PULL_BYTES, "Parameter bytes sent.")
 
     def accepted(self, *, staleness: int, apply_s: float, version: int) -> None:
-        self.staleness.observe(staleness)
         self.apply_seconds.observe(apply_s)
         self.accepted_total.inc()
         self.version.set(version)

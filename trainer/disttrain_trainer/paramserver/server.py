@@ -179,45 +179,50 @@ class Shard:
         if bad is not None:
             return self.reject(bad)
         with self._lock:
-            if incarnation != self.incarnation:
-                return self.reject(Verdict(
-                    accepted=False, reason="incarnation",
-                    message=f"computed on parameters of server incarnation {incarnation or '(none)'}, "
-                    f"this is {self.incarnation} (the server restarted): pull again",
-                ))  # fmt: skip
-            self.worker_steps[worker] += 1
-            staleness = self.version - version
-            if staleness < 0 or staleness > self.cfg.max_staleness:
-                self.stats[f"staleness:{max(staleness, 0)}"] += 1
-                self.metrics.staleness.observe(max(staleness, 0))
-                self._check_done()
-                return self.reject(Verdict(
-                    accepted=False, reason="stale", staleness=staleness,
-                    message=f"computed on version {version}, the shard is at {self.version}: staleness "
-                    f"{staleness} exceeds maxStaleness {self.cfg.max_staleness}",
-                ))  # fmt: skip
-            t0 = time.perf_counter()
-            lr = self.lr_for(self.version) / max(1, staleness)
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
-            for p in self.params.values():
-                p.grad = None
-            for name, g in tensors:
-                self.params[name].grad = g
-            self.optimizer.step()
-            self.version += 1
-            for name, _ in tensors:
-                self.modified[name] = self.version
-            for p in self.params.values():
-                p.grad = None
-            apply_s = time.perf_counter() - t0
-            self.stats["accepted"] += 1
-            self.stats[f"staleness:{staleness}"] += 1
+            verdict = self._apply(worker, version, incarnation, tensors)
             version_now = self.version
-            self._check_done()
-        self.metrics.accepted(staleness=staleness, apply_s=apply_s, version=version_now)
+        if not verdict.accepted:
+            self.metrics.rejected(verdict.reason)
+            return verdict
         if version_now % self.cfg.checkpoint_interval == 0:
             self.save()
+        return verdict
+
+    def _apply(self, worker: str, version: int, incarnation: str,
+               tensors: Sequence[tuple[str, torch.Tensor]]) -> Verdict:  # fmt: skip
+        """The staleness check and the optimizer step; the caller holds the lock."""
+        if incarnation != self.incarnation:
+            self.stats["rejected:incarnation"] += 1
+            return Verdict(accepted=False, reason="incarnation",
+                           message=f"computed on parameters of server incarnation {incarnation or '(none)'}, "
+                           f"this is {self.incarnation} (the server restarted): pull again")  # fmt: skip
+        self.worker_steps[worker] += 1
+        staleness = self.version - version
+        self.stats[f"staleness:{max(staleness, 0)}"] += 1
+        self.metrics.staleness.observe(max(staleness, 0))
+        if staleness < 0 or staleness > self.cfg.max_staleness:
+            self.stats["rejected:stale"] += 1
+            self._check_done()
+            return Verdict(accepted=False, reason="stale", staleness=staleness,
+                           message=f"computed on version {version}, the shard is at {self.version}: staleness "
+                           f"{staleness} exceeds maxStaleness {self.cfg.max_staleness}")  # fmt: skip
+        t0 = time.perf_counter()
+        lr = self.lr_for(self.version) / max(1, staleness)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        for p in self.params.values():
+            p.grad = None
+        for name, g in tensors:
+            self.params[name].grad = g
+        self.optimizer.step()
+        self.version += 1
+        for name, _ in tensors:
+            self.modified[name] = self.version
+        for p in self.params.values():
+            p.grad = None
+        self.stats["accepted"] += 1
+        self.metrics.accepted(staleness=staleness, apply_s=time.perf_counter() - t0, version=self.version)
+        self._check_done()
         return Verdict(accepted=True, reason="", message="", staleness=staleness)
 
     def lr_for(self, version: int) -> float:
