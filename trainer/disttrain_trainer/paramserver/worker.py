@@ -91,7 +91,7 @@ class Worker:
 
     def pull(self, tally: WorkerTally) -> None:
         for s in self.shards:
-            t0 = time.perf_counter()
+            t0, idle0 = time.perf_counter(), tally.idle_s
             got: Pulled = self._retrying(
                 "pull", lambda s=s: s.client.pull(worker=self.id, version=s.version, incarnation=s.incarnation,
                                                   timeout=CALL_TIMEOUT_S), tally)  # fmt: skip
@@ -99,7 +99,8 @@ class Worker:
                 for name, t in got.tensors:
                     self.params[name].copy_(t)
             s.version, s.incarnation, s.scalars = got.version, got.incarnation, got.scalars
-            tally.pull_s += time.perf_counter() - t0
+            # Backoff while the shard was unreachable is idle, not communication.
+            tally.pull_s += time.perf_counter() - t0 - (tally.idle_s - idle0)
             tally.pull_bytes += got.wire_bytes
 
     def push(self, loss: float, tally: WorkerTally) -> None:
@@ -177,7 +178,8 @@ class Worker:
                 self.metrics.observe(self.step, interval)
                 self.totals.merge(interval)
                 interval = WorkerTally()
-            if evaluate is not None and tr.eval_interval_steps and self.step % tr.eval_interval_steps == 0:
+            if (evaluate is not None and tr.eval_interval_steps and self.step % tr.eval_interval_steps == 0
+                    and self.step < tr.steps):  # fmt: skip - the final evaluation follows the last pull
                 acc = evaluate(self.model)
                 self.eval_history.append((self.step, acc))
                 self.metrics.write({"event": "eval", "step": self.step, "test_accuracy": acc})
