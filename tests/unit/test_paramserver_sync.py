@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from disttrain_api.model import parse_spec
+from disttrain_trainer.config import config_for
 from disttrain_trainer.data import GlobalBatchSampler, load_dataset
 from disttrain_trainer.models import build_model
 from disttrain_trainer.optim import build_optimizer, build_scheduler
@@ -20,7 +21,6 @@ from disttrain_trainer.paramserver.psmetrics import ServerMetrics, WorkerMetrics
 from disttrain_trainer.paramserver.server import Shard
 from disttrain_trainer.paramserver.settings import PSSettings
 from disttrain_trainer.paramserver.worker import Worker
-from disttrain_trainer.config import config_for
 from disttrain_trainer.train import loss_fn_for
 
 STEPS = 25
