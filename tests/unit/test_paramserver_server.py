@@ -194,3 +194,12 @@ def test_a_stream_without_header_is_refused(served) -> None:  # noqa: ANN001
     channel.close()
     assert not reply.accepted and reply.reason.startswith("no_header:")
     assert shard.metrics.rejected_count("no_header") == 1 and shard.version == 0
+
+
+def test_the_finite_check_is_exact() -> None:
+    from disttrain_trainer.paramserver.server import all_finite
+
+    assert all_finite(torch.ones(10))
+    assert all_finite(torch.tensor([3e38, 3e38, -1.0]))  # the sum overflows; every element is finite
+    assert not all_finite(torch.tensor([1.0, float("nan")]))
+    assert not all_finite(torch.tensor([float("inf"), float("-inf")]))

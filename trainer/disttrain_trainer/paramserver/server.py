@@ -36,7 +36,7 @@ from disttrain_api.model import OptimizerSpec
 
 from .. import checkpoint as ckpt
 from ..optim import build_optimizer, lr_at
-from ..tensor_transport import codec
+from ..tensor_transport import codec, frames
 from ..tensor_transport.protos import tensor_transport_pb2 as pb
 from . import service
 from .psmetrics import ServerMetrics
@@ -79,6 +79,10 @@ class Shard:
         self.resumed_from: int | None = None
         self.nbytes = sum(p.numel() * p.element_size() for p in self.params.values())
         self._lock = threading.Lock()
+        # Gradient buffers reused across pushes: decoding into memory already touched avoids
+        # faulting in fresh pages for every push (a large part of a push's cost otherwise).
+        self._buffers: list[dict[str, torch.Tensor]] = []
+        self._buffers_lock = threading.Lock()
         self._save_lock = threading.Lock()
         self._done = threading.Event()
         self.metrics.version.set(0)
@@ -169,7 +173,7 @@ class Shard:
             if tuple(g.shape) != tuple(p.shape):
                 return Verdict(accepted=False, reason="bad_shape",
                                message=f"{name}: shape {tuple(g.shape)} where the parameter is {tuple(p.shape)}")  # fmt: skip
-            if not bool(torch.isfinite(g).all()):
+            if not all_finite(g):
                 return Verdict(accepted=False, reason="non_finite", message=f"{name}: NaN or Inf in the gradient")
         return None
 
@@ -238,12 +242,12 @@ class Shard:
 
     # ------------------------------------------------------------------ pull
 
-    def snapshot(self, *, worker: str, version: int, incarnation: str) -> tuple[pb.StreamHeader, list[tuple[str, torch.Tensor]]]:
-        """The header and the tensors changed since `version` (all, for another incarnation or a future version)."""
+    def snapshot(self, *, worker: str, version: int, incarnation: str) -> list[bytes]:
+        """Frames of the tensors changed since `version` (all of them for another incarnation or a
+        future version), copied under the lock: one consistent version, in one copy."""
         with self._lock:
             full = incarnation != self.incarnation or version > self.version
-            names = [n for n in self.names if full or self.modified[n] > version]
-            tensors = [(n, self.params[n].detach().clone()) for n in names]
+            tensors = [(n, self.params[n].detach()) for n in self.names if full or self.modified[n] > version]
             done = self.done
             if done and worker in self.worker_steps:
                 self.told_done.add(worker)
@@ -251,11 +255,30 @@ class Shard:
                        **{k: float(v) for k, v in self.stats.items()}}  # fmt: skip
             header = codec.make_header(kind=service.KIND_PARAMS, round=self.version, tensors=tensors,
                                        scalars=scalars, attrs={service.ATTR_INCARNATION: self.incarnation})  # fmt: skip
-        return header, tensors
+            return frames.snapshot(header, tensors)
+
+    def take_buffer(self) -> dict[str, torch.Tensor]:
+        with self._buffers_lock:
+            if self._buffers:
+                return self._buffers.pop()
+        return {n: torch.empty_like(p, memory_format=torch.contiguous_format) for n, p in self.params.items()}
+
+    def give_buffer(self, buf: dict[str, torch.Tensor]) -> None:
+        with self._buffers_lock:
+            self._buffers.append(buf)
 
     def all_told(self) -> bool:
         with self._lock:
             return self.told_done >= set(self.worker_steps)
+
+
+def all_finite(t: torch.Tensor) -> bool:
+    """Exact, and cheap when the answer is yes: a NaN or Inf makes the sum non-finite, so one
+    reduction without a temporary clears a good tensor; only a non-finite sum (which an overflow
+    of huge finite values can also give) pays for the element-wise test."""
+    if bool(torch.isfinite(t.sum())):
+        return True
+    return bool(torch.isfinite(t).all())
 
 
 class Servicer:
@@ -264,21 +287,26 @@ class Servicer:
     def __init__(self, shard: Shard):
         self.shard = shard
 
-    def pull(self, request: pb.Chunk, context: grpc.ServicerContext) -> Iterator[pb.Chunk]:
+    def pull(self, request: pb.Chunk, context: grpc.ServicerContext) -> Iterator[bytes]:
         h = request.header
-        header, tensors = self.shard.snapshot(
+        out = self.shard.snapshot(
             worker=h.attrs.get(service.ATTR_WORKER, ""), version=h.round,
             incarnation=h.attrs.get(service.ATTR_INCARNATION, ""),
         )  # fmt: skip
-        sent = 0
-        for chunk in codec.encode(header, tensors):
-            sent += len(chunk.data)
-            yield chunk
-        self.shard.metrics.pull_bytes.inc(sent + header.ByteSize())
+        self.shard.metrics.pull_bytes.inc(sum(len(f) for f in out))
+        yield from out
 
-    def push(self, request_iterator: Iterator[pb.Chunk], context: grpc.ServicerContext) -> pb.PushReply:
+    def push(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> pb.PushReply:
+        buf = self.shard.take_buffer()
         try:
-            got = codec.decode_all(request_iterator, self.shard.nbytes)
+            return self._push(request_iterator, buf)
+        finally:
+            self.shard.give_buffer(buf)
+
+    def _push(self, request_iterator: Iterator[bytes], buf: dict[str, torch.Tensor]) -> pb.PushReply:
+        try:
+            # Names, dtypes and shapes are checked against the buffers before a byte is written.
+            got = frames.decode_all(request_iterator, self.shard.nbytes, into=buf)
         except codec.StreamError as e:
             v = self.shard.reject(Verdict(accepted=False, reason=e.reason, message=str(e)))
             return pb.PushReply(accepted=False, reason=f"{v.reason}: {v.message}")

@@ -16,7 +16,9 @@ the same chunks the federated mode uses:
 
 The methods are registered with generic handlers under one service name: the
 messages are the transport's, so no second .proto (and no second set of stubs)
-is needed.
+is needed. The streamed side travels as raw frames (`tensor_transport.frames`:
+serialised `Chunk`s built and read without protobuf objects), so a tensor's
+bytes are copied once on each side beyond what gRPC itself does.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 import grpc
 import torch
 
-from ..tensor_transport import codec
+from ..tensor_transport import codec, frames
 from ..tensor_transport.channel import OPTIONS
 from ..tensor_transport.protos import tensor_transport_pb2 as pb
 
@@ -39,18 +41,15 @@ ATTR_WORKER, ATTR_INCARNATION = "worker", "incarnation"
 
 
 def handler(
-    pull: Callable[[pb.Chunk, grpc.ServicerContext], Iterator[pb.Chunk]],
-    push: Callable[[Iterator[pb.Chunk], grpc.ServicerContext], pb.PushReply],
+    pull: Callable[[pb.Chunk, grpc.ServicerContext], Iterator[bytes]],
+    push: Callable[[Iterator[bytes], grpc.ServicerContext], pb.PushReply],
 ) -> grpc.GenericRpcHandler:
+    """Pull yields frames, Push consumes frames (no (de)serialiser: gRPC passes the bytes)."""
     return grpc.method_handlers_generic_handler(
         SERVICE,
         {
-            "Pull": grpc.unary_stream_rpc_method_handler(
-                pull, request_deserializer=pb.Chunk.FromString, response_serializer=pb.Chunk.SerializeToString
-            ),
-            "Push": grpc.stream_unary_rpc_method_handler(
-                push, request_deserializer=pb.Chunk.FromString, response_serializer=pb.PushReply.SerializeToString
-            ),
+            "Pull": grpc.unary_stream_rpc_method_handler(pull, request_deserializer=pb.Chunk.FromString),
+            "Push": grpc.stream_unary_rpc_method_handler(push, response_serializer=pb.PushReply.SerializeToString),
         },
     )
 
@@ -78,18 +77,16 @@ class ShardClient:
         self.address = address
         self.max_bytes = max_bytes  # the shard's tensors: a reply larger than that is refused
         self.channel = grpc.insecure_channel(address, options=OPTIONS)
-        self._pull = self.channel.unary_stream(
-            PULL, request_serializer=pb.Chunk.SerializeToString, response_deserializer=pb.Chunk.FromString
-        )
-        self._push = self.channel.stream_unary(
-            PUSH, request_serializer=pb.Chunk.SerializeToString, response_deserializer=pb.PushReply.FromString
-        )
+        self._pull = self.channel.unary_stream(PULL, request_serializer=pb.Chunk.SerializeToString)
+        self._push = self.channel.stream_unary(PUSH, response_deserializer=pb.PushReply.FromString)
 
-    def pull(self, *, worker: str, version: int, incarnation: str, timeout: float | None = None) -> Pulled:
+    def pull(self, *, worker: str, version: int, incarnation: str, timeout: float | None = None,
+             into: Mapping[str, torch.Tensor] | None = None) -> Pulled:  # fmt: skip
+        """The shard's changed tensors; with `into`, written straight into those tensors."""
         header = codec.make_header(
             kind=KIND_PULL, round=version, tensors=(), attrs={ATTR_WORKER: worker, ATTR_INCARNATION: incarnation}
         )
-        got = codec.decode_all(self._pull(pb.Chunk(header=header), timeout=timeout), self.max_bytes)
+        got = frames.decode_all(self._pull(pb.Chunk(header=header), timeout=timeout), self.max_bytes, into)
         return Pulled(
             version=got.header.round, incarnation=got.header.attrs.get(ATTR_INCARNATION, ""),
             tensors=got.tensors, scalars=dict(got.header.scalars), wire_bytes=got.wire_bytes,
@@ -111,14 +108,14 @@ class ShardClient:
         )  # fmt: skip
         sent = 0
 
-        def chunks() -> Iterable[pb.Chunk]:
+        def chunks() -> Iterable[bytes]:
             nonlocal sent
-            for c in codec.encode(header, grads):
-                sent += len(c.data)
-                yield c
+            for f in frames.encode(header, grads):
+                sent += len(f)
+                yield f
 
         reply = self._push(iter(chunks()), timeout=timeout)
-        return Pushed(accepted=reply.accepted, reason=reply.reason, wire_bytes=sent + header.ByteSize())
+        return Pushed(accepted=reply.accepted, reason=reply.reason, wire_bytes=sent)
 
     def close(self) -> None:
         self.channel.close()

@@ -42,6 +42,7 @@ class ServerLost(RuntimeError):
 class ShardView:
     client: ShardClient
     names: list[str]
+    params: dict[str, torch.Tensor] = field(default_factory=dict)  # this shard's tensors of the model
     version: int = -1  # none pulled yet
     incarnation: str = ""
     scalars: dict[str, float] = field(default_factory=dict)
@@ -58,7 +59,8 @@ class Worker:
         sizes = {n: p.numel() * p.element_size() for n, p in self.params.items()}
         plan = shardmap.assign(sizes, len(addrs))
         self.shards = [
-            ShardView(client=ShardClient(a, max_bytes=sum(sizes[n] for n in part)), names=part)
+            ShardView(client=ShardClient(a, max_bytes=sum(sizes[n] for n in part)), names=part,
+                      params={n: self.params[n] for n in part})
             for a, part in zip(addrs, plan, strict=True)
         ]
         self.sampler = GlobalBatchSampler(ds.num_train, spec.data.batch_size, spec.data.seed, index, workers)
@@ -92,12 +94,10 @@ class Worker:
     def pull(self, tally: WorkerTally) -> None:
         for s in self.shards:
             t0, idle0 = time.perf_counter(), tally.idle_s
+            # The bytes land in the model's own parameters: no copy after the transport's one.
             got: Pulled = self._retrying(
                 "pull", lambda s=s: s.client.pull(worker=self.id, version=s.version, incarnation=s.incarnation,
-                                                  timeout=CALL_TIMEOUT_S), tally)  # fmt: skip
-            with torch.no_grad():
-                for name, t in got.tensors:
-                    self.params[name].copy_(t)
+                                                  timeout=CALL_TIMEOUT_S, into=s.params), tally)  # fmt: skip
             s.version, s.incarnation, s.scalars = got.version, got.incarnation, got.scalars
             # Backoff while the shard was unreachable is idle, not communication.
             tally.pull_s += time.perf_counter() - t0 - (tally.idle_s - idle0)
