@@ -7,7 +7,9 @@
     included, the same for both modes), plus the staleness distribution of the pushes.
 (b) Push/pull throughput of the parameter server's gRPC service (the shared chunked-tensor
     transport; server in another process) vs raw gRPC streaming of the same bytes in the same
-    chunk size (pre-built `bytes`, no (de)serialisation, nothing done with them).
+    chunk size, two ways: pre-built `bytes` that nothing is done with (gRPC alone), and the
+    bytes of the same tensors, copied out of tensor memory by the sender and into tensor
+    memory by the receiver (the least a program moving tensors through Python gRPC does).
 
     .venv/bin/python benchmarks/paramserver.py [--json FILE] [--skip-time] [--skip-transport]
 """
@@ -123,7 +125,9 @@ def _serve(total_mb: int, count: int, ports: Any, stop: Any) -> None:
     from disttrain_trainer.paramserver.server import Shard, ShardConfig  # noqa: PLC0415
     from disttrain_trainer.tensor_transport.channel import SERVER_OPTIONS  # noqa: PLC0415
     from disttrain_trainer.tensor_transport.codec import CHUNK_BYTES  # noqa: PLC0415
+    from disttrain_trainer.tensor_transport.frames import reuse_freed_memory  # noqa: PLC0415
 
+    reuse_freed_memory()  # as the paramserver processes do; the raw server shares the process
     torch.set_num_threads(1)
     opt = parse_spec({"optimizer": {"name": "sgd", "momentum": 0.0, "scaleLR": "none", "decay": "none"}}).optimizer
     cfg = ShardConfig(index=0, workers=1, steps=10**9, max_staleness=10**9, optimizer=opt, push_batch=256,
@@ -143,10 +147,28 @@ def _serve(total_mb: int, count: int, ports: Any, stop: Any) -> None:
     def source(req: bytes, ctx: Any) -> Iterator[bytes]:
         yield from chunks
 
+    held = _tensors(total_mb, count)  # the raw-with-copies side holds tensors like the shard does
+    dest = memoryview(bytearray(total_mb << 20))
+
+    def sink_copy(it: Iterator[bytes], ctx: Any) -> bytes:
+        n = 0
+        for c in it:  # received bytes -> tensor memory: the one copy a receiver must make
+            dest[n : n + len(c)] = c
+            n += len(c)
+        return str(n).encode()
+
+    def source_copy(req: bytes, ctx: Any) -> Iterator[bytes]:
+        for _, t in held:  # tensor memory -> bytes: the one copy a sender must make
+            view = memoryview(t.numpy()).cast("B")
+            for i in range(0, len(view), CHUNK_BYTES):
+                yield bytes(view[i : i + CHUNK_BYTES])
+
     raw = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=SERVER_OPTIONS)
     raw.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("bench.Raw", {
         "Sink": grpc.stream_unary_rpc_method_handler(sink),
         "Source": grpc.unary_stream_rpc_method_handler(source),
+        "SinkCopy": grpc.stream_unary_rpc_method_handler(sink_copy),
+        "SourceCopy": grpc.unary_stream_rpc_method_handler(source_copy),
     }),))  # fmt: skip
     raw_port = raw.add_insecure_port("127.0.0.1:0")
     raw.start()
@@ -164,7 +186,9 @@ def transport(total_mb: int, count: int, reps: int) -> dict[str, Any]:
     from disttrain_trainer.paramserver.service import ShardClient  # noqa: PLC0415
     from disttrain_trainer.tensor_transport.channel import OPTIONS  # noqa: PLC0415
     from disttrain_trainer.tensor_transport.codec import CHUNK_BYTES  # noqa: PLC0415
+    from disttrain_trainer.tensor_transport.frames import reuse_freed_memory  # noqa: PLC0415
 
+    reuse_freed_memory()
     torch.set_num_threads(1)
     ctx = mp.get_context("spawn")
     ports, stop = ctx.Queue(), ctx.Event()
@@ -176,15 +200,33 @@ def transport(total_mb: int, count: int, reps: int) -> dict[str, Any]:
     channel = grpc.insecure_channel(f"127.0.0.1:{raw_port}", options=OPTIONS)
     sink = channel.stream_unary("/bench.Raw/Sink")
     source = channel.unary_stream("/bench.Raw/Source")
+    sink_copy = channel.stream_unary("/bench.Raw/SinkCopy")
+    source_copy = channel.unary_stream("/bench.Raw/SourceCopy")
     blob = bytes(nbytes)
     chunks = [blob[i : i + CHUNK_BYTES] for i in range(0, len(blob), CHUNK_BYTES)]
     grads = [(n, t * 1e-6) for n, t in _tensors(total_mb, count)]
-    times: dict[str, list[float]] = {"push": [], "rawPush": [], "pull": [], "rawPull": []}
+    model = {n: torch.zeros_like(t) for n, t in grads}  # a worker pulls into its own parameters
+    flat = memoryview(bytearray(nbytes))  # the raw-with-copies client's "model"
+
+    def tensor_chunks() -> Iterator[bytes]:
+        for _, t in grads:
+            view = memoryview(t.numpy()).cast("B")
+            for i in range(0, len(view), CHUNK_BYTES):
+                yield bytes(view[i : i + CHUNK_BYTES])
+
+    def pull_copy() -> int:
+        n = 0
+        for c in source_copy(b""):
+            flat[n : n + len(c)] = c
+            n += len(c)
+        return n
+
+    times: dict[str, list[float]] = {k: [] for k in ("push", "rawPush", "rawPushCopy", "pull", "rawPull", "rawPullCopy")}
     try:
         first = client.pull(worker="worker-0", version=-1, incarnation="")
         version, inc = first.version, first.incarnation
         for i in range(reps + 1):  # the first round warms up; pairs alternate their order
-            order = ["push", "rawPush", "pull", "rawPull"] if i % 2 else ["rawPush", "push", "rawPull", "pull"]
+            order = list(times) if i % 2 else list(reversed(times))
             for what in order:
                 t0 = time.perf_counter()
                 if what == "push":
@@ -193,8 +235,12 @@ def transport(total_mb: int, count: int, reps: int) -> dict[str, Any]:
                     version += 1
                 elif what == "rawPush":
                     assert int(sink(iter(chunks))) == nbytes
+                elif what == "rawPushCopy":
+                    assert int(sink_copy(tensor_chunks())) == nbytes
+                elif what == "rawPullCopy":
+                    assert pull_copy() == nbytes
                 elif what == "pull":
-                    got = client.pull(worker="worker-0", version=-1, incarnation=inc)
+                    got = client.pull(worker="worker-0", version=-1, incarnation=inc, into=model)
                     assert sum(t.numel() * 4 for _, t in got.tensors) == nbytes
                 else:
                     assert sum(len(c) for c in source(b"")) == nbytes
@@ -210,6 +256,7 @@ def transport(total_mb: int, count: int, reps: int) -> dict[str, Any]:
     mbs = {k: nbytes / v / 1e6 for k, v in med.items()}
     return {"bytes": nbytes, "tensors": count, "chunkBytes": CHUNK_BYTES, "reps": reps, "medianS": med,
             "MBps": mbs, "pushRatio": mbs["push"] / mbs["rawPush"], "pullRatio": mbs["pull"] / mbs["rawPull"],
+            "pushRatioCopy": mbs["push"] / mbs["rawPushCopy"], "pullRatioCopy": mbs["pull"] / mbs["rawPullCopy"],
             "serverApplyS": apply_s}  # fmt: skip
 
 
@@ -233,14 +280,17 @@ def table(runs: list[dict[str, Any]], tr: dict[str, Any] | None) -> str:
     if tr:
         mb = tr["bytes"] / 1e6
         lines += ["", f"| transport ({mb:.0f} MB in {tr['tensors']} tensors, {tr['chunkBytes'] >> 20} MiB chunks, "
-                  f"median of {tr['reps']}) | parameter server | raw gRPC streaming | ratio | target |",
-                  "| --- | --- | --- | --- | --- |",
-                  f"| push (client stream) | {tr['MBps']['push']:.0f} MB/s ({tr['medianS']['push'] * 1000:.0f} ms, "
-                  f"server apply {tr['serverApplyS'] * 1000:.0f} ms of it) | {tr['MBps']['rawPush']:.0f} MB/s | "
-                  f"{tr['pushRatio']:.2f} | >= 0.8 {'met' if tr['pushRatio'] >= 0.8 else 'MISSED'} |",
-                  f"| pull (server stream) | {tr['MBps']['pull']:.0f} MB/s ({tr['medianS']['pull'] * 1000:.0f} ms) | "
-                  f"{tr['MBps']['rawPull']:.0f} MB/s | {tr['pullRatio']:.2f} | "
-                  f">= 0.8 {'met' if tr['pullRatio'] >= 0.8 else 'MISSED'} |"]  # fmt: skip
+                  f"median of {tr['reps']}) | parameter server | raw gRPC, pre-built bytes (ratio) | "
+                  "raw gRPC, tensor bytes copied in/out (ratio) | target 0.8x raw |",
+                  "| --- | --- | --- | --- | --- |"]  # fmt: skip
+        for what, label in (("push", "push (client stream)"), ("pull", "pull (server stream)")):
+            extra = f", server apply {tr['serverApplyS'] * 1000:.0f} ms of it" if what == "push" else ""
+            r1, r2 = tr[f"{what}Ratio"], tr[f"{what}RatioCopy"]
+            raw_key = "rawPush" if what == "push" else "rawPull"
+            lines.append(f"| {label} | {tr['MBps'][what]:.0f} MB/s ({tr['medianS'][what] * 1000:.0f} ms{extra}) | "
+                         f"{tr['MBps'][raw_key]:.0f} MB/s ({r1:.2f}) | {tr['MBps'][raw_key + 'Copy']:.0f} MB/s "
+                         f"({r2:.2f}) | pre-built {'met' if r1 >= 0.8 else 'MISSED'}, "
+                         f"copied {'met' if r2 >= 0.8 else 'MISSED'} |")  # fmt: skip
     return "\n".join(lines)
 
 

@@ -203,3 +203,25 @@ def test_the_finite_check_is_exact() -> None:
     assert all_finite(torch.tensor([3e38, 3e38, -1.0]))  # the sum overflows; every element is finite
     assert not all_finite(torch.tensor([1.0, float("nan")]))
     assert not all_finite(torch.tensor([float("inf"), float("-inf")]))
+
+
+def test_a_pull_in_flight_sees_one_version_while_an_update_lands() -> None:
+    from disttrain_trainer.tensor_transport import frames
+
+    shard = make_shard()
+    before = params_of(shard)
+    header, tensors, gen = shard.snapshot(worker="worker-0", version=-1, incarnation="")
+    stream = frames.encode(header, tensors, chunk_bytes=16)
+    first = next(stream)  # the pull has started streaming the live parameters
+    assert shard.push(worker="worker-0", version=0, incarnation=shard.incarnation, tensors=grads()).accepted
+    got = frames.decode_all([first, *stream], shard.nbytes)
+    shard.release(gen)
+    assert got.header.round == 0
+    for name, t in got.tensors:
+        assert torch.equal(t, before[name])  # version 0, untouched by the update
+    for name, t in params_of(shard).items():
+        torch.testing.assert_close(t, before[name] - SPEC.optimizer.lr)
+    # No reader left: the next update writes in place again.
+    ptr = shard.params["w"].data_ptr()
+    shard.push(worker="worker-0", version=1, incarnation=shard.incarnation, tensors=grads())
+    assert shard.params["w"].data_ptr() == ptr

@@ -17,6 +17,7 @@ from ..config import ConfigError, TrainerConfig
 from ..data import load_dataset
 from ..models import build_model
 from ..precision import make_amp
+from ..tensor_transport import frames
 from ..tensor_transport.channel import SERVER_OPTIONS
 from . import service
 from . import shards as shardmap
@@ -30,6 +31,7 @@ DONE_LINGER_S = 10.0  # after the last update: time for every worker to hear "do
 
 def run(cfg: TrainerConfig) -> dict[str, Any] | None:
     s = load(cfg)
+    frames.reuse_freed_memory()  # every pull and push moves the model's bytes through fresh buffers
     if not os.environ.get("OMP_NUM_THREADS"):
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, cfg.world_size + s.shards)))
     if s.role == C.ROLE_SERVER:

@@ -79,6 +79,8 @@ class Shard:
         self.resumed_from: int | None = None
         self.nbytes = sum(p.numel() * p.element_size() for p in self.params.values())
         self._lock = threading.Lock()
+        self._readers = 0  # pulls streaming the parameters' current storage
+        self._generation = 0  # bumps when an update moves the parameters to fresh storage
         # Gradient buffers reused across pushes: decoding into memory already touched avoids
         # faulting in fresh pages for every push (a large part of a push's cost otherwise).
         self._buffers: list[dict[str, torch.Tensor]] = []
@@ -211,6 +213,11 @@ class Shard:
                            message=f"computed on version {version}, the shard is at {self.version}: staleness "
                            f"{staleness} exceeds maxStaleness {self.cfg.max_staleness}")  # fmt: skip
         t0 = time.perf_counter()
+        if self._readers:  # pulls still stream the current storage: leave it to them, write anew
+            for p in self.params.values():
+                p.data = p.data.clone()
+            self._generation += 1
+            self._readers = 0
         lr = self.lr_for(self.version) / max(1, staleness)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -242,9 +249,13 @@ class Shard:
 
     # ------------------------------------------------------------------ pull
 
-    def snapshot(self, *, worker: str, version: int, incarnation: str) -> list[bytes]:
-        """Frames of the tensors changed since `version` (all of them for another incarnation or a
-        future version), copied under the lock: one consistent version, in one copy."""
+    def snapshot(self, *, worker: str, version: int, incarnation: str) -> tuple[pb.StreamHeader, list[tuple[str, torch.Tensor]], int]:
+        """The header and the tensors changed since `version` (all of them for another incarnation
+        or a future version), as views of the live parameters, and the generation to `release`.
+
+        No copy is made here and no lock is held while they stream (so the copy into frames
+        overlaps sending): until released, the next update writes into fresh storage instead
+        (copy-on-write in `_apply`), so a reader always sees exactly one version."""
         with self._lock:
             full = incarnation != self.incarnation or version > self.version
             tensors = [(n, self.params[n].detach()) for n in self.names if full or self.modified[n] > version]
@@ -255,7 +266,13 @@ class Shard:
                        **{k: float(v) for k, v in self.stats.items()}}  # fmt: skip
             header = codec.make_header(kind=service.KIND_PARAMS, round=self.version, tensors=tensors,
                                        scalars=scalars, attrs={service.ATTR_INCARNATION: self.incarnation})  # fmt: skip
-            return frames.snapshot(header, tensors)
+            self._readers += 1
+            return header, tensors, self._generation
+
+    def release(self, generation: int) -> None:
+        with self._lock:
+            if generation == self._generation:
+                self._readers -= 1
 
     def take_buffer(self) -> dict[str, torch.Tensor]:
         with self._buffers_lock:
@@ -289,12 +306,18 @@ class Servicer:
 
     def pull(self, request: pb.Chunk, context: grpc.ServicerContext) -> Iterator[bytes]:
         h = request.header
-        out = self.shard.snapshot(
+        header, tensors, generation = self.shard.snapshot(
             worker=h.attrs.get(service.ATTR_WORKER, ""), version=h.round,
             incarnation=h.attrs.get(service.ATTR_INCARNATION, ""),
         )  # fmt: skip
-        self.shard.metrics.pull_bytes.inc(sum(len(f) for f in out))
-        yield from out
+        sent = 0
+        try:
+            for f in frames.encode(header, tensors):  # copied frame by frame as gRPC sends
+                sent += len(f)
+                yield f
+        finally:
+            self.shard.release(generation)
+            self.shard.metrics.pull_bytes.inc(sent)
 
     def push(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> pb.PushReply:
         buf = self.shard.take_buffer()
