@@ -34,10 +34,10 @@ class InProcessRun:
     port: int = 0
 
 
-async def start_server(agg: Aggregator, tls: Tls | None = None) -> tuple[grpc.aio.Server, int]:
+async def start_server(agg: Aggregator, tls: Tls | None = None, port: int = 0) -> tuple[grpc.aio.Server, int]:
     server = grpc.aio.server(options=SERVER_OPTIONS)
     pbg.add_FederatedServicer_to_server(agg, server)
-    port = add_port(server, "127.0.0.1:0", tls)
+    port = add_port(server, f"127.0.0.1:{port}", tls)
     await server.start()
     return server, port
 
