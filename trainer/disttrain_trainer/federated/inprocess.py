@@ -19,7 +19,7 @@ from torch import nn
 from disttrain_api.model import JobSpec
 
 from ..data import Dataset
-from ..models import build_model
+from ..models import build_model  # noqa: F401 - re-exported for tests
 from ..tensor_transport.channel import SERVER_OPTIONS, Tls, add_port, aio_channel
 from ..tensor_transport.protos import tensor_transport_pb2_grpc as pbg
 from .aggregator import Aggregator
@@ -56,6 +56,7 @@ async def run_job(
     tls_server_name: str | None = None,
     metrics: FedMetrics | None = None,
     on_start: Callable[[InProcessRun], None] | None = None,
+    log: Callable[[str], None] = lambda s: None,
 ) -> InProcessRun:
     """Play every round; returns when the aggregator is done and the clients have stopped."""
     assert spec.federated is not None
@@ -63,7 +64,7 @@ async def run_job(
     agg = Aggregator(
         fed=spec.federated, seed=spec.data.seed, model=builder().state_dict(), key=key,
         metrics=metrics or FedMetrics(job="inprocess", process="aggregator", port=0, log_path=None),
-        evaluate=evaluate, checkpoint_dir=checkpoint_dir, log=lambda s: None,
+        evaluate=evaluate, checkpoint_dir=checkpoint_dir, log=log,
     )  # fmt: skip
     agg.restore()
     server, port = await start_server(agg, tls)
@@ -72,7 +73,7 @@ async def run_job(
     try:
         run.runners = [
             ClientRunner(spec=spec, channel=ch, key=key, clients=g, make_model=builder, faults=faults,
-                         patience_s=30.0, log=lambda s: None)  # fmt: skip
+                         patience_s=30.0, log=log)  # fmt: skip
             for ch, g in zip(channels, groups, strict=True)
         ]
         if on_start is not None:
