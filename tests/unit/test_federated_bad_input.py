@@ -9,7 +9,6 @@ import asyncio
 import grpc
 import pytest
 import torch
-
 from disttrain_api.model import parse_spec
 from disttrain_trainer.federated import inprocess
 from disttrain_trainer.federated.aggregator import Aggregator

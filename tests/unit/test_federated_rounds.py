@@ -11,7 +11,6 @@ from pathlib import Path
 import grpc
 import pytest
 import torch
-
 from disttrain_api.model import parse_spec
 from disttrain_operator.topology.federated_secrets import self_signed_server_cert
 from disttrain_trainer.config import config_for

@@ -14,9 +14,8 @@ from pathlib import Path
 
 import grpc
 import torch
-from torch import nn
-
 from disttrain_api.model import JobSpec
+from torch import nn
 
 from ..data import Dataset
 from ..models import build_model  # noqa: F401 - re-exported for tests
