@@ -7,9 +7,14 @@ import math
 import numpy as np
 import pytest
 import torch
-
 from disttrain_trainer.federated import compression, partition, secagg
-from disttrain_trainer.federated.strategy import ADAM_BETA1, ADAM_BETA2, ADAM_TAU, ServerStep, WeightedSum
+from disttrain_trainer.federated.strategy import (
+    ADAM_BETA1,
+    ADAM_BETA2,
+    ADAM_TAU,
+    ServerStep,
+    WeightedSum,
+)
 
 
 def test_dirichlet_split_covers_every_row_once_and_skews_labels() -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from disttrain_trainer.tensor_transport import auth, codec
 
 

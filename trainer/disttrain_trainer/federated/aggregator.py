@@ -365,16 +365,20 @@ class Aggregator(pbg.FederatedServicer):
     async def _secure_round(self, ra: RoundAttempt) -> dict[str, torch.Tensor] | None:
         s = ra.secure
         assert s is not None
-        await _wait(s.keys_all, ra.remaining())
+        # Each stage has the whole timeout: a sampled client that never shows up costs one
+        # timeout in the key stage, and must not eat the time the others need to train.
+        timeout = float(self.fed.round_timeout_seconds)
+        await _wait(s.keys_all, timeout)
         s.keys_closed.set()
         if len(s.keys) < s.threshold:
             return None
-        await _wait(s.shares_all, ra.remaining())
+        await _wait(s.shares_all, timeout)
         s.shares_closed.set()
         if len(s.sharers) < s.threshold:
             return None
         if len(ra.answered) >= len(s.sharers):
             ra.all_answered.set()
+        ra.deadline = time.monotonic() + timeout
         await _wait(ra.all_answered, ra.remaining())
         ra.open = False
         survivors = sorted(ra.answered)
@@ -431,9 +435,6 @@ class Aggregator(pbg.FederatedServicer):
         self.server.apply(self.model, mean)
         self.round = ra.round
         accuracy = await asyncio.to_thread(self.evaluate, self.model) if self.evaluate else None
-        if self.checkpoint_dir is not None:
-            await asyncio.to_thread(self._save)
-            self.metrics.last_ckpt.set(self.round)
         round_s = time.monotonic() - ra.started
         answered = sorted(ra.answered)
 
@@ -453,8 +454,13 @@ class Aggregator(pbg.FederatedServicer):
             "clients_sampled": len(ra.sampled), "clients_answered": len(answered), "clients_dropped": dropped,
             "bytes_up": ra.bytes_up, "bytes_down": sum(len(c.data) for c in ra.model_chunks) * len(ra.served),
             "test_accuracy": accuracy, "samples": ra.samples,
+            # Secure rounds: clients whose masks were removed from shares after they dropped out.
+            "unmasked_dropped": len(ra.secure.plan.dropped) if ra.secure and ra.secure.plan else 0,
         }  # fmt: skip
         self.history.append(record)
+        if self.checkpoint_dir is not None:  # after the history: a resumed run keeps every round's record
+            await asyncio.to_thread(self._save)
+            self.metrics.last_ckpt.set(self.round)
         self.metrics.write(record)
         for c in answered:
             self.metrics.client_times(c, ra.client_compute_s.get(c, 0.0), ra.client_comm_s.get(c, 0.0))

@@ -14,12 +14,11 @@ from pathlib import Path
 
 import grpc
 import torch
+from disttrain_api.model import JobSpec
 from torch import nn
 
-from disttrain_api.model import JobSpec
-
 from ..data import Dataset
-from ..models import build_model
+from ..models import build_model  # noqa: F401 - re-exported for tests
 from ..tensor_transport.channel import SERVER_OPTIONS, Tls, add_port, aio_channel
 from ..tensor_transport.protos import tensor_transport_pb2_grpc as pbg
 from .aggregator import Aggregator
@@ -34,10 +33,10 @@ class InProcessRun:
     port: int = 0
 
 
-async def start_server(agg: Aggregator, tls: Tls | None = None) -> tuple[grpc.aio.Server, int]:
+async def start_server(agg: Aggregator, tls: Tls | None = None, port: int = 0) -> tuple[grpc.aio.Server, int]:
     server = grpc.aio.server(options=SERVER_OPTIONS)
     pbg.add_FederatedServicer_to_server(agg, server)
-    port = add_port(server, "127.0.0.1:0", tls)
+    port = add_port(server, f"127.0.0.1:{port}", tls)
     await server.start()
     return server, port
 
@@ -56,6 +55,7 @@ async def run_job(
     tls_server_name: str | None = None,
     metrics: FedMetrics | None = None,
     on_start: Callable[[InProcessRun], None] | None = None,
+    log: Callable[[str], None] = lambda s: None,
 ) -> InProcessRun:
     """Play every round; returns when the aggregator is done and the clients have stopped."""
     assert spec.federated is not None
@@ -63,7 +63,7 @@ async def run_job(
     agg = Aggregator(
         fed=spec.federated, seed=spec.data.seed, model=builder().state_dict(), key=key,
         metrics=metrics or FedMetrics(job="inprocess", process="aggregator", port=0, log_path=None),
-        evaluate=evaluate, checkpoint_dir=checkpoint_dir, log=lambda s: None,
+        evaluate=evaluate, checkpoint_dir=checkpoint_dir, log=log,
     )  # fmt: skip
     agg.restore()
     server, port = await start_server(agg, tls)
@@ -72,7 +72,7 @@ async def run_job(
     try:
         run.runners = [
             ClientRunner(spec=spec, channel=ch, key=key, clients=g, make_model=builder, faults=faults,
-                         patience_s=30.0, log=lambda s: None)  # fmt: skip
+                         patience_s=30.0, log=log)  # fmt: skip
             for ch, g in zip(channels, groups, strict=True)
         ]
         if on_start is not None:

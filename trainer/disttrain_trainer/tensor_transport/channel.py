@@ -19,6 +19,11 @@ OPTIONS = [
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
+    # gRPC's own reconnect backoff grows to 120 s by default: a restarted server would sit unused
+    # that long. The caller's retry loop (with its own backoff) decides how patient to be.
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 2000),
 ]
 SERVER_OPTIONS = [*OPTIONS, ("grpc.http2.min_ping_interval_without_data_ms", 10_000)]
 CA_FILE, CERT_FILE, KEY_FILE = "ca.crt", "tls.crt", "tls.key"
@@ -51,5 +56,9 @@ def aio_channel(target: str, tls: Tls | None, server_name: str | None = None) ->
 
 def add_port(server: grpc.aio.Server, address: str, tls: Tls | None) -> int:
     if tls is None:
-        return server.add_insecure_port(address)
-    return server.add_secure_port(address, tls.server_credentials())
+        port = server.add_insecure_port(address)
+    else:
+        port = server.add_secure_port(address, tls.server_credentials())
+    if port == 0:
+        raise OSError(f"cannot listen on {address}: in use, or not an address of this host")
+    return port
