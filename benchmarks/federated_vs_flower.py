@@ -73,7 +73,6 @@ def client_data(spec, index: int):  # noqa: ANN001, ANN201
 def flower_client(port: int, index: int, rounds: int) -> None:
     import flwr as fl
     import torch.nn.functional as F
-
     from disttrain_trainer.models import build_model
 
     torch.set_num_threads(1)
@@ -100,7 +99,6 @@ def flower_client(port: int, index: int, rounds: int) -> None:
 
 def run_flower(rounds: int) -> dict[str, Any]:
     import flwr as fl
-
     from disttrain_trainer.data import load_dataset
     from disttrain_trainer.models import build_model
     from disttrain_trainer.precision import make_amp
@@ -221,7 +219,6 @@ RAW_METHOD = "/bench.Raw/Push"
 
 def sender(agg_port: int, raw_port: int, key: bytes, numel: int, repeats: int, out: Any) -> None:
     import grpc
-
     from disttrain_trainer.tensor_transport import auth, codec
     from disttrain_trainer.tensor_transport.channel import OPTIONS, aio_channel
     from disttrain_trainer.tensor_transport.protos import tensor_transport_pb2 as pb
@@ -259,7 +256,6 @@ def sender(agg_port: int, raw_port: int, key: bytes, numel: int, repeats: int, o
 
 def run_ingest(numel: int, repeats: int) -> dict[str, Any]:
     import grpc
-
     from disttrain_api.model import parse_spec
     from disttrain_trainer.federated import inprocess
     from disttrain_trainer.federated.aggregator import Aggregator
