@@ -88,6 +88,8 @@ class Aggregator(pbg.FederatedServicer):
         self.done = False
         self.cond = asyncio.Condition()
         self.resumed_from: int | None = None
+        self._spare: list[np.ndarray] = []  # decode buffers to reuse (see codec.Decoder)
+        self._sums: dict[str, torch.Tensor] | None = None  # the last round's running sums, reused
 
     # ------------------------------------------------------------- checkpoint
 
@@ -186,7 +188,7 @@ class Aggregator(pbg.FederatedServicer):
         limit = (self.numel + 1) * 8 if kind == "masked" else compression.wire_limit(self.fed.compression, self.shapes)
         try:
             try:
-                got = await codec.decode_stream(request_iterator, limit)
+                got = await codec.decode_stream(request_iterator, limit, self._spare)
             except codec.StreamError as e:
                 raise Refused(e.reason, str(e)) from None
             h = got.header
@@ -210,6 +212,8 @@ class Aggregator(pbg.FederatedServicer):
                     raise Refused(*bad)
                 assert ra.total is not None
                 ra.total.add(update, n)
+                if got.buffer is not None and len(self._spare) < 2 and self.fed.compression == "none":
+                    self._spare.append(got.buffer)  # summed: its bytes are no longer needed
             ra.answered.add(cid)
             ra.bytes_up += got.wire_bytes
             ra.samples += n
@@ -321,7 +325,7 @@ class Aggregator(pbg.FederatedServicer):
                     round=r, attempt=self.attempts, sampled=sampled,
                     model_chunks=self._model_chunks(r, self.attempts),
                     deadline=time.monotonic() + fed.round_timeout_seconds,
-                    total=None if secure else WeightedSum(self.shapes), secure=secure,
+                    total=None if secure else WeightedSum(self.shapes, reuse=self._sums), secure=secure,
                 )  # fmt: skip
                 self.current = ra
                 self.cond.notify_all()
@@ -360,7 +364,9 @@ class Aggregator(pbg.FederatedServicer):
         if len(ra.answered) < self.fed.min_answered_clients:
             return None
         assert ra.total is not None
-        return ra.total.mean()
+        mean = ra.total.mean()
+        self._sums = ra.total.sums
+        return mean
 
     async def _secure_round(self, ra: RoundAttempt) -> dict[str, torch.Tensor] | None:
         s = ra.secure

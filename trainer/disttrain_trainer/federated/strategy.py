@@ -25,21 +25,30 @@ ADAM_TAU = 1e-3
 class WeightedSum:
     """Running sum of n_i * update_i and of n_i."""
 
-    def __init__(self, shapes: list[tuple[str, torch.Size]]):
-        self.sums = {n: torch.zeros(s, dtype=torch.float32) for n, s in shapes}
+    def __init__(self, shapes: list[tuple[str, torch.Size]], reuse: dict[str, torch.Tensor] | None = None):
+        self.shapes = dict(shapes)
+        self.sums: dict[str, torch.Tensor] = {}  # filled by the first update: no pass over zeros
+        # The previous round's sums: overwritten, so no new model-sized memory each round.
+        self._reuse = reuse or {}
         self.weight = 0.0
         self.count = 0
 
     def add(self, update: Named, weight: float) -> None:
         for n, t in update:
-            self.sums[n].add_(t, alpha=weight)
+            if n not in self.sums:
+                out = self._reuse.get(n)
+                if out is None or out.shape != t.shape:
+                    out = torch.empty(t.shape, dtype=torch.float32)
+                self.sums[n] = torch.mul(t, weight, out=out)
+            else:
+                self.sums[n].add_(t, alpha=weight)
         self.weight += weight
         self.count += 1
 
     def mean(self) -> dict[str, torch.Tensor]:
         if self.weight <= 0:
             raise ValueError("no update to average")
-        return {n: s / self.weight for n, s in self.sums.items()}
+        return {n: self.sums[n] / self.weight for n in self.shapes}
 
 
 class ServerStep:

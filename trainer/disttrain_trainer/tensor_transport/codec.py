@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from .protos import tensor_transport_pb2 as pb
@@ -106,15 +107,19 @@ class Received:
     header: pb.StreamHeader
     tensors: list[tuple[str, torch.Tensor]] = field(default_factory=list)
     wire_bytes: int = 0  # payload + header bytes that arrived
+    buffer: np.ndarray | None = None  # the memory the tensors view; hand it back as a spare when done
 
 
 class Decoder:
     """Feed chunks in order; `finish()` returns the tensors. Refuses more than `max_bytes`."""
 
-    def __init__(self, max_bytes: int):
+    def __init__(self, max_bytes: int, spare: list[np.ndarray] | None = None):
         self.max_bytes = max_bytes
+        # Buffers of earlier streams the caller is done with: a model-sized buffer that is new
+        # memory costs a page fault per 4 KiB on first touch, more than copying into it.
+        self._spare = spare
         self.header: pb.StreamHeader | None = None
-        self._buf: bytearray | None = None
+        self._buf: np.ndarray | None = None  # uint8, uninitialised: every byte gets written once
         self._pos = 0
         self.wire_bytes = 0
 
@@ -134,7 +139,7 @@ class Decoder:
                 "too_large",
                 f"the stream sent more than the {len(self._buf)} bytes its header declared",
             )
-        self._buf[self._pos : end] = data
+        self._buf[self._pos : end] = np.frombuffer(data, dtype=np.uint8)
         self._pos = end
         self.wire_bytes += len(data)
 
@@ -151,7 +156,12 @@ class Decoder:
                 "too_large", f"the header declares {total} bytes, more than the {self.max_bytes} accepted"
             )
         self.header = header
-        self._buf = bytearray(total)
+        reuse = [b for b in self._spare or () if b.nbytes == total]
+        if reuse:
+            self._spare.remove(reuse[0])  # type: ignore[union-attr]
+            self._buf = reuse[0]
+        else:
+            self._buf = np.empty(total, dtype=np.uint8)
 
     def finish(self) -> Received:
         if self.header is None or self._buf is None:
@@ -167,13 +177,13 @@ class Decoder:
             dtype = DTYPES[spec.dtype]
             count = n // dtype.itemsize
             t = (
-                torch.frombuffer(self._buf, dtype=dtype, count=count, offset=offset)
+                torch.frombuffer(memoryview(self._buf), dtype=dtype, count=count, offset=offset)
                 if count
                 else torch.empty(0, dtype=dtype)
             )
             out.append((spec.name, t.reshape(tuple(spec.shape))))
             offset += n
-        return Received(header=self.header, tensors=out, wire_bytes=self.wire_bytes)
+        return Received(header=self.header, tensors=out, wire_bytes=self.wire_bytes, buffer=self._buf)
 
 
 def decode_all(chunks: Iterable[pb.Chunk], max_bytes: int) -> Received:
@@ -183,8 +193,10 @@ def decode_all(chunks: Iterable[pb.Chunk], max_bytes: int) -> Received:
     return d.finish()
 
 
-async def decode_stream(chunks: AsyncIterator[pb.Chunk], max_bytes: int) -> Received:
-    d = Decoder(max_bytes)
+async def decode_stream(
+    chunks: AsyncIterator[pb.Chunk], max_bytes: int, spare: list[np.ndarray] | None = None
+) -> Received:
+    d = Decoder(max_bytes, spare)
     async for c in chunks:
         d.feed(c)
     return d.finish()
