@@ -45,7 +45,7 @@ GPU_RESOURCE = "nvidia.com/gpu"
 # Federated / parameter-server topologies: which side a pod plays and where the
 # gRPC service (aggregator or parameter server) listens, as host:port.
 ENV_ROLE = "DISTTRAIN_ROLE"
-ENV_SERVER_ADDR = "DISTTRAIN_SERVER_ADDR"
+ENV_SERVER_ADDR = "DISTTRAIN_SERVER_ADDR"  # paramserver: every shard's host:port, comma-separated, shard 0 first
 # Federated channel security, mounted from Secrets by the operator:
 # a folder with ca.crt / tls.crt / tls.key (clients read only ca.crt), and the
 # file holding the key that per-client tokens are derived from (HMAC).

@@ -144,6 +144,12 @@ def _mode_blocks(spec: JobSpec, c: _Checker) -> None:
             "spec.paramServer",
             f"only allowed in mode paramserver (mode is {spec.mode}); remove it or set spec.mode: paramserver",
         )
+    if spec.mode == "paramserver" and c.ok("spec.workers.procsPerWorker") and spec.workers.procs_per_worker != 1:
+        # Each worker is one process that talks to the servers on its own; there is nothing to share in a pod.
+        c.add(
+            "spec.workers.procsPerWorker",
+            f"must be 1 in mode paramserver (got {spec.workers.procs_per_worker}); raise workers.replicas instead",
+        )
     fed = spec.federated
     if fed is not None and c.ok("spec.federated.clients", "spec.federated.clientsPerRound"):
         if fed.clients_per_round > fed.clients:

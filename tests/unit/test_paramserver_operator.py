@@ -94,3 +94,16 @@ def test_the_backoff_limit_still_fails_the_job() -> None:
     # A replacement counted before the limit was reached is still completed.
     plan = decide(observe({**STATUS, "restarts": 2}, [pod(0), pod(2)]))
     assert plan.create and plan.status["phase"] == "Running"
+
+
+def test_a_paramserver_worker_pod_runs_one_process() -> None:
+    from disttrain_api.validation import validate_spec
+
+    bad = api.parse_spec({"mode": "paramserver", "workers": {"replicas": 2, "procsPerWorker": 2},
+                          "data": {"batchSize": 64}})  # fmt: skip
+    assert [str(e) for e in validate_spec(bad)] == [
+        "spec.workers.procsPerWorker: must be 1 in mode paramserver (got 2); raise workers.replicas instead"
+    ]
+    good = api.parse_spec({"mode": "paramserver", "workers": {"replicas": 4}, "data": {"batchSize": 64},
+                           "paramServer": {"shards": 2}})  # fmt: skip
+    assert validate_spec(good) == []
