@@ -43,7 +43,7 @@ def start(manifest: Path, run_dir: Path) -> subprocess.Popen[str]:
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def finish(proc: subprocess.Popen[str], timeout: float = 400) -> str:
+def finish(proc: subprocess.Popen[str], timeout: float = 900) -> str:
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -60,7 +60,7 @@ def records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def wait_for(what: str, cond, proc: subprocess.Popen[str], timeout: float = 240):  # noqa: ANN001, ANN201
+def wait_for(what: str, cond, proc: subprocess.Popen[str], timeout: float = 600):  # noqa: ANN001, ANN201
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         got = cond()

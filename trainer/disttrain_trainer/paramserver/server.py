@@ -40,6 +40,7 @@ from ..tensor_transport import codec, frames
 from ..tensor_transport.protos import tensor_transport_pb2 as pb
 from . import service
 from .psmetrics import ServerMetrics
+from .settings import worker_id
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,7 +73,7 @@ class Shard:
         self.optimizer = build_optimizer(list(self.params.values()), cfg.optimizer, cfg.push_batch)
         self.version = 0
         self.modified = dict.fromkeys(self.names, 0)  # version at which each tensor last changed
-        self.worker_steps = {f"worker-{i}": 0 for i in range(cfg.workers)}
+        self.worker_steps = {worker_id(i): 0 for i in range(cfg.workers)}
         self.told_done: set[str] = set()
         self.stats: Tally[str] = Tally()  # accepted, rejected:<reason>, staleness:<s>
         self.incarnation = uuid.uuid4().hex[:12]

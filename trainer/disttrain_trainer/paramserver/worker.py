@@ -32,6 +32,9 @@ RETRY_ERRORS = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, 
 BACKOFF_S = (0.1, 0.2, 0.5, 1.0, 2.0)
 DONE_POLL_S = 0.2
 CALL_TIMEOUT_S = 60.0
+# A replaced server comes back by itself (its Deployment, or the local launcher); a worker that
+# gave up sooner would only be replaced in turn. runPolicy.activeDeadlineSeconds bounds the job.
+PATIENCE_S = 1800.0
 
 
 class ServerLost(RuntimeError):
@@ -50,7 +53,7 @@ class ShardView:
 
 class Worker:
     def __init__(self, *, spec: JobSpec, index: int, workers: int, addrs: tuple[str, ...], model: nn.Module,
-                 ds: Dataset, loss_fn: Any, metrics: WorkerMetrics, patience_s: float = 300.0):  # fmt: skip
+                 ds: Dataset, loss_fn: Any, metrics: WorkerMetrics, patience_s: float = PATIENCE_S):  # fmt: skip
         self.spec, self.index, self.workers = spec, index, workers
         self.id = worker_id(index)
         self.model, self.ds, self.loss_fn, self.metrics = model, ds, loss_fn, metrics
