@@ -81,8 +81,7 @@ class Aggregator(pbg.FederatedServicer):
         self.round = 0  # rounds completed
         self.attempts = 0
         self.history: list[dict[str, Any]] = []
-        self.waiting: set[str] = set()  # clients blocked in GetTask: available for sampling
-        self.seen: set[str] = set()
+        self.seen: set[str] = set()  # clients that ever called: the population rounds sample from
         self.told_done: set[str] = set()
         self.current: RoundAttempt | None = None
         self.done = False
@@ -162,15 +161,11 @@ class Aggregator(pbg.FederatedServicer):
         cid = await self._client(context)
         async with self.cond:
             self.seen.add(cid)
-            self.waiting.add(cid)
             self.cond.notify_all()
-            try:
-                await self.cond.wait_for(
-                    lambda: self.done or (self.current is not None and self.current.open
-                                          and cid in self.current.sampled and cid not in self.current.served)
-                )  # fmt: skip
-            finally:
-                self.waiting.discard(cid)
+            await self.cond.wait_for(
+                lambda: self.done or (self.current is not None and self.current.open
+                                      and cid in self.current.sampled and cid not in self.current.served)
+            )  # fmt: skip
             ra = None if self.done else self.current
             if ra is not None:
                 ra.served.add(cid)
