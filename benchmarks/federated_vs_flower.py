@@ -95,6 +95,14 @@ def flower_client(port: int, index: int, rounds: int) -> None:
             opt.step()
             return self.get_parameters({}), len(y), {}
 
+    # Flower's legacy client gives up at once when the server is not listening yet.
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.2)
     fl.client.start_client(server_address=f"127.0.0.1:{port}", client=Client().to_client(), insecure=True)
 
 

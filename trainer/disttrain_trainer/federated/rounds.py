@@ -75,3 +75,12 @@ class RoundAttempt:
 
     def remaining(self) -> float:
         return max(0.0, self.deadline - time.monotonic())
+
+
+async def wait_event(event: asyncio.Event, timeout: float) -> bool:
+    """Wait for `event` at most `timeout` seconds; whether it is set."""
+    try:
+        await asyncio.wait_for(event.wait(), timeout=max(0.0, timeout))
+        return True
+    except TimeoutError:
+        return event.is_set()
