@@ -23,6 +23,9 @@ ENV_RUN_DIR = "DISTTRAIN_RUN_DIR"  # JSON-lines metrics logs, summary.json, plot
 ENV_METRICS_PORT = "DISTTRAIN_METRICS_PORT"  # base port; rank serves base + LOCAL_RANK; 0 = off
 ENV_TERMINATION_LOG = "DISTTRAIN_TERMINATION_LOG"  # rank 0 writes its summary JSON here
 ENV_DEVICE = "DISTTRAIN_DEVICE"  # force "cpu" or "cuda"
+# Seconds a rank waits for MASTER_ADDR to resolve, for the gang to join and for a
+# collective to complete (default 300); past it the rank exits FAILED and is retried.
+ENV_RENDEZVOUS_TIMEOUT = "DISTTRAIN_RENDEZVOUS_TIMEOUT_S"
 
 DEFAULT_MASTER_PORT = 29500
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"

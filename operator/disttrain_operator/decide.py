@@ -272,8 +272,8 @@ def decide(obs: Observed) -> Plan:
     if all(p.phase == "Succeeded" for p in current):
         result = parse_summary(gang[0].message) if 0 in gang else None
         msg = "training finished"
-        if result and "test_accuracy" in result:
-            msg += f": test accuracy {result['test_accuracy']:.4f}"
+        if result and "testAccuracy" in result:
+            msg += f": test accuracy {result['testAccuracy']:.4f}"
         if result is not None:
             st["result"] = result
             for key, target in (("steps", "step"),):
