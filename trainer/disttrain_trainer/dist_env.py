@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -27,7 +27,7 @@ from disttrain_api import exitcodes
 
 from .config import ConfigError, TrainerConfig
 
-SPAWN_GRACE_S = 10.0
+SPAWN_GRACE_S = 3.0  # peers that hit the same config error exit with it themselves within this
 
 
 
@@ -114,10 +114,8 @@ def init_distributed(cfg: TrainerConfig) -> DistContext:
 def finish() -> None:
     """Leave the gang together after a successful run, then tear the process group down.
 
-    The barrier is the point: without it a rank that finishes first destroys its
-    process group (and exits, closing its sockets) while a peer is still inside the
-    last collective or about to call destroy itself; gloo then aborts the peer with
-    "terminate called without an active exception" although it finished its work.
+    The barrier keeps a rank that finishes first from destroying its process group
+    and closing its sockets while a peer is still inside the last collective.
     """
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
@@ -130,6 +128,23 @@ def cleanup() -> None:
         dist.destroy_process_group()
 
 
+def exit_process(code: int) -> NoReturn:
+    """End the process without running interpreter finalization.
+
+    Once a DistributedDataParallel was built, the gloo process group and its worker
+    threads (`pt_gloo_runloop`) outlive destroy_process_group: torch keeps a C++
+    reference to it (measured: the threads survive destroy, `del` and gc.collect()).
+    During finalization such a thread that releases a tensor needs the GIL, Python
+    ends it with a forced unwind, and C++ aborts the whole process with "terminate
+    called without an active exception" -- after the rank finished its work, so the
+    launcher saw a crash (SIGABRT) and restarted a finished job. Everything worth
+    keeping is written and closed by now; flush stdio and leave.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def _spawned(local_rank: int, cfg: TrainerConfig, main: Callable[[TrainerConfig], Any]) -> None:
     child = cfg.for_local_rank(local_rank)
     os.environ[C.ENV_RANK] = str(child.rank)
@@ -140,7 +155,8 @@ def _spawned(local_rank: int, cfg: TrainerConfig, main: Callable[[TrainerConfig]
         # torch.multiprocessing would turn any exception into exit 1 (retried);
         # a config error fails again on every retry, so it must reach the pod as CONFIG.
         print(f"disttrain-trainer: rank {child.rank}: {e}", file=sys.stderr, flush=True)
-        sys.exit(exitcodes.CONFIG)
+        exit_process(exitcodes.CONFIG)
+    exit_process(exitcodes.OK)
 
 
 def spawn_local_ranks(cfg: TrainerConfig, main: Callable[[TrainerConfig], Any]) -> None:
