@@ -166,6 +166,7 @@ def spawn_local_ranks(cfg: TrainerConfig, main: Callable[[TrainerConfig], Any]) 
     failed first (it lost its connection to the rank that rejected the config).
     """
     import torch.multiprocessing as mp  # noqa: PLC0415
+    from torch.multiprocessing.spawn import ProcessException  # noqa: PLC0415
 
     procs = mp.start_processes(
         _spawned, args=(cfg, main), nprocs=cfg.nproc_per_node, join=False, start_method="spawn"
@@ -174,7 +175,7 @@ def spawn_local_ranks(cfg: TrainerConfig, main: Callable[[TrainerConfig], Any]) 
         # The grace period lets every rank that hits the same config error exit with it itself.
         while not procs.join(grace_period=SPAWN_GRACE_S):
             pass
-    except mp.ProcessException:
+    except ProcessException:
         codes = [p.exitcode for p in procs.processes]
         if exitcodes.CONFIG in codes:
             raise ConfigError(
