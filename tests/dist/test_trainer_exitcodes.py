@@ -17,7 +17,7 @@ from disttrain_api import constants as C
 from disttrain_api import exitcodes
 from disttrain_api.model import parse_spec, to_json
 
-TIMEOUT_S = 240
+TIMEOUT_S = 600  # several torch processes start at once; on a loaded 2-core machine that is slow
 # A model factory that only local rank 1 cannot import: one rank of a pod rejects the config.
 PICKY_MODULE = """
 import os
@@ -154,3 +154,32 @@ def test_procs_per_worker_2_a_config_error_in_one_spawned_rank_exits_2(
     code, out = _finish(both)
     assert code == exitcodes.CONFIG, out[-3000:]
     assert "fp16 needs a GPU" in out, out[-3000:]
+
+
+LOCAL_MANIFEST = """\
+apiVersion: disttrain.dev/v1alpha1
+kind: DistTrainJob
+metadata: {name: picky}
+spec:
+  mode: data
+  workers: {replicas: 1, procsPerWorker: 2}
+  model: {name: "picky_model:factory"}
+  data: {name: digits, batchSize: 64}
+  training: {steps: 2}
+  runPolicy: {backoffLimit: 3}
+"""
+
+
+def test_disttrain_local_fails_at_once_when_one_process_of_a_replica_exits_2(tmp_path: Path) -> None:
+    (tmp_path / "picky_model.py").write_text(PICKY_MODULE)
+    manifest = tmp_path / "picky.yaml"
+    manifest.write_text(LOCAL_MANIFEST)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    res = subprocess.run(
+        [sys.executable, "-m", "disttrain_operator", "local", str(manifest), "--run-dir",
+         str(tmp_path / "run"), "--no-progress", "--metrics-port", "0"],
+        env=env, capture_output=True, text=True, timeout=TIMEOUT_S,
+    )  # fmt: skip
+    assert res.returncode == exitcodes.CONFIG, res.stdout + res.stderr
+    assert "the trainer rejected the job: rank 1" in res.stderr, res.stderr
+    assert "restarting" not in res.stdout, res.stdout

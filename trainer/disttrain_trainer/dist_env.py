@@ -30,7 +30,6 @@ from .config import ConfigError, TrainerConfig
 SPAWN_GRACE_S = 3.0  # peers that hit the same config error exit with it themselves within this
 
 
-
 @dataclass(frozen=True, kw_only=True)
 class DistContext:
     rank: int

@@ -169,11 +169,35 @@ class Run:
         self.metrics.observe_checkpoint(self.step, float(info[0]), int(info[1]))
 
 
+def _settle_buckets(run: Run) -> None:
+    """One throw-away forward/backward so DDP lays out its gradient buckets before a restore.
+
+    DDP rebuilds its buckets after the first backward, in the order gradients became
+    ready; PowerSGD's saved residuals and factors are flat tensors in that later layout.
+    Without this the first step after a resume adds them to a differently ordered
+    bucket. Everything the pass touches (gradients, hook state, RNG, timers) is reset or
+    restored afterwards; parameters do not change (no optimizer step).
+    """
+    per_rank = run.cfg.spec.data.batch_size // run.ctx.world_size
+    micro = per_rank // run.cfg.spec.training.grad_accumulation
+    x, y = run.ds.batch(np.arange(micro))
+    dev = run.ctx.device
+    with run.amp.autocast():
+        loss = loss_fn_for(run.ds)(run.model(torch.from_numpy(np.asarray(x)).to(dev)),
+                                   torch.from_numpy(np.asarray(y)).to(dev))  # fmt: skip
+    loss.backward()
+    run.optimizer.zero_grad(set_to_none=True)
+    run.timer.take()
+
+
 def _resume(run: Run) -> None:
     root = run.cfg.checkpoint_dir
     loaded = resume.agree_on_checkpoint(root, run.ctx)
     if loaded is None:
         return
+    hooks = loaded[1].get("comm_hook") or []
+    if len(hooks) == run.ctx.world_size and any(h is not None for h in hooks):
+        _settle_buckets(run)
     run.restore(loaded[1])
     if run.ctx.is_main:
         print(f"disttrain-trainer: resumed from step {run.step} ({root})", flush=True)
