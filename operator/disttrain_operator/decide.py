@@ -280,15 +280,15 @@ def decide(obs: Observed) -> Plan:
         msg = "training finished"
         if result and isinstance(result.get("device"), str):
             msg += f" on {result['device']}"
-        if result and "test_accuracy" in result:
-            msg += f": test accuracy {result['test_accuracy']:.4f}"
+        if result and "testAccuracy" in result:
+            msg += f": test accuracy {result['testAccuracy']:.4f}"
         if result is not None:
             st["result"] = result
             for key, target in (("steps", "step"),):
                 if isinstance(result.get(key), int | float):
                     st[target] = int(result[key])
-            if isinstance(result.get("comm_fraction"), int | float):
-                st["commFraction"] = round(float(result["comm_fraction"]), 4)
+            if isinstance(result.get("commFraction"), int | float):
+                st["commFraction"] = round(float(result["commFraction"]), 4)
         b.condition("Succeeded", True, "Completed", msg)
         b.condition("Running", False, "Completed", msg)
         b.phase(SUCCEEDED, msg)

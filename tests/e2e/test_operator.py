@@ -162,7 +162,7 @@ def test_killed_worker_restarts_gang_and_resumes(
     status = job["status"]
     assert status["phase"] == "Succeeded", status
     assert status["restarts"] == 1
-    assert status["result"]["resumed_from_step"] > 0, status["result"]
-    assert status["result"]["test_accuracy"] >= 0.95, status["result"]
+    assert status["result"]["resumedFromStep"] > 0, status["result"]
+    assert status["result"]["testAccuracy"] >= 0.95, status["result"]
     pods = kubectl.pods(namespace, name)
     assert {p["metadata"]["labels"]["disttrain.dev/restart-attempt"] for p in pods} == {"1"}

@@ -46,7 +46,7 @@ def test_apply_k_installs_operator_that_runs_the_digits_job(kubectl: Kubectl, in
         job = kubectl.wait_phase(ns, name, ("Succeeded", "Failed"), timeout=600)
         status = job["status"]
         assert status["phase"] == "Succeeded", status
-        assert status["result"]["test_accuracy"] >= 0.95, status["result"]
+        assert status["result"]["testAccuracy"] >= 0.95, status["result"]
         assert status["observedGeneration"] == job["metadata"]["generation"]
         assert status["replicas"] == 2 and status["restarts"] == 0
         table = kubectl.run("get", "dtj", name, "-n", ns).stdout

@@ -38,10 +38,10 @@ def test_dedupe_keeps_the_latest_record_per_step() -> None:
 def test_summary_prefers_the_trainer_figures_and_adds_restarts(tmp_path: Path) -> None:
     trainer = {
         "steps": 40,
-        "final_loss": 0.25,
-        "test_accuracy": 0.9712,
-        "wall_s": 12.5,
-        "comm_fraction": 0.31,
+        "finalLoss": 0.25,
+        "testAccuracy": 0.9712,
+        "wallS": 12.5,
+        "commFraction": 0.31,
     }
     s = report.build_summary(
         job="demo",
@@ -61,8 +61,10 @@ def test_summary_prefers_the_trainer_figures_and_adds_restarts(tmp_path: Path) -
     text = report.format_summary(s)
     assert "test accuracy  0.9712" in text
     assert "31.0% of step time" in text and "restarts" in text and "40/40" in text
-    path = report.write_summary(s, tmp_path)
-    assert json.loads(path.read_text())["restarts"] == 1
+    saved = json.loads(report.write_summary(s, tmp_path).read_text())
+    assert saved["restarts"] == 1 and saved["testAccuracy"] == 0.9712
+    assert saved["totalSteps"] == 40 and saved["trainWallS"] == 12.5 and saved["commFraction"] == 0.31
+    assert all("_" not in key for key in saved), sorted(saved)
 
 
 def test_summary_without_trainer_summary_falls_back_to_the_log(tmp_path: Path) -> None:
@@ -93,16 +95,24 @@ def test_plot_is_a_png(tmp_path: Path) -> None:
     assert report.write_plot([], tmp_path / "none.png", title="x") is None
 
 
-def test_resuming_a_finished_run_reports_the_logged_figures(tmp_path: Path) -> None:
+def test_resuming_a_finished_run_reports_the_finished_runs_figures(tmp_path: Path) -> None:
+    # The trainer returns the summary stored with the final checkpoint: the figures of
+    # the training that happened, not of the resumed attempt that had nothing to do.
     recs = report.dedupe_by_step(_records())
-    trainer = {
-        "steps": 40,
-        "final_loss": float("nan"),
-        "comm_fraction": 0.0,
-        "resumed_from_step": 40,
-    }
+    trainer = {"steps": 40, "finalLoss": 0.3, "commFraction": 0.2, "resumedFromStep": None,
+               "testAccuracy": 0.96, "wallS": 9.0}  # fmt: skip
     s = report.build_summary(
         job="demo", status="Succeeded", reason=None, trainer=trainer, records=recs,
         total_steps=40, wall_s=5.0, restarts=0, world_size=2, device="cpu", run_dir=tmp_path, plot=None,
     )  # fmt: skip
-    assert s.final_loss == 0.25 and abs((s.comm_fraction or 0) - 0.26 / 0.6) < 1e-9
+    assert (s.final_loss, s.comm_fraction, s.test_accuracy, s.train_wall_s) == (0.3, 0.2, 0.96, 9.0)
+
+
+def test_a_nan_loss_from_the_trainer_falls_back_to_the_log(tmp_path: Path) -> None:
+    recs = report.dedupe_by_step(_records())
+    trainer = {"steps": 40, "finalLoss": float("nan")}
+    s = report.build_summary(
+        job="demo", status="Succeeded", reason=None, trainer=trainer, records=recs,
+        total_steps=40, wall_s=5.0, restarts=0, world_size=2, device="cpu", run_dir=tmp_path, plot=None,
+    )  # fmt: skip
+    assert s.final_loss == 0.25

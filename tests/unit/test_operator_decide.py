@@ -119,10 +119,10 @@ def test_vanished_and_lost_node_restart() -> None:
 
 
 def test_success_copies_rank0_summary() -> None:
-    msg = '{"steps": 400, "test_accuracy": 0.97, "resumed_from_step": 0}'
+    msg = '{"steps": 400, "testAccuracy": 0.97, "resumedFromStep": 0}'
     plan = decide(obs(dict(RUNNING_STATUS), [pod(0, "Succeeded", exit_code=0, message=msg), pod(1, "Succeeded")]))
     st = plan.status
-    assert st["phase"] == "Succeeded" and st["result"]["test_accuracy"] == 0.97 and st["step"] == 400
+    assert st["phase"] == "Succeeded" and st["result"]["testAccuracy"] == 0.97 and st["step"] == 400
     assert "0.97" in cond(st, "Succeeded")["message"] and st["completionTime"]
 
 

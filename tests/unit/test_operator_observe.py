@@ -40,7 +40,7 @@ def test_unschedulable_and_node_lost() -> None:
 
 
 def test_summary_and_prometheus() -> None:
-    assert parse_summary('{"test_accuracy": 0.96}') == {"test_accuracy": 0.96}
+    assert parse_summary('{"testAccuracy": 0.96}') == {"testAccuracy": 0.96}
     assert parse_summary("Traceback ...") is None and parse_summary("{broken") is None
     text = '# HELP x\ndisttrain_step{job="j",rank="0",mode="data"} 42.0\ndisttrain_last_checkpoint_step{job="j"} 40\n'
     assert parse_prometheus(text, ("disttrain_step", "disttrain_last_checkpoint_step")) == {

@@ -5,7 +5,8 @@ unsharded state written by rank 0, so it loads at any world size) and
 `meta.json`. It is written into a `.tmp-*` sibling, every file and the
 directory are fsynced, then renamed into place and the parent fsynced: a crash
 at any point leaves either the complete new checkpoint or none, never a torn
-one. Leftover temp dirs are ignored by `load_latest` and removed by `clean_partial`.
+one. Leftover temp dirs are ignored by `load_latest` and removed by `clean_partial`;
+`load(root, step)` reads one exact step, so every rank can load the step rank 0 chose.
 """
 
 from __future__ import annotations
@@ -151,17 +152,23 @@ def prune(root: Path, keep: int) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def load(root: Path, step: int, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Checkpoint `step` exactly; raises when it is missing, incomplete or does not load."""
+    path = root / name_for(step)
+    expected = json.loads((path / META_FILE).read_text()).get("bytes")
+    actual = (path / STATE_FILE).stat().st_size
+    if expected is not None and actual != expected:
+        raise ValueError(f"{path / STATE_FILE} has {actual} bytes, meta.json says {expected}")
+    return torch.load(path / STATE_FILE, map_location=map_location, weights_only=False)
+
+
 def load_latest(
     root: Path, map_location: str | torch.device = "cpu"
 ) -> tuple[int, dict[str, Any]] | None:
     """The newest complete checkpoint that actually loads; a corrupt one is skipped with a warning."""
     for step, path in reversed(list_checkpoints(root)):
         try:
-            expected = json.loads((path / META_FILE).read_text()).get("bytes")
-            actual = (path / STATE_FILE).stat().st_size
-            if expected is not None and actual != expected:
-                raise ValueError(f"{STATE_FILE} has {actual} bytes, meta.json says {expected}")
-            state = torch.load(path / STATE_FILE, map_location=map_location, weights_only=False)
+            state = load(root, step, map_location)
         except Exception as e:  # noqa: BLE001 - a damaged file must not stop the job; an older one may load
             print(f"disttrain-trainer: skipping unreadable checkpoint {path}: {e}", flush=True)
             continue

@@ -23,6 +23,8 @@ import numpy as np
 from disttrain_api import constants as C
 from disttrain_api.model import JobSpec
 
+from .config import ConfigError
+
 FORMAT_VERSION = 1
 TEST_FRACTION = 0.2
 SPLIT_SEED = 0  # fixed: the test set must not change with data.seed
@@ -269,12 +271,13 @@ class GlobalBatchSampler:
     """
 
     def __init__(self, num_samples: int, batch_size: int, seed: int, rank: int = 0, world: int = 1):
+        # Both fail the same way on every retry: ConfigError, so the job is not restarted.
         if batch_size % world:
-            raise ValueError(
+            raise ConfigError(
                 f"data.batchSize {batch_size} must be divisible by the data-parallel size {world}"
             )
         if batch_size > num_samples:
-            raise ValueError(
+            raise ConfigError(
                 f"data.batchSize {batch_size} exceeds the {num_samples} training samples"
             )
         self.n, self.batch, self.seed, self.rank, self.world = (

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,16 +24,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import checkpoint as ckpt
-from . import parallel
-from .config import ConfigError, TrainerConfig
+from . import parallel, resume
+from .config import SUMMARY_FILE, ConfigError, TrainerConfig, finished_path
 from .data import Dataset, GlobalBatchSampler, load_dataset
-from .dist_env import DistContext, cleanup, init_distributed
+from .dist_env import DistContext, cleanup, finish, init_distributed
 from .metrics import Metrics, StepStats
-from .models import build_model
+from .models import build_model, resolve
 from .optim import build_optimizer, build_scheduler
 from .precision import Amp, make_amp
 
 EVAL_BATCH = 512
+# evaluate() names its figure like the metrics log does; the summary speaks the API's camelCase.
+SUMMARY_EVAL_KEY = {"test_accuracy": "testAccuracy", "val_loss": "valLoss"}
 
 
 def check_supported(cfg: TrainerConfig) -> None:
@@ -48,6 +49,7 @@ def check_supported(cfg: TrainerConfig) -> None:
             f"data.batchSize {spec.data.batch_size} must be divisible by world size {cfg.world_size} x "
             f"training.gradAccumulation {spec.training.grad_accumulation} = {parts}"
         )
+    resolve(spec.model.name)  # a `module:factory` that does not import fails before any rendezvous
 
 
 def _set_threads(cfg: TrainerConfig) -> None:
@@ -90,29 +92,6 @@ def evaluate(model: nn.Module, ds: Dataset, amp: Amp) -> tuple[str, float]:
     return ("val_loss", loss_sum / count) if ds.kind == "lm" else ("test_accuracy", correct / count)
 
 
-def _rng_state() -> dict[str, Any]:
-    state: dict[str, Any] = {
-        "torch": torch.get_rng_state(),
-        "numpy": np.random.get_state(),
-        "python": random.getstate(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
-    if (
-        "cuda" in state
-        and torch.cuda.is_available()
-        and len(state["cuda"]) == torch.cuda.device_count()
-    ):
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
 @dataclass(kw_only=True)
 class Run:
     cfg: TrainerConfig
@@ -128,13 +107,17 @@ class Run:
     metrics: Metrics
     step: int = 0
     resumed_from: int | None = None
+    # Set once training is over: the final checkpoint carries it, so a resumed run
+    # that has nothing left to do reports the finished run's figures.
+    summary: dict[str, Any] | None = None
     totals: dict[str, float] = field(
         default_factory=lambda: {"step": 0.0, "comm": 0.0, "samples": 0.0}
     )
 
     def state(self) -> dict[str, Any]:
-        rngs: list[Any] = [None] * self.ctx.world_size
-        dist.all_gather_object(rngs, _rng_state())
+        # Per-rank parts: RNG streams (dropout) and the comm hook's error feedback (PowerSGD).
+        per_rank: list[Any] = [None] * self.ctx.world_size
+        dist.all_gather_object(per_rank, (resume.rng_state(), resume.hook_state(self.comm_hook_state)))
         return {
             "step": self.step,
             "world_size": self.ctx.world_size,
@@ -143,7 +126,9 @@ class Run:
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.amp.scaler.state_dict() if self.amp.scaler is not None else None,
             "sampler": self.sampler.state_dict(),
-            "rng": rngs,
+            "rng": [r for r, _ in per_rank],
+            "comm_hook": [h for _, h in per_rank],
+            "summary": self.summary,
             "spec_data": {
                 "batch_size": self.cfg.spec.data.batch_size,
                 "seed": self.cfg.spec.data.seed,
@@ -157,10 +142,18 @@ class Run:
         if self.amp.scaler is not None and state.get("scaler"):
             self.amp.scaler.load_state_dict(state["scaler"])
         self.sampler.load_state_dict(state["sampler"])
-        rngs = state["rng"]
-        # Same world size: every rank gets its own streams back. Different: reuse rank 0's on all ranks.
-        _set_rng_state(rngs[self.ctx.rank] if len(rngs) == self.ctx.world_size else rngs[0])
         self.step = self.resumed_from = int(state["step"])
+        self.summary = state.get("summary")
+        if len(state["rng"]) == self.ctx.world_size:  # same gang shape: each rank continues its own streams
+            resume.set_rng_state(state["rng"][self.ctx.rank])
+            hooks = state.get("comm_hook") or [None] * self.ctx.world_size
+            resume.load_hook_state(self.comm_hook_state, hooks[self.ctx.rank], self.ctx.device)
+        else:  # resharded: no saved stream belongs to this rank; error feedback starts empty
+            resume.seed_rank(self.cfg.spec.data.seed, self.step, self.ctx.rank)
+
+    @property
+    def comm_hook_state(self) -> Any:
+        return getattr(self.model, "comm_hook_state", None)
 
     def save_checkpoint(self) -> None:
         state = self.state()
@@ -176,24 +169,35 @@ class Run:
         self.metrics.observe_checkpoint(self.step, float(info[0]), int(info[1]))
 
 
+def _settle_buckets(run: Run) -> None:
+    """One throw-away forward/backward so DDP lays out its gradient buckets before a restore.
+
+    DDP rebuilds its buckets after the first backward, in the order gradients became
+    ready; PowerSGD's saved residuals and factors are flat tensors in that later layout.
+    Without this the first step after a resume adds them to a differently ordered
+    bucket. Everything the pass touches (gradients, hook state, RNG, timers) is reset or
+    restored afterwards; parameters do not change (no optimizer step).
+    """
+    per_rank = run.cfg.spec.data.batch_size // run.ctx.world_size
+    micro = per_rank // run.cfg.spec.training.grad_accumulation
+    x, y = run.ds.batch(np.arange(micro))
+    dev = run.ctx.device
+    with run.amp.autocast():
+        loss = loss_fn_for(run.ds)(run.model(torch.from_numpy(np.asarray(x)).to(dev)),
+                                   torch.from_numpy(np.asarray(y)).to(dev))  # fmt: skip
+    loss.backward()
+    run.optimizer.zero_grad(set_to_none=True)
+    run.timer.take()
+
+
 def _resume(run: Run) -> None:
     root = run.cfg.checkpoint_dir
-    if run.ctx.is_main:
-        ckpt.clean_partial(root)
-        found = ckpt.list_checkpoints(root)
-        choice = [found[-1][0] if found else None]
-    else:
-        choice = [None]
-    dist.broadcast_object_list(choice, src=0)
-    if choice[0] is None:
+    loaded = resume.agree_on_checkpoint(root, run.ctx)
+    if loaded is None:
         return
-    # Every rank reads the same step (the checkpoint volume is shared by contract).
-    loaded = ckpt.load_latest(root)
-    if loaded is None or loaded[0] != choice[0]:
-        raise ConfigError(
-            f"rank {run.ctx.rank} cannot read checkpoint step {choice[0]} under {root}; "
-            "the checkpoint volume must be shared by all workers (checkpoint.volume)"
-        )
+    hooks = loaded[1].get("comm_hook") or []
+    if len(hooks) == run.ctx.world_size and any(h is not None for h in hooks):
+        _settle_buckets(run)
     run.restore(loaded[1])
     if run.ctx.is_main:
         print(f"disttrain-trainer: resumed from step {run.step} ({root})", flush=True)
@@ -262,8 +266,8 @@ def _loop(run: Run) -> dict[str, Any]:
         ):
             eval_result = evaluate(run.inner, run.ds, run.amp)
             run.metrics.observe_eval(run.step, *eval_result)
-        if run.step % spec.checkpoint.interval_steps == 0 or run.step == tr.steps:
-            run.save_checkpoint()
+        if run.step % spec.checkpoint.interval_steps == 0 and run.step < tr.steps:
+            run.save_checkpoint()  # the final one is saved by `run`, with the summary
     train_s = time.perf_counter() - start
     loss_t = torch.tensor([last_loss], dtype=torch.float64, device=ctx.device)
     dist.all_reduce(loss_t)  # the mean over ranks = the loss of the global batch
@@ -271,23 +275,24 @@ def _loop(run: Run) -> dict[str, Any]:
     if ctx.is_main:
         eval_result = evaluate(run.inner, run.ds, run.amp)
         run.metrics.observe_eval(run.step, *eval_result)
+    # camelCase like the rest of the API: this dict becomes the job's status.result.
     summary: dict[str, Any] = {
         "steps": run.step,
-        "final_loss": float(loss_t) / ctx.world_size,
-        "resumed_from_step": run.resumed_from,
-        "restart_attempt": run.cfg.restart_attempt,
-        "world_size": ctx.world_size,
+        "finalLoss": float(loss_t) / ctx.world_size,
+        "resumedFromStep": run.resumed_from,
+        "restartAttempt": run.cfg.restart_attempt,
+        "worldSize": ctx.world_size,
         "mode": spec.mode,
         "device": ctx.device.type,
         "backend": ctx.backend,
         "precision": tr.precision,
-        "train_s": train_s,
-        "samples_per_s": run.totals["samples"] / run.totals["step"] if run.totals["step"] else 0.0,
-        "comm_fraction": run.totals["comm"] / run.totals["step"] if run.totals["step"] else 0.0,
-        "replica_max_abs_diff": divergence,
+        "trainS": train_s,
+        "samplesPerS": run.totals["samples"] / run.totals["step"] if run.totals["step"] else 0.0,
+        "commFraction": run.totals["comm"] / run.totals["step"] if run.totals["step"] else 0.0,
+        "replicaMaxAbsDiff": divergence,
     }
     if eval_result is not None:
-        summary[eval_result[0]] = eval_result[1]
+        summary[SUMMARY_EVAL_KEY[eval_result[0]]] = eval_result[1]
     return summary
 
 
@@ -303,6 +308,7 @@ def run(cfg: TrainerConfig, *, metrics: Metrics | None = None) -> dict[str, Any]
         job=cfg.job, rank=ctx.rank, mode=spec.mode, port=cfg.metrics_port, run_dir=cfg.run_dir,
         namespace=cfg.namespace,
     )
+    finished = False
     try:
         if (
             ctx.local_rank == 0
@@ -314,11 +320,7 @@ def run(cfg: TrainerConfig, *, metrics: Metrics | None = None) -> dict[str, Any]
         amp = make_amp(spec.training.precision, ctx.device)
         inner = build_model(spec, ds)
         wrapped, timer = parallel.apply(inner, mesh=ctx, cfg=cfg)
-        torch.manual_seed(
-            spec.data.seed * 1000 + ctx.rank
-        )  # per-rank streams (dropout), after identical init
-        np.random.seed(spec.data.seed * 1000 + ctx.rank)
-        random.seed(spec.data.seed * 1000 + ctx.rank)
+        resume.seed_rank(spec.data.seed, 0, ctx.rank)  # per-rank streams (dropout), after identical init
         optimizer = build_optimizer(inner.parameters(), spec.optimizer, spec.data.batch_size)
         scheduler = build_scheduler(
             optimizer, spec.optimizer, spec.data.batch_size, spec.training.steps
@@ -329,23 +331,40 @@ def run(cfg: TrainerConfig, *, metrics: Metrics | None = None) -> dict[str, Any]
         r = Run(cfg=cfg, ctx=ctx, ds=ds, model=wrapped, inner=inner, timer=timer, optimizer=optimizer,
                 scheduler=scheduler, amp=amp, sampler=sampler, metrics=m)  # fmt: skip
         _resume(r)
-        summary = _loop(r)
-        summary["wall_s"] = time.perf_counter() - wall0
+        if r.summary is not None and r.step >= spec.training.steps:
+            summary = r.summary  # a finished run resumed: nothing to train, its figures stand
+        else:
+            summary = _loop(r)
+            summary["wallS"] = time.perf_counter() - wall0
+            r.summary = summary
+            r.save_checkpoint()
         if ctx.is_main:
             write_summary(cfg, summary)
+        mark_finished(cfg, ctx.rank, r.step)
+        finished = True
         return summary
     finally:
         if own_metrics:
-            m.close()
-        cleanup()
+            m.close()  # the HTTP server thread first: nothing may outlive the process group
+        if finished:
+            finish()
+        else:
+            cleanup()
+
+
+def mark_finished(cfg: TrainerConfig, rank: int, step: int) -> None:
+    """Tell the launcher this rank is done, so an abort while exiting is not mistaken for a failure."""
+    path = finished_path(cfg.run_dir, rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"step": step, "restartAttempt": cfg.restart_attempt}))
 
 
 def write_summary(cfg: TrainerConfig, summary: dict[str, Any]) -> None:
     text = json.dumps(summary, indent=2, sort_keys=True)
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
-    tmp = cfg.run_dir / "summary.json.tmp"
+    tmp = cfg.run_dir / (SUMMARY_FILE + ".tmp")
     tmp.write_text(text)
-    os.replace(tmp, cfg.run_dir / "summary.json")
+    os.replace(tmp, cfg.run_dir / SUMMARY_FILE)
     if cfg.termination_log is not None:
         try:
             Path(cfg.termination_log).write_text(json.dumps(summary, sort_keys=True))

@@ -13,7 +13,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-SUMMARY_FILE = "summary.json"  # written by the trainer's rank 0
+from disttrain_trainer.config import SUMMARY_FILE  # written by the trainer's rank 0
+
 LOCAL_SUMMARY_FILE = "local-summary.json"  # written by the launcher
 PLOT_FILE = "training.png"
 BREAKDOWN_KEYS = (("compute_s", "compute"), ("comm_s", "communication"), ("data_s", "data"))
@@ -85,12 +86,11 @@ def build_summary(
     steps = _num(trainer, "steps")
     if steps is None:
         steps = _num(last, "step")
-    comm = _num(trainer, "comm_fraction")
-    resumed = _num(trainer, "resumed_from_step")
-    final_loss = _num(trainer, "final_loss", "loss") if trainer else None
-    if resumed is not None and steps is not None and resumed >= steps:
-        # Resumed a finished run: the trainer trained nothing now, the log holds the figures.
-        comm, final_loss = None, None
+    comm = _num(trainer, "commFraction")
+    resumed = _num(trainer, "resumedFromStep")
+    # A resumed finished run reports the finished run's summary (the trainer keeps it
+    # with the final checkpoint), so these are always that training's own figures.
+    final_loss = _num(trainer, "finalLoss")
     if final_loss is None or math.isnan(final_loss):
         final_loss = _num(last, "loss")
     return LocalSummary(
@@ -100,10 +100,10 @@ def build_summary(
         steps=int(steps) if steps is not None else None,
         total_steps=total_steps,
         final_loss=final_loss,
-        test_accuracy=_num(trainer, "test_accuracy"),
-        val_loss=_num(trainer, "val_loss"),
+        test_accuracy=_num(trainer, "testAccuracy"),
+        val_loss=_num(trainer, "valLoss"),
         wall_s=wall_s,
-        train_wall_s=_num(trainer, "wall_s"),
+        train_wall_s=_num(trainer, "wallS"),
         comm_fraction=comm if comm is not None else comm_fraction_of(records),
         restarts=restarts,
         world_size=world_size,
@@ -151,9 +151,19 @@ def format_summary(s: LocalSummary) -> str:
     return "\n".join(f"  {k.ljust(width)}  {v}" for k, v in rows)
 
 
+def camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
+def summary_json(s: LocalSummary) -> dict[str, Any]:
+    """The saved form: camelCase keys, like the trainer's summary and the API."""
+    return {camel(k): v for k, v in asdict(s).items()}
+
+
 def write_summary(s: LocalSummary, run_dir: Path) -> Path:
     path = run_dir / LOCAL_SUMMARY_FILE
-    path.write_text(json.dumps(asdict(s), indent=2) + "\n")
+    path.write_text(json.dumps(summary_json(s), indent=2) + "\n")
     return path
 
 

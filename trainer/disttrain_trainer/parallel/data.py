@@ -150,6 +150,7 @@ def wrap_ddp(
     timer = CommTimer()
     state, inner = _inner_hook(training)
     ddp.register_comm_hook(state, timer.wrap(inner))
+    ddp.comm_hook_state = state  # checkpoints carry it: PowerSGD's error feedback is per-rank state
     return ddp, timer
 
 
