@@ -119,12 +119,27 @@ class Kube:
         status, _ = self.request("POST", path, resource=plural, verb="create", body=obj, allow=(409,))
         return status != 409
 
-    def replace_config_map(self, obj: dict[str, Any]) -> None:
-        if self.create(obj):
-            return
+    @staticmethod
+    def _object_path(obj: dict[str, Any]) -> tuple[str, str]:
+        prefix, plural = _PATHS[obj["kind"]]
         meta = obj["metadata"]
-        path = f"/api/v1/namespaces/{quote(meta['namespace'])}/configmaps/{quote(meta['name'])}"
-        self.request("PUT", path, resource="configmaps", verb="update", body=obj)
+        return f"{prefix}/namespaces/{quote(meta['namespace'])}/{plural}/{quote(meta['name'])}", plural
+
+    def get(self, obj: dict[str, Any]) -> dict[str, Any] | None:
+        """The live object with obj's kind, namespace and name; None when there is none."""
+        path, plural = self._object_path(obj)
+        status, body = self.request("GET", path, resource=plural, verb="get", allow=(404,))
+        return None if status == 404 else body
+
+    def replace(self, obj: dict[str, Any]) -> None:
+        path, plural = self._object_path(obj)
+        self.request("PUT", path, resource=plural, verb="update", body=obj)
+
+    def delete_exact(self, obj: dict[str, Any], uid: str) -> None:
+        """Delete this very object (a UID precondition: never a same-named successor)."""
+        path, plural = self._object_path(obj)
+        self.request("DELETE", path, resource=plural, verb="delete", allow=(404, 409),
+                     body={"preconditions": {"uid": uid}, "propagationPolicy": "Background"})
 
     def read_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
         status, body = self.request("GET", f"/api/v1/namespaces/{quote(namespace)}/configmaps/{quote(name)}",
