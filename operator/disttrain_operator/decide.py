@@ -97,7 +97,10 @@ class _Builder:
 
     def _event(self, type_: str, reason: str, message: str) -> None:
         warn = type_ in ("Failed", "InvalidSpec", "Restarting") or reason in ("Unschedulable",)
-        self.events.append(("Warning" if warn else "Normal", reason, message or type_))
+        self.event("Warning" if warn else "Normal", reason, message or type_)
+
+    def event(self, kind: str, reason: str, message: str) -> None:
+        self.events.append((kind, reason, message))
 
     def phase(self, value: str, message: str = "") -> None:
         self.status["phase"] = value
@@ -217,6 +220,7 @@ def _decide(obs: Observed, foreign: list[PodView]) -> Plan:
         if phase != SUSPENDED:
             b.condition("Suspended", True, "Suspended", "runPolicy.suspend is true: pods deleted, checkpoints kept")
             b.condition("Running", False, "Suspended", "suspended")
+            b.condition("Created", False, "Suspended", "suspended: the gang is deleted")
             b.phase(SUSPENDED, "suspended")
         return finish(delete_pods=[p.name for p in pods if not p.deleting], delete_servers=True)
 
@@ -240,7 +244,9 @@ def _decide(obs: Observed, foreign: list[PodView]) -> Plan:
     if phase == SUSPENDED:  # resumed
         if any(p for p in pods if p.attempt == attempt):
             return finish(force_delete_pods=_stuck(pods, obs))
-        b.condition("Suspended", False, "Resumed", "runPolicy.suspend is false: resuming from the checkpoint")
+        msg = "runPolicy.suspend is false: resuming from the checkpoint"
+        b.condition("Suspended", False, "Resumed", msg)
+        b.event("Normal", "Resumed", msg)  # a condition turning False posts no Event by itself
         attempt += 1
         st["attempt"] = attempt
         current = []

@@ -164,6 +164,7 @@ def test_suspend_then_resume() -> None:
     plan = decide(obs(st, []))
     assert plan.create and plan.status["attempt"] == 1 and plan.status["restarts"] == 0
     assert cond(plan.status, "Suspended")["status"] == "False"
+    assert [r for _, r, _ in plan.events] == ["Resumed", "GangCreated"]
 
 
 def test_unschedulable_stays_pending_with_condition() -> None:
