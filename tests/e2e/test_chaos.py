@@ -29,7 +29,7 @@ from .conftest import (  # type: ignore[import-not-found]
 )
 
 pytestmark = pytest.mark.timeout(900)
-STEPS, INTERVAL, KILLS = 240, 10, 5
+STEPS, INTERVAL, KILLS = 400, 10, 5
 
 
 def chaos_job(name: str, ns: str) -> dict[str, Any]:
@@ -61,14 +61,15 @@ def wait_restarts(kubectl: Kubectl, ns: str, job: str, n: int) -> None:
     kubectl.wait_for(f"{job} restart {n}", lambda: restarts(kubectl, ns, job) >= n, timeout=120, interval=0.5)
 
 
-def wait_for_checkpoint(kubectl: Kubectl, ns: str, job: str, step: int) -> None:
-    def reached() -> bool:
+def wait_for_checkpoint(kubectl: Kubectl, ns: str, job: str, step: int) -> int:
+    def reached() -> int:
         status = kubectl.job(ns, job).get("status") or {}
         if status.get("phase") in ("Succeeded", "Failed"):
             raise AssertionError(f"{job} finished before the kill planned after step {step}: {status}")
-        return max(checkpoint_steps(job), default=0) >= step
+        newest = max(checkpoint_steps(job), default=0)
+        return newest if newest >= step else 0
 
-    kubectl.wait_for(f"{job} to checkpoint step {step}", reached, timeout=300, interval=0.3)
+    return int(kubectl.wait_for(f"{job} to checkpoint step {step}", reached, timeout=300, interval=0.3))
 
 
 def wait_running(kubectl: Kubectl, ns: str, job: str, pod: str) -> None:
@@ -103,17 +104,20 @@ def test_five_kills_at_random_steps_end_at_the_uninterrupted_parameters(
     for name in names:  # at once: the reference costs no extra wall time
         kubectl.apply(chaos_job(name, namespace))
     rng = random.Random(20240605)  # fixed: the same "random" steps every run
-    # One kill per checkpoint interval chosen among the run's intervals, each at a random
-    # offset after that interval's checkpoint, so a kill can land on any step.
-    intervals = sorted(rng.sample(range(1, STEPS // INTERVAL - 2), KILLS))
+    # Kill targets among the first 60% of the run (the rest is slack for the last restart);
+    # each kill waits for a checkpoint the current gang wrote (newer than any before the
+    # last kill), then a random fraction of an interval, so kills land on any step.
+    targets = sorted(rng.sample(range(INTERVAL, STEPS * 6 // 10, INTERVAL), KILLS))
     killed: list[tuple[int, str]] = []
-    for i in intervals:
-        wait_for_checkpoint(kubectl, namespace, chaos, i * INTERVAL)
+    newest = 0
+    for target in targets:
+        newest = wait_for_checkpoint(kubectl, namespace, chaos, max(target, newest + INTERVAL))
         time.sleep(rng.uniform(0.0, 1.0))
         victim = f"{chaos}-worker-{rng.randrange(2)}"
         wait_running(kubectl, namespace, chaos, victim)
         cluster.kill_pod_container(namespace, victim, "trainer")
-        killed.append((max(checkpoint_steps(chaos)), victim))
+        newest = max(checkpoint_steps(chaos))
+        killed.append((newest, victim))
         wait_restarts(kubectl, namespace, chaos, len(killed))
     print(f"killed (newest checkpoint step, pod): {killed}")
     done = {name: kubectl.wait_phase(namespace, name, ("Succeeded", "Failed"), timeout=600) for name in names}
