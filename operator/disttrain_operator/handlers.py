@@ -21,6 +21,7 @@ from .kube import Kube
 from .poller import JobRegistry, Poller
 from .settings import OperatorSettings
 
+log = logging.getLogger("disttrain.operator")
 _state: dict[str, Any] = {"settings": OperatorSettings(), "kube": None}
 JOBS = JobRegistry()
 
@@ -37,8 +38,13 @@ def _kube() -> Kube:
 
 
 def _post(job: dict[str, Any], type_: str, reason: str, message: str) -> None:
-    # kopf posts Events asynchronously (and retries); they are attached to the job.
-    kopf.event(job, type=type_, reason=reason, message=message[:1000])
+    # Posted directly, not with kopf.event: that needs kopf's per-object context, which the
+    # periodic reconcile does not run in. Events are auxiliary: a failed post is logged.
+    try:
+        _kube().post_event(job, type_, reason, message)
+    except Exception as err:  # noqa: BLE001
+        log.warning("%s/%s: could not post Event %s: %s", job["metadata"]["namespace"], job["metadata"]["name"],
+                    reason, err)
 
 
 def _run(namespace: str, name: str, *, wait: bool = True) -> None:

@@ -11,6 +11,7 @@ report API requests per job from the operator's own metrics.
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -20,6 +21,7 @@ from kubernetes import client, config
 from . import opmetrics
 
 TIMEOUT_S = 30.0
+EVENT_SOURCE = "disttrain-operator"
 
 
 def load_config() -> None:
@@ -105,6 +107,23 @@ class Kube:
     def delete_job(self, namespace: str, name: str) -> None:
         self.request("DELETE", self._job_path(namespace, name), resource=PLURAL, verb="delete",
                      body={"propagationPolicy": "Background"}, allow=(404,))
+
+    def post_event(self, job: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        """One core/v1 Event on the job (what `kubectl describe` lists). Posted once, never
+        retried: an Event that may or may not have been created is better lost than doubled."""
+        meta = job["metadata"]
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {"apiVersion": job.get("apiVersion", f"{GROUP}/{VERSION}"), "kind": job.get("kind"),
+                               "name": meta["name"], "namespace": meta["namespace"], "uid": meta["uid"]},
+            "type": type_, "reason": reason, "message": message[:1000],
+            "source": {"component": EVENT_SOURCE}, "reportingComponent": EVENT_SOURCE,
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        }
+        self.request("POST", f"/api/v1/namespaces/{quote(meta['namespace'])}/events", resource="events",
+                     verb="create", body=body)
 
     # ----------------------------------------------------------------- children
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import copy
 import logging
 import threading
@@ -87,8 +88,12 @@ class Poller:
             start = time.monotonic()
             try:
                 keys = self.registry.due(datetime.now(UTC), self.interval_s)
+                # Each call in a copy of this task's context (started from a kopf handler):
+                # kopf.event() finds kopf's settings and event queue there; run_in_executor
+                # alone would not carry context variables into the thread.
                 results = await asyncio.gather(
-                    *(loop.run_in_executor(executor, self.reconcile, ns, name) for ns, name in keys),
+                    *(loop.run_in_executor(executor, contextvars.copy_context().run, self.reconcile, ns, name)
+                      for ns, name in keys),
                     return_exceptions=True,
                 )
                 for (ns, name), result in zip(keys, results, strict=True):
