@@ -42,6 +42,8 @@ def job_name() -> Iterator[str]:
 
 
 def training_job(name: str, ns: str, *, steps: int, interval: int, **spec: Any) -> dict[str, Any]:
+    # A model big enough that a run lasts tens of seconds: the faults below must land mid-run.
+    spec.setdefault("model", {"name": "mlp", "hidden": 256, "layers": 3})
     obj = job_manifest(name, ns, steps=steps, checkpoint={"intervalSteps": interval, "keep": 2,
                                                           "volume": {"hostPath": {"path": CHECKPOINT_HOSTPATH,
                                                                                   "type": "Directory"}}},
@@ -66,7 +68,7 @@ def test_elastic_shrink_after_a_node_is_stopped(
     anti = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
         "labelSelector": {"matchLabels": {"disttrain.dev/job-name": name}},
         "topologyKey": "kubernetes.io/hostname"}]}}
-    obj = training_job(name, namespace, steps=400, interval=20,
+    obj = training_job(name, namespace, steps=600, interval=20,
                        workers={"replicas": 2, "resources": {"cpu": "500m", "memory": "768Mi"},
                                 "template": {"affinity": anti}},
                        data={"batchSize": 64},
@@ -92,7 +94,7 @@ def test_elastic_shrink_after_a_node_is_stopped(
     assert status["replicas"] == 1, status
     result = status["result"]
     assert result["worldSize"] == 1 and result["resumedFromStep"] >= 20, result
-    assert result["steps"] == 400
+    assert result["steps"] == 600
     reasons = [e["reason"] for e in assert_one_event_per_transition(kubectl, namespace, name)]
     assert "ElasticShrink" in reasons, reasons
     (pod,) = [p for p in kubectl.pods(namespace, name) if not p["metadata"].get("deletionTimestamp")]
@@ -103,7 +105,7 @@ def test_suspend_then_resume_continues_from_the_checkpoint(
     kubectl: Kubectl, operator: OperatorProcess, namespace: str, job_name: str
 ) -> None:
     name = job_name
-    kubectl.apply(training_job(name, namespace, steps=300, interval=20,
+    kubectl.apply(training_job(name, namespace, steps=600, interval=20,
                                workers={"replicas": 2, "resources": {"cpu": "500m", "memory": "768Mi"}}))
     kubectl.wait_phase(namespace, name, ("Running",), timeout=300)
     saved = wait_for_checkpoint(kubectl, name, 20)
