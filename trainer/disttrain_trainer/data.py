@@ -48,10 +48,16 @@ class Shards:
         return cache
 
     def take(self, rows: np.ndarray) -> np.ndarray:
+        # One fancy-indexed read per shard, not one Python call per row: this runs every step.
         maps = self._maps()
-        return np.stack(
-            [np.asarray(maps[r // self.rows_per_shard][r % self.rows_per_shard]) for r in rows]
-        )
+        rows = np.asarray(rows)
+        shard, offset = np.divmod(rows, self.rows_per_shard)
+        first = maps[0]
+        out = np.empty((len(rows), *first.shape[1:]), dtype=first.dtype)
+        for s in np.unique(shard):
+            sel = shard == s
+            out[sel] = maps[s][offset[sel]]
+        return out
 
 
 @dataclass(frozen=True, kw_only=True)
