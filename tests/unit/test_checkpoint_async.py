@@ -46,3 +46,14 @@ def test_a_failed_background_write_is_raised_to_the_caller(tmp_path: Path) -> No
     saver.save({"w": torch.ones(2)}, 1)
     with pytest.raises(RuntimeError, match="checkpoint write"):
         saver.wait()
+
+
+def test_snapshot_reuses_the_buffers_of_a_written_snapshot() -> None:
+    first = ckpt.snapshot({"w": torch.ones(3), "m": [torch.zeros(2)]})
+    buf = first["w"]
+    second = ckpt.snapshot({"w": torch.full((3,), 2.0), "m": [torch.ones(2)]}, first)
+    assert second["w"] is buf and torch.equal(buf, torch.full((3,), 2.0))
+    assert torch.equal(second["m"][0], torch.ones(2))
+    # A different shape gets a fresh tensor.
+    third = ckpt.snapshot({"w": torch.ones(4)}, second)
+    assert third["w"] is not buf and third["w"].shape == (4,)

@@ -152,17 +152,25 @@ def save(root: Path, state: dict[str, Any], step: int, *, keep: int, world_size:
     return SaveResult(path=final, bytes=nbytes, seconds=time.perf_counter() - start)
 
 
-def snapshot(state: Any) -> Any:
+def snapshot(state: Any, reuse: Any = None) -> Any:
     """A copy of `state` that training can no longer change: tensors copied to host memory,
-    containers rebuilt, arrays copied; other leaves (numbers, strings, tuples of them) are immutable."""
+    containers rebuilt, arrays copied; other leaves (numbers, strings, tuples of them) are immutable.
+
+    `reuse`: an earlier snapshot of the same structure that nobody reads any more; its host
+    tensors are overwritten in place instead of allocating (and page-faulting) fresh memory."""
     if isinstance(state, torch.Tensor):
-        return state.detach().to("cpu", copy=True)
+        src = state.detach()
+        if (isinstance(reuse, torch.Tensor) and reuse.shape == src.shape and reuse.dtype == src.dtype
+                and reuse.device.type == "cpu"):  # fmt: skip
+            return reuse.copy_(src)
+        return src.to("cpu", copy=True)
     if isinstance(state, dict):
-        return {k: snapshot(v) for k, v in state.items()}
-    if isinstance(state, list):
-        return [snapshot(v) for v in state]
-    if isinstance(state, tuple):
-        return tuple(snapshot(v) for v in state)
+        old = reuse if isinstance(reuse, dict) else {}
+        return {k: snapshot(v, old.get(k)) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        old = reuse if isinstance(reuse, (list, tuple)) and len(reuse) == len(state) else [None] * len(state)
+        out = [snapshot(v, o) for v, o in zip(state, old, strict=True)]
+        return out if isinstance(state, list) else tuple(out)
     if isinstance(state, np.ndarray):
         return state.copy()
     return state
@@ -181,6 +189,7 @@ class AsyncSaver:
     def __init__(self, root: Path, *, keep: int, world_size: int) -> None:
         self.root, self.keep, self.world_size = root, keep, world_size
         self._thread: threading.Thread | None = None
+        self._spare: Any = None  # the last snapshot, once written: its buffers are reused
         self._done: list[SaveResult] = []
         self._error: BaseException | None = None
         self._lock = threading.Lock()
@@ -189,7 +198,8 @@ class AsyncSaver:
         """Start writing checkpoint `step`; returns the seconds the caller was held up."""
         start = time.perf_counter()
         self._join()
-        snap = snapshot(state)
+        snap = snapshot(state, self._spare)
+        self._spare = None
         self._thread = threading.Thread(target=self._write, args=(snap, step),
                                         name=f"checkpoint-{step}")  # fmt: skip
         self._thread.start()
@@ -204,6 +214,7 @@ class AsyncSaver:
             return
         with self._lock:
             self._done.append(res)
+            self._spare = state
 
     def _join(self) -> None:
         if self._thread is not None:
