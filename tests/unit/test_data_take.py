@@ -20,5 +20,6 @@ def test_take_returns_the_requested_rows_in_order(tmp_path: Path, monkeypatch, i
         files.append(f)
     shards = data.Shards(files=tuple(files), rows_per_shard=13, total_rows=50)
     rows = np.random.default_rng(0).permutation(50)[:20]
-    assert np.array_equal(shards.take(rows), full[rows])
-    assert (shards.__dict__["_joined"] is None) == (in_memory_max == 0)
+    for _ in range(2):  # the second read comes from the cached array (or the maps)
+        assert np.array_equal(shards.take(rows), full[rows])
+        assert np.array_equal(shards.take(rows[::-1]), full[rows[::-1]])

@@ -51,11 +51,11 @@ class Shards:
     def _joined(self) -> np.ndarray | None:
         """All shards as one in-memory array when they are small (the reads run every step:
         one fancy index into one array costs ~10 us, a per-shard gather ~10x that)."""
-        if "_joined" not in self.__dict__:
+        if "_joined_cache" not in self.__dict__:
             maps = self._maps()
             small = sum(m.nbytes for m in maps) <= IN_MEMORY_MAX_BYTES
-            object.__setattr__(self, "_joined", np.concatenate(maps) if small else None)
-        return self.__dict__["_joined"]
+            object.__setattr__(self, "_joined_cache", np.concatenate(maps) if small else None)
+        return self.__dict__["_joined_cache"]
 
     def take(self, rows: np.ndarray) -> np.ndarray:
         rows = np.asarray(rows)
