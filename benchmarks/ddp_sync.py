@@ -9,6 +9,7 @@ without disttrain in the way:
   (b) the trainer's loop with metrics on vs the same trainer with metrics off
       (`Metrics(enabled=False)`: no reducer timing, no Prometheus, no JSON lines):
       whole `train.run` calls, alternating on/off           target: overhead <= 3%
+  (b') (diagnostic) the communication timing alone, on/off every 5 steps in one gang
   (c) checkpoints: the loop's stall for an asynchronous save (`Run.save_checkpoint`:
       RNG gather + snapshot to host memory) vs a synchronous save of the same state
       (`Run.state` + `checkpoint.save`)                      target: stall <= 20%
@@ -174,6 +175,20 @@ def _worker(rank: int, a: Args, port: int, out: str) -> None:
         buckets = [int(b) for b in model._get_ddp_logging_data()["rebuilt_bucket_sizes"].split(", ")]
         grad_bytes = sum(buckets)
         busy = [step().busy_s for _ in range(a.comm_steps)]
+        # (b') the same step, DDP's reducer timing on (sample rate 1, read every step) or off (DDP's
+        # default), alternating every 5 steps inside one gang: immune to load drift between runs.
+        ab: dict[bool, list[float]] = {True: [], False: []}
+        for i in range(4 * a.comm_steps):
+            on = (i // 5) % 2 == 0
+            model._set_ddp_runtime_logging_sample_rate(1 if on else 100)
+            t0 = time.perf_counter()
+            x, y = ds.batch(sampler.next_indices())
+            train_step(model, [(torch.from_numpy(x), torch.from_numpy(y))], loss_fn=loss_fn, optimizer=opt,
+                       scheduler=sched, amp=amp)  # fmt: skip
+            if on:
+                clock.take()
+            ab[on].append(time.perf_counter() - t0)
+        model._set_ddp_runtime_logging_sample_rate(1)
         bufs = [torch.randn(n // 4) for n in buckets]
         raw: list[float] = []
         for i in range(a.comm_steps + 3):
@@ -242,6 +257,8 @@ def _worker(rank: int, a: Args, port: int, out: str) -> None:
                 "ddp_busy_MBps": grad_bytes / _med(busy) / MB,
                 "raw_allreduce_ms": _med(raw) * 1e3,
                 "raw_allreduce_MBps": grad_bytes / _med(raw) / MB,
+                "ab_on_ms": _med(ab[True]) * 1e3,
+                "ab_off_ms": _med(ab[False]) * 1e3,
                 "sync_save_ms": _med(sync_s) * 1e3,
                 "stall_ms": _med(stall_s) * 1e3,
                 "stall_ratio": _med([s / y for s, y in zip(stall_s, sync_s, strict=True)]),
@@ -280,6 +297,9 @@ def _table(r: dict[str, Any], a: Args) -> str:
         f"| {r['ddp_busy_MBps'] / r['raw_allreduce_MBps']:.2f} | (diagnostic) | |",
         f"| (b) trainer loop, metrics on vs off | {r['step_on_ms']:.2f} ms/step | {r['step_off_ms']:.2f} ms/step "
         f"| {overhead * 100:+.1f}% (median of paired runs) | <= +3% | {verdict('metrics')} |",
+        f"| (b') the same step, reducer timing + read on vs off, alternating every 5 steps in one gang "
+        f"| {r['ab_on_ms']:.2f} ms | {r['ab_off_ms']:.2f} ms | {(r['ab_on_ms'] / r['ab_off_ms'] - 1) * 100:+.1f}% "
+        "| (diagnostic) | |",
         f"| (c) loop stall for a checkpoint ({r['ckpt_bytes'] / MB:.1f} MB): async save vs synchronous save "
         f"| {r['stall_ms']:.1f} ms | {r['sync_save_ms']:.1f} ms | {r['stall_ratio']:.2f} | <= 0.20 | {verdict('stall')} |",
         f"| (c) background checkpoint write throughput | {r['write_MBps']:.0f} MB/s | {r['raw_write_MBps']:.0f} MB/s "
