@@ -52,6 +52,7 @@ def _run(rank: int, ns: dict[str, Any], work: str, job: str, compression: str, p
         "data": {"name": "synthetic", "batchSize": ns["batch"], "seed": 0, "shards": 2, "syntheticSamples": 4096},
         "optimizer": {"name": "sgd", "lr": 0.01, "momentum": 0.9, "decay": "none"},
         "training": {"steps": ns["steps"], "logIntervalSteps": 1, "gradientCompression": compression,
+                     "bucketCapMB": ns["bucket_mb"],
                      "powerSGDRank": ns["rank"]},
         "checkpoint": {"intervalSteps": ns["steps"], "keep": 1},
     })  # fmt: skip
@@ -87,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--rank", type=int, default=2, help="PowerSGD rank")
     p.add_argument("--rounds", type=int, default=3)
+    # One bucket by default: with several, torch's PowerSGD hook on gloo crashed here with a collective
+    # mismatch (gloo "Received data size doesn't match expected size"), see benchmarks/README.md.
+    p.add_argument("--bucket-mb", type=float, default=100.0, help="DDP bucketCapMB")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     ns = vars(args)
@@ -103,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     params = args.hidden * 64 + (args.layers - 1) * args.hidden * (args.hidden + 1) + args.hidden * 10
     print()
     print(f"MLP {args.hidden}x{args.layers} (~{params / 1e6:.1f} M params, {params * 4 / 1e6:.0f} MB fp32 gradients), "
-          f"global batch {args.batch}, {WORLD} gloo processes, 1 thread each, {args.steps} steps per run "
+          f"global batch {args.batch}, bucketCapMB {args.bucket_mb}, {WORLD} gloo processes, 1 thread each, {args.steps} steps per run "
           f"(first {SKIP} skipped), medians of {args.rounds} rounds; load average {load0:.1f} before, "
           f"{os.getloadavg()[0]:.1f} after")  # fmt: skip
     print()
