@@ -15,6 +15,7 @@ ENV_LOCAL_RANK = "LOCAL_RANK"
 ENV_NODE_RANK = "NODE_RANK"  # = worker pod index
 ENV_NPROC_PER_NODE = "NPROC_PER_NODE"
 ENV_JOB = "DISTTRAIN_JOB"
+ENV_NAMESPACE = "DISTTRAIN_NAMESPACE"  # the job's namespace, a label of every metric series
 ENV_CONFIG = "DISTTRAIN_CONFIG"  # path of the spec rendered as JSON
 ENV_RESTART_ATTEMPT = "DISTTRAIN_RESTART_ATTEMPT"
 # Optional overrides (defaults come from the spec):
@@ -23,6 +24,9 @@ ENV_RUN_DIR = "DISTTRAIN_RUN_DIR"  # JSON-lines metrics logs, summary.json, plot
 ENV_METRICS_PORT = "DISTTRAIN_METRICS_PORT"  # base port; rank serves base + LOCAL_RANK; 0 = off
 ENV_TERMINATION_LOG = "DISTTRAIN_TERMINATION_LOG"  # rank 0 writes its summary JSON here
 ENV_DEVICE = "DISTTRAIN_DEVICE"  # force "cpu" or "cuda"
+# "true": a pod that asks for GPUs but sees none trains on CPU (with a warning) instead of
+# failing with exit 2; the operator sets it for every job when its own setting allows it.
+ENV_ALLOW_CPU_FALLBACK = "DISTTRAIN_ALLOW_CPU_FALLBACK"
 
 DEFAULT_MASTER_PORT = 29500
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
@@ -45,7 +49,17 @@ GPU_RESOURCE = "nvidia.com/gpu"
 # Federated / parameter-server topologies: which side a pod plays and where the
 # gRPC service (aggregator or parameter server) listens, as host:port.
 ENV_ROLE = "DISTTRAIN_ROLE"
-ENV_SERVER_ADDR = "DISTTRAIN_SERVER_ADDR"
+ENV_SERVER_ADDR = "DISTTRAIN_SERVER_ADDR"  # paramserver: every shard's host:port, comma-separated, shard 0 first
+# Federated channel security, mounted from Secrets by the operator:
+# a folder with ca.crt / tls.crt / tls.key (clients read only ca.crt), and the
+# file holding the key that per-client tokens are derived from (HMAC).
+ENV_FED_TLS_DIR = "DISTTRAIN_FED_TLS_DIR"
+ENV_FED_TOKEN_KEY_FILE = "DISTTRAIN_FED_TOKEN_KEY_FILE"
+# Name the server certificate is issued for, when clients dial it by another name (an IP).
+ENV_FED_TLS_SERVER_NAME = "DISTTRAIN_FED_TLS_SERVER_NAME"
+FED_TLS_MOUNT_DIR = "/etc/disttrain/federated-tls"
+FED_TOKEN_MOUNT_DIR = "/etc/disttrain/federated-token"
+FED_TOKEN_SECRET_KEY = "token-key"
 LABEL_MODE = "disttrain.dev/mode"
 # Mesh layout of a gang, for humans (kubectl describe): "dp=2,pp=2,tp=1".
 ANNOTATION_MESH = "disttrain.dev/mesh"

@@ -1,7 +1,8 @@
-"""Names of the Prometheus series the trainer exports.
+"""Names of the Prometheus series and labels that cross the trainer/operator boundary.
 
 The trainer exports them (trainer `metrics.py`), the operator scrapes rank 0 for
-progress, and the dashboards query them: one definition for all three.
+progress, and the dashboards (charts/disttrain/dashboards/) query them: one
+definition for all three.
 
 Every step's wall time splits into data + compute + exposed communication + idle
 (+ the bookkeeping between steps). Busy communication overlaps compute and is
@@ -20,17 +21,42 @@ PREFIX = "disttrain_"
 
 STEP = PREFIX + "step"
 LAST_CHECKPOINT_STEP = PREFIX + "last_checkpoint_step"
+# Histogram of step wall time: its _sum is the denominator of the communication fraction.
+STEP_SECONDS = PREFIX + "step_seconds"
+STEP_SECONDS_SUM = STEP_SECONDS + "_sum"
+# Exposed communication, the time the step waits for (the numerator of the communication fraction).
+COMM_EXPOSED_SECONDS = PREFIX + "comm_exposed_seconds"
+COMM_SECONDS_TOTAL = COMM_EXPOSED_SECONDS + "_total"
 
-# Series the operator reads from rank 0's /metrics for status.step / status.lastCheckpointStep.
-PROGRESS_SERIES = (STEP, LAST_CHECKPOINT_STEP)
+# Series the operator reads from rank 0's /metrics for status.step / lastCheckpointStep / commFraction.
+PROGRESS_SERIES = (STEP, LAST_CHECKPOINT_STEP, COMM_SECONDS_TOTAL, STEP_SECONDS_SUM)
 
-STEP_SECONDS = PREFIX + "step_seconds"  # histogram of step wall time
+# Labels of every trainer series. Not `job`/`instance`: Prometheus attaches those to every
+# scraped target, and a series' own `job` would be renamed `exported_job` (or, with
+# honor_labels, would replace the scrape job). `namespace` equals the pod's namespace, so a
+# scrape config or PodMonitor that adds a `namespace` target label agrees with it.
+LABEL_JOB = "dtjob"
+LABEL_NAMESPACE = "namespace"
+LABEL_RANK = "rank"
+LABEL_MODE = "mode"
+SERIES_LABELS = (LABEL_JOB, LABEL_NAMESPACE, LABEL_RANK, LABEL_MODE)
+# A target label the scrape config adds from the pod label disttrain.dev/restart-attempt (the
+# chart's PodMonitor and README scrape config): the dashboard counts gang restarts with it.
+LABEL_RESTART_ATTEMPT = "restart_attempt"
 
+
+def comm_fraction(progress: dict[str, float]) -> float | None:
+    """Communication seconds / step seconds from one scrape (None before the first step)."""
+    comm, step = progress.get(COMM_SECONDS_TOTAL), progress.get(STEP_SECONDS_SUM)
+    if comm is None or not step:
+        return None
+    return round(min(max(comm / step, 0.0), 1.0), 4)
+
+# --- data-parallel trainer ----------------------------------------------------
 # Counters (prometheus_client appends _total).
 COMPUTE_SECONDS = PREFIX + "compute_seconds"
 DATA_SECONDS = PREFIX + "data_seconds"
 IDLE_SECONDS = PREFIX + "idle_seconds"
-COMM_EXPOSED_SECONDS = PREFIX + "comm_exposed_seconds"
 COMM_BUSY_SECONDS = PREFIX + "comm_busy_seconds"
 GRADIENT_BYTES = PREFIX + "gradient_bytes"
 SAMPLES = PREFIX + "samples"
@@ -55,3 +81,32 @@ EVAL_METRIC = PREFIX + "eval_metric"
 CHECKPOINT_STALL_SECONDS = PREFIX + "checkpoint_stall_seconds"  # the loop's pause for a snapshot
 CHECKPOINT_WRITE_SECONDS = PREFIX + "checkpoint_write_seconds"  # the background write
 CHECKPOINT_BYTES = PREFIX + "checkpoint_bytes"
+
+# --- federated mode (aggregator and client processes) -------------------------
+FED_ROUND = PREFIX + "federated_round"
+FED_ROUND_SECONDS = PREFIX + "federated_round_seconds"
+FED_CLIENTS_SAMPLED = PREFIX + "federated_clients_sampled"
+FED_CLIENTS_ANSWERED = PREFIX + "federated_clients_answered"
+FED_CLIENTS_DROPPED = PREFIX + "federated_clients_dropped"
+FED_UPDATES_REJECTED = PREFIX + "federated_updates_rejected"
+FED_ROUND_RETRIES = PREFIX + "federated_round_retries"
+FED_BYTES_UP = PREFIX + "federated_bytes_up"
+FED_BYTES_DOWN = PREFIX + "federated_bytes_down"
+FED_ACCURACY = PREFIX + "federated_global_accuracy"
+FED_CLIENT_COMPUTE_SECONDS = PREFIX + "federated_client_compute_seconds"
+FED_CLIENT_COMM_SECONDS = PREFIX + "federated_client_communication_seconds"
+
+# --- parameter-server mode (server shards and worker processes) ---------------
+PS_VERSION = PREFIX + "paramserver_version"
+PS_STALENESS = PREFIX + "paramserver_staleness"
+PS_PUSHES_ACCEPTED = PREFIX + "paramserver_pushes_accepted"
+PS_PUSHES_REJECTED = PREFIX + "paramserver_pushes_rejected"
+PS_APPLY_SECONDS = PREFIX + "paramserver_apply_seconds"
+PS_SERVER_PUSH_BYTES = PREFIX + "paramserver_server_push_bytes"
+PS_SERVER_PULL_BYTES = PREFIX + "paramserver_server_pull_bytes"
+PS_PUSH_SECONDS = PREFIX + "paramserver_push_seconds"
+PS_PULL_SECONDS = PREFIX + "paramserver_pull_seconds"
+PS_PUSH_BYTES = PREFIX + "paramserver_push_bytes"
+PS_PULL_BYTES = PREFIX + "paramserver_pull_bytes"
+PS_COMPUTE_SECONDS = PREFIX + "paramserver_compute_seconds"
+PS_DATA_SECONDS = PREFIX + "paramserver_data_seconds"

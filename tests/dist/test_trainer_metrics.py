@@ -110,7 +110,7 @@ def test_metrics_endpoint_and_time_decomposition(trainer, make_digits_spec) -> N
             text0 = text0 or text
             for name in SERIES:
                 assert f"{name}{{" in text, f"{name} missing from rank {rank}'s /metrics"
-            assert 'job="metrics-job"' in text and 'mode="data"' in text
+            assert 'dtjob="metrics-job"' in text and 'mode="data"' in text
             assert value(text, names.STEP, rank) == 60
             assert value(text, names.STEP_SECONDS + "_count", rank) == 60
             assert value(text, names.COMM_BUSY_SECONDS + "_total", rank) > 0

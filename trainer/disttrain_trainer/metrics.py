@@ -1,11 +1,11 @@
 """Per-rank training metrics: Prometheus /metrics and a JSON-lines log with the same figures.
 
-A step's wall time splits into data + compute + exposed communication + idle
-(definitions in disttrain_api.metric_names); busy communication is reported
-beside them. The step loop only adds floats into a `Tally` per step; Prometheus
-series and the JSON-lines record are updated once per log interval, so the
-bookkeeping stays off the per-step path. Each rank uses its own
-CollectorRegistry so several ranks can share a process in tests without clashing.
+Labels: metric_names.SERIES_LABELS (dtjob/namespace/rank/mode). A step's wall time splits
+into data + compute + exposed communication + idle (definitions in disttrain_api.metric_names);
+busy communication is reported beside them. The step loop only adds floats into a `Tally` per
+step; Prometheus series and the JSON-lines record are updated once per log interval, so the
+bookkeeping stays off the per-step path. Each rank uses its own CollectorRegistry so several
+ranks can share a process in tests without clashing.
 """
 
 from __future__ import annotations
@@ -86,11 +86,13 @@ class Metrics:
         port: int,
         run_dir: Path | None,
         enabled: bool = True,
+        namespace: str = "default",
     ):
         self.enabled = enabled
         self.registry = CollectorRegistry()
-        labels = ("job", "rank", "mode")
-        self._values = {"job": job, "rank": str(rank), "mode": mode}
+        labels = names.SERIES_LABELS
+        self._values = {names.LABEL_JOB: job, names.LABEL_NAMESPACE: namespace, names.LABEL_RANK: str(rank),
+                        names.LABEL_MODE: mode}  # fmt: skip
         r = self.registry
 
         def gauge(name: str, doc: str) -> Any:
@@ -203,3 +205,13 @@ class Metrics:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+
+def observe_single_step(m: Metrics, *, step: int, loss: float, lr: float, samples: int, t0: float, t1: float,
+                        t2: float, end: float, comm_s: float, comm_bytes: int) -> None:  # fmt: skip
+    """One step observed as its own log interval, communication not overlapped (exposed = busy):
+    for tools and tests that feed Metrics without the training loop."""
+    t = Tally()
+    t.add_step(t0=t0, t1=t1, t2=t2, end=end, exposed_s=comm_s, busy_s=comm_s, idle_s=0.0, samples=samples)
+    m.observe_step_time(end - t0)
+    m.observe_interval(step=step, loss=loss, lr=lr, tally=t, gradient_bytes=comm_bytes)

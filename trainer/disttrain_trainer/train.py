@@ -306,6 +306,7 @@ def _loop(run: Run) -> dict[str, Any]:
         "samples_per_s": t.samples * ctx.world_size / t.step_s if t.step_s else 0.0,
         # Fractions of step time; busy overlaps compute, the other three add up with compute.
         "commExposedFraction": t.fraction(t.exposed_s),
+        "comm_fraction": t.fraction(t.exposed_s),  # = exposed: what the operator's status.commFraction shows
         "commBusyFraction": t.fraction(t.busy_s),
         "idleFraction": t.fraction(t.idle_s),
         "dataFraction": t.fraction(t.data_s),
@@ -339,7 +340,8 @@ def run(cfg: TrainerConfig, *, metrics: Metrics | None = None) -> dict[str, Any]
     ctx = init_distributed(cfg)
     own_metrics = metrics is None
     m = metrics or Metrics(
-        job=cfg.job, rank=ctx.rank, mode=spec.mode, port=cfg.metrics_port, run_dir=cfg.run_dir
+        job=cfg.job, rank=ctx.rank, mode=spec.mode, port=cfg.metrics_port, run_dir=cfg.run_dir,
+        namespace=cfg.namespace,
     )
     try:
         if (
