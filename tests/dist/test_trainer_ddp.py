@@ -65,8 +65,8 @@ def test_compression_hooks_keep_replicas_in_sync_and_train(
     assert s["replicaMaxAbsDiff"] == 0.0, s  # every replica applied the same (compressed) update
     losses = [r["loss"] for r in res.steps_log(0)]
     assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:5]) / 5, losses
-    # The hook really ran: bytes went through the timed hook on every step.
-    assert all(r["comm_bytes"] > 0 for r in res.steps_log(1))
+    # The hook's collectives were timed by DDP's reducer on every step.
+    assert all(r["comm_busy_s"] > 0 for r in res.steps_log(1))
 
 
 def test_bf16_on_cpu_trains(trainer, make_digits_spec) -> None:

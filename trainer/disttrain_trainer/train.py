@@ -1,11 +1,12 @@
 """The training loop: data -> forward/backward (DDP all-reduce) -> optimizer, with metrics and checkpoints.
 
-Time per step is split three ways and measured, not estimated:
-  data    = fetching this rank's rows from the shards and moving them to the device;
-  comm    = time with at least one gradient collective in flight (CommTimer, from the DDP hook);
-  compute = the forward/backward/optimizer window minus the communication inside it.
-step_s is the whole iteration (including bookkeeping), so data+compute+comm ~= step_s
-is a real check that nothing unmeasured hides in a step.
+Time per step is split four ways and measured, not estimated (see disttrain_api.metric_names):
+  data          = fetching this rank's rows from the shards and moving them to the device;
+  comm exposed  = the step waiting on gradient communication nothing overlapped (DDP's reducer timer);
+  compute       = the forward/backward/optimizer window minus the exposed communication;
+  idle          = waiting while rank 0 evaluates or snapshots a checkpoint alone (timed up to a barrier).
+Busy communication (a collective in flight, overlapped or not) is reported beside them.
+The loop keeps the device unsynchronised: the loss stays a tensor until a log interval.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from . import parallel, resume
 from .config import SUMMARY_FILE, ConfigError, TrainerConfig, finished_path
 from .data import Dataset, GlobalBatchSampler, load_dataset
 from .dist_env import DistContext, cleanup, finish, init_distributed
-from .metrics import Metrics, StepStats
+from .metrics import Metrics, Tally
 from .models import build_model, resolve
 from .optim import build_optimizer, build_scheduler
 from .precision import Amp, make_amp
@@ -99,7 +100,7 @@ class Run:
     ds: Dataset
     model: nn.Module  # the wrapped (DDP) model
     inner: nn.Module  # the plain module: what checkpoints hold
-    timer: parallel.CommTimer
+    comm: parallel.CommClock | None  # None: nothing to time (or metrics off)
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     amp: Amp
@@ -110,9 +111,8 @@ class Run:
     # Set once training is over: the final checkpoint carries it, so a resumed run
     # that has nothing left to do reports the finished run's figures.
     summary: dict[str, Any] | None = None
-    totals: dict[str, float] = field(
-        default_factory=lambda: {"step": 0.0, "comm": 0.0, "samples": 0.0}
-    )
+    totals: Tally = field(default_factory=Tally)
+    saver: ckpt.AsyncSaver | None = None  # rank 0's background checkpoint writer
 
     def state(self) -> dict[str, Any]:
         # Per-rank parts: RNG streams (dropout) and the comm hook's error feedback (PowerSGD).
@@ -156,17 +156,25 @@ class Run:
         return getattr(self.model, "comm_hook_state", None)
 
     def save_checkpoint(self) -> None:
+        """Snapshot the state; rank 0 hands it to the background writer (at most one write in flight).
+
+        The collective RNG gather runs on every rank; only rank 0 then copies the state, so the
+        caller times this (with a barrier after it) as idle time, not as communication."""
         state = self.state()
         if self.ctx.is_main:
-            res = ckpt.save(self.cfg.checkpoint_dir, state, self.step, keep=self.cfg.spec.checkpoint.keep,
-                            world_size=self.ctx.world_size)  # fmt: skip
-            info = [res.seconds, res.bytes]
-        else:
-            info = [0.0, 0]
-        dist.broadcast_object_list(
-            info, src=0
-        )  # also a barrier: nobody runs ahead of a half-written save
-        self.metrics.observe_checkpoint(self.step, float(info[0]), int(info[1]))
+            if self.saver is None:
+                self.saver = ckpt.AsyncSaver(self.cfg.checkpoint_dir, keep=self.cfg.spec.checkpoint.keep,
+                                             world_size=self.ctx.world_size)  # fmt: skip
+            stall = self.saver.save(state, self.step)
+            self.metrics.observe_checkpoint_stall(self.step, stall)
+
+    def report_checkpoints(self, *, wait: bool = False) -> None:
+        """Record the checkpoints whose background write has finished (rank 0); `wait` for the one in flight."""
+        if self.saver is None:
+            return
+        for res in self.saver.wait() if wait else self.saver.poll():
+            step = int(res.path.name.rsplit("-", 1)[1])
+            self.metrics.observe_checkpoint(step, res.seconds, res.bytes)
 
 
 def _settle_buckets(run: Run) -> None:
@@ -187,7 +195,8 @@ def _settle_buckets(run: Run) -> None:
                                    torch.from_numpy(np.asarray(y)).to(dev))  # fmt: skip
     loss.backward()
     run.optimizer.zero_grad(set_to_none=True)
-    run.timer.take()
+    if run.comm is not None:
+        run.comm.take()
 
 
 def _resume(run: Run) -> None:
@@ -206,9 +215,11 @@ def _resume(run: Run) -> None:
 def _batch(run: Run) -> list[tuple[torch.Tensor, torch.Tensor]]:
     x, y = run.ds.batch(run.sampler.next_indices())
     dev = run.ctx.device
-    xt, yt = torch.from_numpy(np.asarray(x)).to(dev), torch.from_numpy(np.asarray(y)).to(dev)
+    xt, yt = torch.from_numpy(np.asarray(x)), torch.from_numpy(np.asarray(y))
+    if dev.type != "cpu":
+        xt, yt = xt.to(dev, non_blocking=True), yt.to(dev, non_blocking=True)
     k = run.cfg.spec.training.grad_accumulation
-    return list(zip(xt.chunk(k), yt.chunk(k), strict=True))
+    return [(xt, yt)] if k == 1 else list(zip(xt.chunk(k), yt.chunk(k), strict=True))
 
 
 def _replica_divergence(model: nn.Module) -> float:
@@ -219,62 +230,73 @@ def _replica_divergence(model: nn.Module) -> float:
     return float((hi - lo).max())
 
 
+def _rank0_alone(run: Run, *, evaluate_now: bool, checkpoint_now: bool) -> tuple[str, float] | None:
+    """Evaluation and the checkpoint snapshot: rank 0 works alone, the others wait at the barrier."""
+    result = None
+    if evaluate_now and run.ctx.is_main:
+        result = evaluate(run.inner, run.ds, run.amp)
+        run.metrics.observe_eval(run.step, *result)
+    if checkpoint_now:
+        run.save_checkpoint()
+    dist.barrier()  # the wait ends here, as idle time, not inside the next step's all-reduce
+    return result
+
+
 def _loop(run: Run) -> dict[str, Any]:
-    spec, ctx = run.cfg.spec, run.ctx
+    spec, ctx, metrics = run.cfg.spec, run.ctx, run.metrics
     tr = spec.training
     step_fn = parallel.train_step_for(spec.mode)
     loss_fn = loss_fn_for(run.ds)
-    last_loss = float("nan")
+    comm = run.comm if metrics.enabled else None
+    cuda = ctx.device.type == "cuda"
+    grad_bytes = parallel.data.gradient_bytes(run.inner)
+    ckpt_every, eval_every, log_every = spec.checkpoint.interval_steps, tr.eval_interval_steps, tr.log_interval_steps
+    no_comm = parallel.CommTimes(busy_s=0.0, exposed_s=0.0)
+    interval = Tally()
+    losses: list[torch.Tensor] = []  # this interval's losses, on the device until the log
+    last_loss: torch.Tensor | None = None
     eval_result: tuple[str, float] | None = None
     start = time.perf_counter()
-    while run.step < tr.steps:
-        t0 = time.perf_counter()
-        micro = _batch(run)
-        t1 = time.perf_counter()
-        res = step_fn(
-            run.model,
-            micro,
-            loss_fn=loss_fn,
-            optimizer=run.optimizer,
-            scheduler=run.scheduler,
-            amp=run.amp,
-        )
-        if ctx.device.type == "cuda":
-            torch.cuda.synchronize(ctx.device)
-        t2 = time.perf_counter()
-        comm_s, nbytes = run.timer.take()
-        run.step += 1
-        last_loss = res.loss
-        log = run.step % tr.log_interval_steps == 0 or run.step == tr.steps
-        stats = StepStats.from_times(
-            step=run.step, loss=res.loss, lr=run.scheduler.get_last_lr()[0], samples=res.samples,
-            t0=t0, t1=t1, t2=t2, end=time.perf_counter(), comm_s=comm_s, comm_bytes=nbytes,
-        )  # fmt: skip
-        step_s = stats.step_s
-        run.metrics.observe_step(stats, log=log)
-        run.totals["step"] += step_s
-        run.totals["comm"] += stats.comm_s
-        run.totals["samples"] += res.samples * ctx.world_size
-        if log and ctx.is_main:
-            print(f"step {run.step}/{tr.steps} loss {res.loss:.4f} lr {stats.lr:.4g} "
-                  f"samples/s {res.samples * ctx.world_size / step_s:.0f} comm {stats.comm_fraction:.0%}", flush=True)  # fmt: skip
-        if (
-            tr.eval_interval_steps
-            and run.step % tr.eval_interval_steps == 0
-            and run.step < tr.steps
-            and ctx.is_main
-        ):
-            eval_result = evaluate(run.inner, run.ds, run.amp)
-            run.metrics.observe_eval(run.step, *eval_result)
-        if run.step % spec.checkpoint.interval_steps == 0 and run.step < tr.steps:
-            run.save_checkpoint()  # the final one is saved by `run`, with the summary
-    train_s = time.perf_counter() - start
-    loss_t = torch.tensor([last_loss], dtype=torch.float64, device=ctx.device)
+    try:
+        while run.step < tr.steps:
+            t0 = time.perf_counter()
+            micro = _batch(run)
+            t1 = time.perf_counter()
+            res = step_fn(run.model, micro, loss_fn=loss_fn, optimizer=run.optimizer,
+                          scheduler=run.scheduler, amp=run.amp)  # fmt: skip
+            if cuda:
+                torch.cuda.synchronize(ctx.device)
+            t2 = time.perf_counter()
+            c = comm.take() if comm is not None else no_comm
+            run.step += 1
+            last_loss = res.loss
+            losses.append(res.loss)
+            idle = 0.0
+            evaluate_now = bool(eval_every) and run.step % eval_every == 0 and run.step < tr.steps
+            checkpoint_now = run.step % ckpt_every == 0 and run.step < tr.steps  # the final one: `run`, with the summary
+            if evaluate_now or checkpoint_now:
+                ti = time.perf_counter()
+                eval_result = _rank0_alone(run, evaluate_now=evaluate_now, checkpoint_now=checkpoint_now) or eval_result
+                idle = time.perf_counter() - ti
+            end = time.perf_counter()
+            metrics.observe_step_time(end - t0)
+            interval.add_step(t0=t0, t1=t1, t2=t2, end=end, exposed_s=c.exposed_s, busy_s=c.busy_s,
+                              idle_s=idle, samples=res.samples)  # fmt: skip
+            if run.step % log_every == 0 or run.step == tr.steps:
+                _log_interval(run, interval, losses, grad_bytes)
+                run.totals.merge(interval)
+                interval, losses = Tally(), []
+        train_s = time.perf_counter() - start
+    finally:
+        run.report_checkpoints(wait=True)  # the last write finishes before the trainer exits
+    loss_t = torch.tensor([float(last_loss) if last_loss is not None else float("nan")],
+                          dtype=torch.float64, device=ctx.device)  # fmt: skip
     dist.all_reduce(loss_t)  # the mean over ranks = the loss of the global batch
     divergence = _replica_divergence(run.model)
     if ctx.is_main:
         eval_result = evaluate(run.inner, run.ds, run.amp)
         run.metrics.observe_eval(run.step, *eval_result)
+    t = run.totals
     # camelCase like the rest of the API: this dict becomes the job's status.result.
     summary: dict[str, Any] = {
         "steps": run.step,
@@ -287,13 +309,32 @@ def _loop(run: Run) -> dict[str, Any]:
         "backend": ctx.backend,
         "precision": tr.precision,
         "trainS": train_s,
-        "samplesPerS": run.totals["samples"] / run.totals["step"] if run.totals["step"] else 0.0,
-        "commFraction": run.totals["comm"] / run.totals["step"] if run.totals["step"] else 0.0,
+        "samplesPerS": t.samples * ctx.world_size / t.step_s if t.step_s else 0.0,
+        # Fractions of step time; busy overlaps compute, the other three add up with compute.
+        "commExposedFraction": t.fraction(t.exposed_s),
+        "commFraction": t.fraction(t.exposed_s),  # = exposed: what status.commFraction shows
+        "commBusyFraction": t.fraction(t.busy_s),
+        "idleFraction": t.fraction(t.idle_s),
+        "dataFraction": t.fraction(t.data_s),
+        "computeFraction": t.fraction(t.compute_s),
         "replicaMaxAbsDiff": divergence,
     }
     if eval_result is not None:
         summary[SUMMARY_EVAL_KEY[eval_result[0]]] = eval_result[1]
     return summary
+
+
+def _log_interval(run: Run, interval: Tally, losses: list[torch.Tensor], grad_bytes: int) -> None:
+    """Once per log interval: the one host sync for the loss, the metrics, the progress line."""
+    loss = float(torch.stack(losses).mean()) if losses else float("nan")
+    lr = run.scheduler.get_last_lr()[0]
+    run.metrics.observe_interval(step=run.step, loss=loss, lr=lr, tally=interval, gradient_bytes=grad_bytes)
+    run.report_checkpoints()
+    if run.ctx.is_main:
+        rec = interval.record()
+        print(f"step {run.step}/{run.cfg.spec.training.steps} loss {loss:.4f} lr {lr:.4g} "
+              f"samples/s {rec['samples_per_s'] * run.ctx.world_size:.0f} "
+              f"comm exposed {rec['comm_exposed_fraction']:.0%} busy {rec['comm_busy_fraction']:.0%}", flush=True)  # fmt: skip
 
 
 def run(cfg: TrainerConfig, *, metrics: Metrics | None = None) -> dict[str, Any]:
@@ -319,7 +360,7 @@ def run(cfg: TrainerConfig, *, metrics: Metrics | None = None) -> dict[str, Any]
             ds = load_dataset(spec)
         amp = make_amp(spec.training.precision, ctx.device)
         inner = build_model(spec, ds)
-        wrapped, timer = parallel.apply(inner, mesh=ctx, cfg=cfg)
+        wrapped = parallel.apply(inner, mesh=ctx, cfg=cfg)
         resume.seed_rank(spec.data.seed, 0, ctx.rank)  # per-rank streams (dropout), after identical init
         optimizer = build_optimizer(inner.parameters(), spec.optimizer, spec.data.batch_size)
         scheduler = build_scheduler(
@@ -328,7 +369,7 @@ def run(cfg: TrainerConfig, *, metrics: Metrics | None = None) -> dict[str, Any]
         sampler = GlobalBatchSampler(
             ds.num_train, spec.data.batch_size, spec.data.seed, ctx.rank, ctx.world_size
         )
-        r = Run(cfg=cfg, ctx=ctx, ds=ds, model=wrapped, inner=inner, timer=timer, optimizer=optimizer,
+        r = Run(cfg=cfg, ctx=ctx, ds=ds, model=wrapped, inner=inner, comm=parallel.comm_clock_for(wrapped) if m.enabled else None, optimizer=optimizer,
                 scheduler=scheduler, amp=amp, sampler=sampler, metrics=m)  # fmt: skip
         _resume(r)
         if r.summary is not None and r.step >= spec.training.steps:
@@ -338,6 +379,7 @@ def run(cfg: TrainerConfig, *, metrics: Metrics | None = None) -> dict[str, Any]
             summary["wallS"] = time.perf_counter() - wall0
             r.summary = summary
             r.save_checkpoint()
+            r.report_checkpoints(wait=True)  # the final write finishes before the trainer reports success
         if ctx.is_main:
             write_summary(cfg, summary)
         mark_finished(cfg, ctx.rank, r.step)
