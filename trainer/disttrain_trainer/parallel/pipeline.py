@@ -88,7 +88,7 @@ class Recorder:
         self.held.pop(key, None)
 
 
-class _SavedBytes:
+class SavedBytes:
     """saved_tensors_hooks that add up the distinct non-parameter storages autograd keeps."""
 
     def __init__(self, params: set[int]):
@@ -116,7 +116,7 @@ class TimedStage(PipelineStage):
         self._param_ptrs = {p.untyped_storage().data_ptr() for p in self.submod.parameters()}
 
     def forward_one_chunk(self, fwd_chunk_id: int, args: Any, kwargs: Any = None, save_forward_output: bool = True) -> Any:  # noqa: E501, ANN401
-        saved = _SavedBytes(self._param_ptrs)
+        saved = SavedBytes(self._param_ptrs)
         t0 = time.time()
         with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
             out = super().forward_one_chunk(fwd_chunk_id, args, kwargs, save_forward_output)
