@@ -42,6 +42,11 @@ def check_supported(cfg: TrainerConfig) -> None:
     spec = cfg.spec
     if spec.mode not in parallel.IMPLEMENTED:
         raise parallel.ModeNotImplemented(spec.mode)
+    if spec.mode in parallel.PIPELINE_MODES:
+        from .pipeline_train import check_pipeline_supported  # noqa: PLC0415 - it imports this module
+
+        check_pipeline_supported(cfg)
+        return
     parts = cfg.world_size * spec.training.grad_accumulation
     if spec.data.batch_size % parts:
         raise ConfigError(
@@ -312,6 +317,14 @@ def run(cfg: TrainerConfig, *, metrics: Metrics | None = None) -> dict[str, Any]
             ds = load_dataset(spec)
         amp = make_amp(spec.training.precision, ctx.device)
         inner = build_model(spec, ds)
+        if spec.mode in parallel.PIPELINE_MODES:
+            from . import pipeline_train  # noqa: PLC0415 - it imports this module
+
+            summary = pipeline_train.loop(pipeline_train.setup(cfg, ctx, ds, inner, m), amp)
+            summary["wall_s"] = time.perf_counter() - wall0
+            if ctx.is_main:
+                write_summary(cfg, summary)
+            return summary
         wrapped, timer = parallel.apply(inner, mesh=ctx, cfg=cfg)
         torch.manual_seed(
             spec.data.seed * 1000 + ctx.rank
