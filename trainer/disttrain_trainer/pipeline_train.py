@@ -47,6 +47,7 @@ from .parallel.pipeline_stats import split_idle
 from .precision import Amp
 from .train import _rng_state, _set_rng_state, evaluate, loss_fn_for
 
+
 def check_pipeline_supported(cfg: TrainerConfig) -> None:
     spec = cfg.spec
     if spec.parallelism.tensor != 1:
