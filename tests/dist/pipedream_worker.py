@@ -1,4 +1,4 @@
-"""One rank of the PipeDream checks: train an MLP on digits in 2 stages, recording the stashing trace.
+"""One rank of the PipeDream checks: a few steps of an MLP on digits in 2 stages, recording the stashing trace.
 
 Run by test_pipeline_pipedream.py as `python pipedream_worker.py RANK WORLD PORT OUT`.
 """
@@ -17,7 +17,7 @@ from disttrain_trainer.parallel.pipedream import PipeDreamStage
 from sklearn.datasets import load_digits
 from torch import nn
 
-STEPS, BATCH, MICRO, TRACE_STEPS = 200, 64, 4, 2
+STEPS, BATCH, MICRO, TRACE_STEPS = 10, 64, 4, 2
 
 
 def data() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

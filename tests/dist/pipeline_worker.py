@@ -13,7 +13,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from disttrain_trainer.models import GPT, MLP
 from disttrain_trainer.parallel.blocks import named_block_params, split_blocks
-from disttrain_trainer.parallel.partition import uniform_bounds, Plan
+from disttrain_trainer.parallel.partition import Plan, uniform_bounds
 from disttrain_trainer.parallel.pipeline import Pipeline, total_stages
 
 MICROBATCHES = 4

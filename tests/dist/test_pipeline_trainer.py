@@ -69,3 +69,15 @@ def test_hybrid_data_times_pipeline_equals_one_process(trainer, make_digits_spec
     hybrid = trainer.run(spec, world=4, job="hybrid")
     assert max_diff(blocks_of_data_checkpoint(ref), pipeline_blocks(hybrid)) < 1e-5
     assert hybrid.summary["pipeline"]["dataDegree"] == 2
+
+
+def test_pipedream_example_trains_digits(trainer) -> None:  # noqa: ANN001
+    from pathlib import Path  # noqa: PLC0415
+
+    import yaml  # noqa: PLC0415
+
+    example = Path(__file__).resolve().parents[2] / "manifests" / "examples" / "pipedream.yaml"
+    spec = yaml.safe_load(example.read_text())["spec"]
+    res = trainer.run(spec, world=2, job="pipedream")
+    assert res.summary["pipeline"]["schedule"] == "PipeDream"
+    assert res.summary["test_accuracy"] >= 0.95
