@@ -89,17 +89,19 @@ class Recorder:
 
 
 class SavedBytes:
-    """saved_tensors_hooks that add up the distinct non-parameter storages autograd keeps."""
+    """saved_tensors_hooks that add up the distinct non-parameter tensors autograd keeps.
+
+    A tensor counts its own bytes, not its storage's: a micro-batch is a view of the
+    whole batch and holds only its rows. The same tensor saved twice counts once."""
 
     def __init__(self, params: set[int]):
         self.params, self.seen, self.nbytes = params, set(), 0
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
-        ptr = storage.data_ptr()
-        if ptr not in self.params and ptr not in self.seen:
-            self.seen.add(ptr)
-            self.nbytes += storage.nbytes()
+        key = (t.data_ptr(), t.numel())
+        if t.untyped_storage().data_ptr() not in self.params and key not in self.seen:
+            self.seen.add(key)
+            self.nbytes += t.numel() * t.element_size()
         return t
 
     @staticmethod
