@@ -1,4 +1,4 @@
-"""Prometheus series of a pipeline stage, on the rank's own registry (labels job/rank/mode + stage).
+"""Prometheus series of a pipeline stage, on the rank's own registry (the common labels + stage).
 
 The step-level categories (compute, communication, data) go through the common
 `Metrics`; these add what only a pipeline has: the bubble, P2P waits, the
@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from disttrain_api.metric_names import PREFIX as P
+from disttrain_api.metric_names import SERIES_LABELS
 from prometheus_client import Counter, Gauge
 
 from ..metrics import Metrics
@@ -21,7 +22,7 @@ class PipelineMetrics:
     def __init__(self, metrics: Metrics, *, stage: int):
         self.enabled = metrics.enabled
         r = metrics.registry
-        labels = ("job", "rank", "mode", "stage")
+        labels = (*SERIES_LABELS, "stage")
         values = {**metrics._values, "stage": str(stage)}  # noqa: SLF001 - the rank's own label values
 
         def gauge(name: str, doc: str) -> Any:
@@ -40,7 +41,7 @@ class PipelineMetrics:
                                     "Data-parallel gradient all-reduce of this stage, last step.")
         self.act_peak = gauge("pipeline_activation_peak_bytes", "Peak activation bytes held by this stage, last step.")
         self.plan_seconds = Gauge(P + "pipeline_plan_stage_seconds", "Predicted seconds per micro-batch of each stage.",
-                                  ("job", "rank", "mode", "plan_stage"), registry=r)
+                                  (*SERIES_LABELS, "plan_stage"), registry=r)
         self.plan_imbalance = gauge("pipeline_plan_imbalance", "Predicted slowest stage / mean stage.")
         self._base = metrics._values  # noqa: SLF001
 
