@@ -55,7 +55,10 @@ def test_pipeline_trains_like_one_process(trainer, make_digits_spec) -> None:
     assert [st["stage"] for st in s["pipeline"]["perStage"]] == [0, 1]
     for rank in (0, 1):
         rec = pipe.steps_log(rank)[-1]
-        assert rec["stage"] == rank and 0 < rec["bubble_fraction"] < 1 and rec["act_peak_bytes"] > 0
+        assert rec["stage"] == rank and 0 <= rec["bubble_fraction"] < 1 and rec["act_peak_bytes"] > 0
+        # The last stage always waits for the first forward of the first stage; the first stage
+        # may find its gradients already back when a slow moment of its own delayed it.
+        assert rank == 0 or rec["bubble_fraction"] > 0
         total = rec["compute_s"] + rec["comm_s"] + rec["data_s"] + rec["idle_s"]
         assert abs(total - rec["step_s"]) < 1e-6
     assert "partition profile: stage 0: blocks 0-" in pipe.outputs[0]
