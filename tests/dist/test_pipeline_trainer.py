@@ -66,10 +66,11 @@ def test_pipeline_trains_like_one_process(trainer, make_digits_spec) -> None:
 
 def test_hybrid_data_times_pipeline_equals_one_process(trainer, make_digits_spec) -> None:
     spec = pipeline_spec(make_digits_spec, schedule="GPipe")
-    spec = dict(spec, mode="hybrid", workers={"replicas": 4})
+    # 4 processes on a 2-core machine: fewer steps, and room for a busy machine.
+    spec = dict(spec, mode="hybrid", workers={"replicas": 4}, training={"steps": 8, "logIntervalSteps": 1})
     single = dict(spec, mode="data", workers={"replicas": 1}, parallelism={})
     ref = trainer.run(single, world=1, job="one")
-    hybrid = trainer.run(spec, world=4, job="hybrid")
+    hybrid = trainer.run(spec, world=4, job="hybrid", timeout=600)
     assert max_diff(blocks_of_data_checkpoint(ref), pipeline_blocks(hybrid)) < 1e-5
     assert hybrid.summary["pipeline"]["dataDegree"] == 2
 
