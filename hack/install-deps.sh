@@ -12,6 +12,9 @@ if [ $# -gt 0 ]; then PKGS=("$@"); fi
 if [ "$(id -u)" != 0 ]; then echo "install-deps: needs root (run as root or with sudo)" >&2; exit 1; fi
 missing=()
 for p in "${PKGS[@]}"; do
+  # npm may come with another Node.js distribution (e.g. nodesource's nodejs, which conflicts
+  # with Debian's npm package): any working npm command will do.
+  if [ "$p" = npm ] && command -v npm >/dev/null; then continue; fi
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
 done
 SRC=/etc/apt/sources.list.d/disttrain-src.list

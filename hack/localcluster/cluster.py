@@ -14,7 +14,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from . import controlplane, images, network, node
+from . import controlplane, images, network, node, probes
 from .config import APISERVER_PORT, BRIDGE_IP, CHECKPOINT_DIR, REPO_ROOT, ClusterConfig, NodeConfig
 from .proc import ClusterError, kill_cgroup, locked, remove_cgroups, run, say, wait_for
 
@@ -132,6 +132,8 @@ class LocalCluster:
         say("controller-manager, scheduler")
         controlplane.start_controllers(cfg, bins)
         self.wait_ready()
+        # The process runs; wait until its controllers act (see probes.py).
+        probes.controllers_work(self.kubectl, self.node_names, timeout=cfg.ready_timeout_s)
         took = time.monotonic() - t0
         say(f"up in {took:.1f}s; nodes {', '.join(self.node_names)}")
         say(f"KUBECONFIG={cfg.kubeconfig}")

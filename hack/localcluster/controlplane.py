@@ -67,7 +67,10 @@ def start_apiserver(cfg: ClusterConfig, bin_dir: Path) -> None:
                  # node-loss tests see evictions within seconds.
                  "--default-not-ready-toleration-seconds=5",
                  "--default-unreachable-toleration-seconds=5",
-                 "--enable-admission-plugins=NodeRestriction",
+                 # OwnerReferencesPermissionEnforcement: setting blockOwnerDeletion on a child
+                 # needs update on the owner's finalizers, as on managed clusters; without it
+                 # here, a missing RBAC rule would only show up there.
+                 "--enable-admission-plugins=NodeRestriction,OwnerReferencesPermissionEnforcement",
                  "--v=1"],
                 log=log, cgroup=CGROUP)
     ctx = ssl.create_default_context(cafile=str(p / "ca.crt"))

@@ -27,6 +27,9 @@ ENV_DEVICE = "DISTTRAIN_DEVICE"  # force "cpu" or "cuda"
 # "true": a pod that asks for GPUs but sees none trains on CPU (with a warning) instead of
 # failing with exit 2; the operator sets it for every job when its own setting allows it.
 ENV_ALLOW_CPU_FALLBACK = "DISTTRAIN_ALLOW_CPU_FALLBACK"
+# Seconds a rank waits for MASTER_ADDR to resolve, for the gang to join and for a
+# collective to complete (default 300); past it the rank exits FAILED and is retried.
+ENV_RENDEZVOUS_TIMEOUT = "DISTTRAIN_RENDEZVOUS_TIMEOUT_S"
 
 DEFAULT_MASTER_PORT = 29500
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"

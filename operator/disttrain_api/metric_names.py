@@ -3,6 +3,16 @@
 The trainer exports them (trainer `metrics.py`), the operator scrapes rank 0 for
 progress, and the dashboards (charts/disttrain/dashboards/) query them: one
 definition for all three.
+
+Every step's wall time splits into data + compute + exposed communication + idle
+(+ the bookkeeping between steps). Busy communication overlaps compute and is
+reported beside the split, never added into it:
+
+  comm busy    = a gradient collective is in flight (from the launch of the first
+                 bucket's all-reduce to the completion of the last), overlapped or not;
+  comm exposed = the step waits on communication that no compute overlaps (from the
+                 end of backward compute to the last collective's completion);
+  idle         = this rank waits while rank 0 works alone (evaluation, checkpoint snapshot).
 """
 
 from __future__ import annotations
@@ -14,8 +24,9 @@ LAST_CHECKPOINT_STEP = PREFIX + "last_checkpoint_step"
 # Histogram of step wall time: its _sum is the denominator of the communication fraction.
 STEP_SECONDS = PREFIX + "step_seconds"
 STEP_SECONDS_SUM = STEP_SECONDS + "_sum"
-# Communication time the step waits for (the numerator of the communication fraction).
-COMM_SECONDS_TOTAL = PREFIX + "communication_seconds_total"
+# Exposed communication, the time the step waits for (the numerator of the communication fraction).
+COMM_EXPOSED_SECONDS = PREFIX + "comm_exposed_seconds"
+COMM_SECONDS_TOTAL = COMM_EXPOSED_SECONDS + "_total"
 
 # Series the operator reads from rank 0's /metrics for status.step / lastCheckpointStep / commFraction.
 PROGRESS_SERIES = (STEP, LAST_CHECKPOINT_STEP, COMM_SECONDS_TOTAL, STEP_SECONDS_SUM)
@@ -40,6 +51,36 @@ def comm_fraction(progress: dict[str, float]) -> float | None:
     if comm is None or not step:
         return None
     return round(min(max(comm / step, 0.0), 1.0), 4)
+
+# --- data-parallel trainer ----------------------------------------------------
+# Counters (prometheus_client appends _total).
+COMPUTE_SECONDS = PREFIX + "compute_seconds"
+DATA_SECONDS = PREFIX + "data_seconds"
+IDLE_SECONDS = PREFIX + "idle_seconds"
+COMM_BUSY_SECONDS = PREFIX + "comm_busy_seconds"
+GRADIENT_BYTES = PREFIX + "gradient_bytes"
+SAMPLES = PREFIX + "samples"
+CHECKPOINTS = PREFIX + "checkpoints"
+
+# Gauges: the mean per step over the last log interval.
+STEP_COMPUTE_SECONDS = PREFIX + "step_compute_seconds"
+STEP_DATA_SECONDS = PREFIX + "step_data_seconds"
+STEP_IDLE_SECONDS = PREFIX + "step_idle_seconds"
+STEP_COMM_EXPOSED_SECONDS = PREFIX + "step_comm_exposed_seconds"
+STEP_COMM_BUSY_SECONDS = PREFIX + "step_comm_busy_seconds"
+# Gauges: seconds / step seconds over the last log interval (exposed is the scaling problem's headline).
+COMM_EXPOSED_FRACTION = PREFIX + "comm_exposed_fraction"
+COMM_BUSY_FRACTION = PREFIX + "comm_busy_fraction"
+IDLE_FRACTION = PREFIX + "idle_fraction"
+
+SAMPLES_PER_SECOND = PREFIX + "samples_per_second"
+LOSS = PREFIX + "loss"
+LEARNING_RATE = PREFIX + "learning_rate"
+EVAL_METRIC = PREFIX + "eval_metric"
+
+CHECKPOINT_STALL_SECONDS = PREFIX + "checkpoint_stall_seconds"  # the loop's pause for a snapshot
+CHECKPOINT_WRITE_SECONDS = PREFIX + "checkpoint_write_seconds"  # the background write
+CHECKPOINT_BYTES = PREFIX + "checkpoint_bytes"
 
 # --- federated mode (aggregator and client processes) -------------------------
 FED_ROUND = PREFIX + "federated_round"

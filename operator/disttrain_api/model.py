@@ -370,7 +370,7 @@ class JobStatus:
     observed_generation: int = fld(0, minimum=0, desc="metadata.generation this status reflects.")
     message: str | None = fld(None, desc="Human-readable summary of the current phase.")
     result: Object = fld(
-        factory=Object, desc="The trainer's final summary (e.g. testAccuracy, finalLoss, wallSeconds)."
+        factory=Object, desc="The trainer's final summary (e.g. testAccuracy, finalLoss, resumedFromStep, wallS)."
     )
     kopf: Object = fld(factory=Object, desc="Handler progress kept by the kopf framework; not an API.")
 

@@ -13,6 +13,7 @@ be the defaults that replaced the wrong values, not what the user wrote.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
@@ -210,6 +211,59 @@ def _elastic(spec: JobSpec, c: _Checker) -> None:
         c.add("spec.elastic.maxReplicas", f"{el.max_replicas} must be >= workers.replicas {replicas}")
 
 
+def _elastic_sizes(spec: JobSpec, c: _Checker) -> None:
+    el = spec.elastic
+    # Every size of the range must be a valid gang: the operator may shrink or grow to any
+    # of them, and a size that breaks a rule would only fail once the trainer starts there.
+    # Checked only when the spec is valid at its own size; otherwise every size repeats the
+    # same complaint.
+    if el is None or c.errors or not c.ok("spec.workers", "spec.elastic", "spec.parallelism", "spec.data",
+                                           "spec.training", "spec.mode"):
+        return
+    broken = {n: errs for n, errs in elastic_sizes(spec).items() if errs}
+    if not broken:
+        return
+    sizes = sorted(broken)
+    valid = [n for n in range(el.min_replicas, el.max_replicas + 1) if n not in broken]
+    details = "; ".join(f"at {n}: {broken[n][0].path}: {broken[n][0].message}" for n in sizes[:2])
+    more = f"; and {len(sizes) - 2} more" if len(sizes) > 2 else ""
+    fix = (f"valid: {_ranges(valid)}; set minReplicas and maxReplicas so that every size between them is valid"
+           if valid else "no size in it is valid")
+    c.add(
+        "spec.elastic",
+        f"the range [{el.min_replicas}, {el.max_replicas}] contains sizes that break the spec: "
+        f"{_ranges(sizes)} ({details}{more}); {fix}, or change the fields named",
+    )
+
+
+def _ranges(values: list[int]) -> str:
+    """[1, 2, 3, 5] -> '1-3, 5'."""
+    parts: list[str] = []
+    for v in values:
+        if parts and parts[-1].split("-")[-1] == str(v - 1):
+            parts[-1] = f"{parts[-1].split('-')[0]}-{v}"
+        else:
+            parts.append(str(v))
+    return ", ".join(parts)
+
+
+def _at_size(spec: JobSpec, replicas: int) -> JobSpec:
+    return dataclasses.replace(spec, workers=dataclasses.replace(spec.workers, replicas=replicas))
+
+
+def elastic_sizes(spec: JobSpec) -> dict[int, list[FieldError]]:
+    """Cross-field errors of the spec at every gang size of its elastic range (an empty
+    list = a valid size). Without `elastic`, only its own size."""
+    el = spec.elastic
+    sizes = range(el.min_replicas, el.max_replicas + 1) if el is not None else [spec.workers.replicas]
+    return {n: _size_rules(_at_size(spec, n)) for n in sizes}
+
+
+def valid_sizes(spec: JobSpec) -> list[int]:
+    """The gang sizes (pods) the operator may run this job at, ascending."""
+    return [n for n, errs in elastic_sizes(spec).items() if not errs]
+
+
 def _devices(spec: JobSpec, c: _Checker) -> None:
     gpus = spec.workers.resources.gpus
     if not c.ok("spec.workers.resources.gpus"):
@@ -258,14 +312,26 @@ def validate_spec(spec: JobSpec, *, skip: Iterable[FieldError] = ()) -> list[Fie
     `skip`: schema errors already found; rules reading those fields are not run.
     """
     c = _Checker(skip)
-    fit = _degrees(spec, c)
-    _mode_degrees(spec, c, fit)
-    _schedule(spec, c)
-    _batch(spec, c, fit)
+    _size_dependent(spec, c)
     _mode_blocks(spec, c)
     _elastic(spec, c)
     _devices(spec, c)
     _model(spec, c)
+    _elastic_sizes(spec, c)
+    return c.errors
+
+
+def _size_dependent(spec: JobSpec, c: _Checker) -> None:
+    """The rules whose numbers involve the world size (workers.replicas)."""
+    fit = _degrees(spec, c)
+    _mode_degrees(spec, c, fit)
+    _schedule(spec, c)
+    _batch(spec, c, fit)
+
+
+def _size_rules(spec: JobSpec) -> list[FieldError]:
+    c = _Checker(())
+    _size_dependent(spec, c)
     return c.errors
 
 

@@ -18,7 +18,8 @@ from typing import Any
 
 from disttrain_api import exitcodes
 from disttrain_api import metric_names as names
-from disttrain_api.model import JobSpec
+from disttrain_api.model import KIND, JobSpec
+from disttrain_api.validation import valid_sizes
 
 from .observe import PodView, format_time, parse_summary, parse_time
 
@@ -36,6 +37,7 @@ SOLO_REPLACE_MODES = ("paramserver",)
 @dataclass(frozen=True, kw_only=True)
 class Observed:
     generation: int
+    uid: str = ""  # the job's UID: only pods whose controller reference carries it are the job's
     spec: JobSpec | None  # None when the spec is invalid
     spec_error: str = ""
     accepted: JobSpec | None = None  # spec the running gang was built from (its ConfigMap)
@@ -97,7 +99,10 @@ class _Builder:
 
     def _event(self, type_: str, reason: str, message: str) -> None:
         warn = type_ in ("Failed", "InvalidSpec", "Restarting") or reason in ("Unschedulable",)
-        self.events.append(("Warning" if warn else "Normal", reason, message or type_))
+        self.event("Warning" if warn else "Normal", reason, message or type_)
+
+    def event(self, kind: str, reason: str, message: str) -> None:
+        self.events.append((kind, reason, message))
 
     def phase(self, value: str, message: str = "") -> None:
         self.status["phase"] = value
@@ -132,6 +137,24 @@ def _failure(p: PodView, node_lost_after_s: float) -> str:
 
 
 def decide(obs: Observed) -> Plan:
+    """The next status and actions. Pods carrying the job's labels but controlled by
+    another owner (an earlier job of the same name, or orphans) are never adopted or
+    counted: they are deleted, and no gang is created while they exist (they hold the
+    pod names and would answer for the job's DNS names)."""
+    ours = [p for p in obs.pods if p.owner_uid == obs.uid]
+    foreign = [p for p in obs.pods if p.owner_uid != obs.uid]
+    plan = _decide(dataclasses.replace(obs, pods=ours), foreign)
+    if not foreign:
+        return plan
+    mine = [p for p in foreign if p.owner_kind in ("", KIND)]  # an earlier incarnation, or orphaned
+    return dataclasses.replace(
+        plan,
+        delete_pods=sorted({*plan.delete_pods, *(p.name for p in mine if not p.deleting)}),
+        force_delete_pods=sorted({*plan.force_delete_pods, *_stuck(mine, obs)}),
+    )
+
+
+def _decide(obs: Observed, foreign: list[PodView]) -> Plan:
     b = _Builder(obs.status, obs.now)
     st = b.status
     st["observedGeneration"] = obs.generation
@@ -199,6 +222,7 @@ def decide(obs: Observed) -> Plan:
         if phase != SUSPENDED:
             b.condition("Suspended", True, "Suspended", "runPolicy.suspend is true: pods deleted, checkpoints kept")
             b.condition("Running", False, "Suspended", "suspended")
+            b.condition("Created", False, "Suspended", "suspended: the gang is deleted")
             b.phase(SUSPENDED, "suspended")
         return finish(delete_pods=[p.name for p in pods if not p.deleting], delete_servers=True)
 
@@ -222,7 +246,9 @@ def decide(obs: Observed) -> Plan:
     if phase == SUSPENDED:  # resumed
         if any(p for p in pods if p.attempt == attempt):
             return finish(force_delete_pods=_stuck(pods, obs))
-        b.condition("Suspended", False, "Resumed", "runPolicy.suspend is false: resuming from the checkpoint")
+        msg = "runPolicy.suspend is false: resuming from the checkpoint"
+        b.condition("Suspended", False, "Resumed", msg)
+        b.event("Normal", "Resumed", msg)  # a condition turning False posts no Event by itself
         attempt += 1
         st["attempt"] = attempt
         current = []
@@ -239,6 +265,12 @@ def decide(obs: Observed) -> Plan:
         )
 
     if phase in ("", RESTARTING) or (phase == PENDING and not b.is_true("Created")):
+        if foreign:
+            blocker = foreign[0]
+            owner = f"{blocker.owner_kind} {blocker.owner_uid}" if blocker.owner_uid else "no owner"
+            b.phase(PENDING, f"waiting for {len(foreign)} pod(s) not owned by this job to go "
+                             f"(e.g. {blocker.name}, controlled by {owner})")
+            return finish()
         n = len(current)
         msg = f"created {replicas} {spec.mode}-parallel worker pods (attempt {attempt})"
         b.condition("Created", True, "GangCreated", msg)
@@ -280,15 +312,15 @@ def decide(obs: Observed) -> Plan:
         msg = "training finished"
         if result and isinstance(result.get("device"), str):
             msg += f" on {result['device']}"
-        if result and "test_accuracy" in result:
-            msg += f": test accuracy {result['test_accuracy']:.4f}"
+        if result and isinstance(result.get("testAccuracy"), int | float):
+            msg += f": test accuracy {result['testAccuracy']:.4f}"
         if result is not None:
             st["result"] = result
             for key, target in (("steps", "step"),):
                 if isinstance(result.get(key), int | float):
                     st[target] = int(result[key])
-            if isinstance(result.get("comm_fraction"), int | float):
-                st["commFraction"] = round(float(result["comm_fraction"]), 4)
+            if isinstance(result.get("commFraction"), int | float):
+                st["commFraction"] = round(float(result["commFraction"]), 4)
         b.condition("Succeeded", True, "Completed", msg)
         b.condition("Running", False, "Completed", msg)
         b.phase(SUCCEEDED, msg)
@@ -299,9 +331,9 @@ def decide(obs: Observed) -> Plan:
     if waiting:
         worst = max(waiting, key=lambda p: p.age_s)
         el = spec.elastic
-        if el is not None and worst.age_s >= el.schedule_timeout_seconds and replicas > el.min_replicas:
-            placed = sum(1 for p in current if p.scheduled)
-            new = max(el.min_replicas, placed if placed < replicas else replicas - 1)
+        if el is not None and worst.age_s >= el.schedule_timeout_seconds and (
+            new := _shrunk_size(spec, replicas, placed=sum(1 for p in current if p.scheduled))
+        ) is not None:
             return _restart(b, st, plan, current, pods, attempt + 1, new, "ElasticShrink",
                             f"{len(waiting)} of {replicas} pods unschedulable for "
                             f"{el.schedule_timeout_seconds}s ({worst.unschedulable_message}); "
@@ -333,6 +365,16 @@ def decide(obs: Observed) -> Plan:
         return finish()
     b.phase(PENDING, f"{st['workers']['pending']} of {replicas} pods starting")
     return finish()
+
+
+def _shrunk_size(spec: JobSpec, replicas: int, *, placed: int) -> int | None:
+    """The gang size to shrink to when only `placed` of `replicas` pods were scheduled:
+    the largest valid size (validation.valid_sizes: every rule holds there) the placed
+    pods fit, else the smallest valid size below the current one; None when there is none."""
+    smaller = [n for n in valid_sizes(spec) if n < replicas]
+    target = placed if placed < replicas else replicas - 1
+    fits = [n for n in smaller if n <= target]
+    return max(fits) if fits else (smaller[0] if smaller else None)
 
 
 def _stuck(pods: list[PodView], obs: Observed) -> list[str]:

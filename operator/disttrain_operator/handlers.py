@@ -2,30 +2,33 @@
 
 Importing this module registers the handlers with kopf's default registry; call
 `configure(settings)` first (the CLI does) so they know the operator settings.
+
+No handler makes kopf put a finalizer on jobs (no timers, daemons or mandatory delete
+handlers): deleting a job never waits for the operator, and the garbage collector
+removes its children through their owner references. See poller.py.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-from datetime import UTC, datetime
 from typing import Any
 
 import kopf
 from disttrain_api.model import GROUP, PLURAL, VERSION
 
 from . import reconcile as rec
-from .decide import needs_polling
 from .kube import Kube
+from .poller import JobRegistry, Poller
 from .settings import OperatorSettings
 
+log = logging.getLogger("disttrain.operator")
 _state: dict[str, Any] = {"settings": OperatorSettings(), "kube": None}
-# Read at import (decorator argument); the CLI exports it before importing this module.
-POLL_INTERVAL_S = float(os.environ.get("DISTTRAIN_OPERATOR_POLL_INTERVAL") or 3.0)
+JOBS = JobRegistry()
 
 
 def configure(settings: OperatorSettings) -> None:
     _state["settings"] = settings
+    _state["poller"] = Poller(JOBS, _poll, settings.poll_interval_s)
 
 
 def _kube() -> Kube:
@@ -35,30 +38,61 @@ def _kube() -> Kube:
 
 
 def _post(job: dict[str, Any], type_: str, reason: str, message: str) -> None:
-    # kopf posts Events asynchronously (and retries); they are attached to the job.
-    kopf.event(job, type=type_, reason=reason, message=message[:1000])
+    # Posted directly, not with kopf.event: that needs kopf's per-object context, which the
+    # periodic reconcile does not run in. Events are auxiliary: a failed post is logged.
+    try:
+        _kube().post_event(job, type_, reason, message)
+    except Exception as err:  # noqa: BLE001
+        log.warning("%s/%s: could not post Event %s: %s", job["metadata"]["namespace"], job["metadata"]["name"],
+                    reason, err)
 
 
 def _run(namespace: str, name: str, *, wait: bool = True) -> None:
     rec.reconcile(_kube(), _state["settings"], namespace, name, _post, wait=wait)
 
 
+def _poll(namespace: str, name: str) -> None:
+    # wait=False: skip a job whose reconcile is still running instead of parking a thread.
+    _run(namespace, name, wait=False)
+
+
+def _poller() -> Poller:
+    if "poller" not in _state:
+        configure(_state["settings"])
+    poller: Poller = _state["poller"]
+    return poller
+
+
 @kopf.on.startup()
-def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     # kopf's bookkeeping lives in annotations under our group; status belongs to the API.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=GROUP, key="last-handled-configuration"
     )
+    # Jobs created by an operator version that used a timer still carry this finalizer;
+    # kopf removes it from them because no handler needs it any more.
     settings.persistence.finalizer = f"{GROUP}/finalizer"
     # Only warnings from kopf itself become Events; ours are posted explicitly per transition.
     settings.posting.level = logging.WARNING
-    # Sync handlers run in this thread pool; each reconcile is a few blocking API calls.
+    # Sync handlers and the periodic reconciles run in this thread pool; each reconcile is
+    # a few blocking API calls.
     settings.execution.max_workers = 16
     # One operator replica (the Deployment has replicas: 1): no peering objects needed.
     settings.peering.standalone = True
     settings.watching.server_timeout = 300
     _kube()
+    _poller().start(settings.execution.executor)
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+def seen(event: dict[str, Any], namespace: str, name: str, uid: str, body: kopf.Body, **_: Any) -> None:
+    """Every watch event (and the initial listing): keep the registry of jobs current."""
+    if event.get("type") == "DELETED":
+        JOBS.gone(namespace, name)
+        rec.forget(namespace, name, uid)
+    else:
+        JOBS.seen(namespace, name, dict(body))
 
 
 @kopf.on.create(GROUP, VERSION, PLURAL)
@@ -68,19 +102,13 @@ def changed(namespace: str, name: str, **_: Any) -> None:
     _run(namespace, name)
 
 
-@kopf.timer(GROUP, VERSION, PLURAL, interval=POLL_INTERVAL_S, initial_delay=1.0)
-def poll(namespace: str, name: str, body: kopf.Body, **_: Any) -> None:
-    """Progress (rank 0's metrics) and recovery (failed / vanished / unschedulable pods)."""
-    if needs_polling(dict(body), datetime.now(UTC), POLL_INTERVAL_S):
-        _run(namespace, name, wait=False)
-
-
-@kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
-def deleted(namespace: str, name: str, uid: str, **_: Any) -> None:
-    # Children carry owner references: the garbage collector deletes them.
-    rec.forget(namespace, name, uid)
-
-
 @kopf.on.probe(id="jobs")
 def jobs_probe(**_: Any) -> int:
-    return len(rec._locks)
+    return len(JOBS)
+
+
+# PERMANENT: a failing probe answers the liveness request with an error at once (kopf
+# would otherwise retry it with back-off while the request waits).
+@kopf.on.probe(id="pollerAgeSeconds", errors=kopf.ErrorsMode.PERMANENT)
+def poller_probe(**_: Any) -> float:
+    return _poller().check()

@@ -11,6 +11,7 @@ report API requests per job from the operator's own metrics.
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -20,6 +21,7 @@ from kubernetes import client, config
 from . import opmetrics
 
 TIMEOUT_S = 30.0
+EVENT_SOURCE = "disttrain-operator"
 
 
 def load_config() -> None:
@@ -106,6 +108,23 @@ class Kube:
         self.request("DELETE", self._job_path(namespace, name), resource=PLURAL, verb="delete",
                      body={"propagationPolicy": "Background"}, allow=(404,))
 
+    def post_event(self, job: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        """One core/v1 Event on the job (what `kubectl describe` lists). Posted once, never
+        retried: an Event that may or may not have been created is better lost than doubled."""
+        meta = job["metadata"]
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {"apiVersion": job.get("apiVersion", f"{GROUP}/{VERSION}"), "kind": job.get("kind"),
+                               "name": meta["name"], "namespace": meta["namespace"], "uid": meta["uid"]},
+            "type": type_, "reason": reason, "message": message[:1000],
+            "source": {"component": EVENT_SOURCE}, "reportingComponent": EVENT_SOURCE,
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        }
+        self.request("POST", f"/api/v1/namespaces/{quote(meta['namespace'])}/events", resource="events",
+                     verb="create", body=body)
+
     # ----------------------------------------------------------------- children
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         _, body = self.request("GET", f"/api/v1/namespaces/{quote(namespace)}/pods", resource="pods", verb="list",
@@ -119,12 +138,27 @@ class Kube:
         status, _ = self.request("POST", path, resource=plural, verb="create", body=obj, allow=(409,))
         return status != 409
 
-    def replace_config_map(self, obj: dict[str, Any]) -> None:
-        if self.create(obj):
-            return
+    @staticmethod
+    def _object_path(obj: dict[str, Any]) -> tuple[str, str]:
+        prefix, plural = _PATHS[obj["kind"]]
         meta = obj["metadata"]
-        path = f"/api/v1/namespaces/{quote(meta['namespace'])}/configmaps/{quote(meta['name'])}"
-        self.request("PUT", path, resource="configmaps", verb="update", body=obj)
+        return f"{prefix}/namespaces/{quote(meta['namespace'])}/{plural}/{quote(meta['name'])}", plural
+
+    def get(self, obj: dict[str, Any]) -> dict[str, Any] | None:
+        """The live object with obj's kind, namespace and name; None when there is none."""
+        path, plural = self._object_path(obj)
+        status, body = self.request("GET", path, resource=plural, verb="get", allow=(404,))
+        return None if status == 404 else body
+
+    def replace(self, obj: dict[str, Any]) -> None:
+        path, plural = self._object_path(obj)
+        self.request("PUT", path, resource=plural, verb="update", body=obj)
+
+    def delete_exact(self, obj: dict[str, Any], uid: str) -> None:
+        """Delete this very object (a UID precondition: never a same-named successor)."""
+        path, plural = self._object_path(obj)
+        self.request("DELETE", path, resource=plural, verb="delete", allow=(404, 409),
+                     body={"preconditions": {"uid": uid}, "propagationPolicy": "Background"})
 
     def read_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
         status, body = self.request("GET", f"/api/v1/namespaces/{quote(namespace)}/configmaps/{quote(name)}",

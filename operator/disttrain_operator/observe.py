@@ -31,6 +31,8 @@ class PodView:
     exit_code: int | None = None
     reason: str = ""
     message: str = ""  # the container's termination message (rank 0's summary JSON on success)
+    owner_uid: str = ""  # UID of the pod's controller (ownerReferences[controller=true]); "" when none
+    owner_kind: str = ""
 
 
 def parse_time(value: str | None) -> datetime | None:
@@ -48,6 +50,12 @@ def _int(value: Any, default: int = 0) -> int:
         return int(value)
     except (TypeError, ValueError):
         return default
+
+
+def controller_of(obj: dict[str, Any]) -> dict[str, Any] | None:
+    """The owner reference with controller=true (at most one per object), or None."""
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return next((r for r in refs if r.get("controller")), None)
 
 
 def pod_view(pod: dict[str, Any], now: datetime) -> PodView:
@@ -99,6 +107,8 @@ def pod_view(pod: dict[str, Any], now: datetime) -> PodView:
         exit_code=exit_code,
         reason=reason,
         message=message,
+        owner_uid=(controller_of(pod) or {}).get("uid", ""),
+        owner_kind=(controller_of(pod) or {}).get("kind", ""),
     )
 
 

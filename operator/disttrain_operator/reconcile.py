@@ -17,13 +17,13 @@ from typing import Any
 
 import kopf
 from disttrain_api import constants as c
-from disttrain_api.model import SpecError, parse_spec
+from disttrain_api.model import KIND, SpecError, parse_spec
 from disttrain_api.validation import load_job
 
 from . import opmetrics, progress, topology
 from .decide import RUNNING, Observed, Plan, decide
 from .kube import Kube
-from .observe import pod_view
+from .observe import controller_of, pod_view
 from .settings import OperatorSettings
 from .topology.common import BuildContext, config_map_name
 
@@ -121,6 +121,7 @@ def _reconcile(kube: Kube, settings: OperatorSettings, namespace: str, name: str
 
     plan = decide(Observed(
         generation=int(meta.get("generation") or 0),
+        uid=meta["uid"],
         spec=spec,
         spec_error=error,
         accepted=accepted,
@@ -133,6 +134,38 @@ def _reconcile(kube: Kube, settings: OperatorSettings, namespace: str, name: str
     ))
     _apply(kube, settings, job, status, plan, event)
     return plan
+
+
+def _create_children(kube: Kube, children: topology.Children, uid: str) -> bool:
+    """Create the job's children. An object that already exists is ours only when its
+    controller reference carries this job's UID (a re-created gang replaces its ConfigMap);
+    one of an earlier job with the same name, or an orphan, is deleted and nothing else is
+    created: returns False, the caller retries later."""
+    clear = True
+    for obj in [*children.config_maps, *children.services, *children.deployments]:
+        if kube.create(obj):
+            continue
+        live = kube.get(obj)
+        owner = controller_of(live) if live else None
+        if owner is not None and owner.get("uid") == uid:
+            if obj["kind"] == "ConfigMap":
+                kube.replace(obj)  # the config of the new attempt (a resize changes it)
+            continue
+        clear = False
+        if live is None:
+            continue  # deleted meanwhile: created on the next try
+        what = f"{obj['kind']} {obj['metadata']['namespace']}/{obj['metadata']['name']}"
+        if owner is None or owner.get("kind") == KIND:
+            log.info("%s belongs to an earlier job of the same name (or none): deleting it", what)
+            kube.delete_exact(obj, live["metadata"]["uid"])
+        else:
+            log.warning("%s is controlled by %s %s, not this job: delete or rename it", what,
+                        owner.get("kind"), owner.get("name"))
+    if not clear:
+        return False
+    for obj in children.pods:
+        kube.create(obj)
+    return True
 
 
 def _apply(
@@ -169,10 +202,10 @@ def _apply(
             # Builders already set the controller reference; kopf.adopt keeps the kopf idiom
             # (idempotent for our own reference) and copies the job's labels to its children.
             kopf.adopt(obj, owner=job)
-        for cm in children.config_maps:
-            kube.replace_config_map(cm)
-        for obj in [*children.services, *children.deployments, *children.pods]:
-            kube.create(obj)
+        if not _create_children(kube, children, meta["uid"]):
+            # An earlier job's object holds one of our names: it is being deleted; the next
+            # reconcile (poll) creates the gang. Nothing recorded, so nothing to undo.
+            return
     for pod in plan.force_delete_pods:
         kube.delete_pod(ns, pod, force=True)
     for pod in plan.delete_pods:

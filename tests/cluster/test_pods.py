@@ -44,7 +44,14 @@ def test_deleting_owner_garbage_collects_pods(kube, namespace):
         kube.core.create_namespaced_pod(namespace, p)
     kube.core.delete_namespaced_config_map("owner", namespace, propagation_policy="Background")
 
+    # Two steps, each with its own limit, so a failure says whose it is: the garbage
+    # collector deletes the pods (deletionTimestamp set), then their kubelet stops them.
+    def deleted() -> bool:
+        return all(p.metadata.deletion_timestamp for p in kube.core.list_namespaced_pod(namespace).items)
+
+    kube.wait(deleted, timeout=60, what="the garbage collector to delete the owned pods")
+
     def gone() -> bool:
         return not kube.core.list_namespaced_pod(namespace).items
 
-    kube.wait(gone, timeout=60, what="the garbage collector to delete the owned pods")
+    kube.wait(gone, timeout=60, what="the kubelets to stop the deleted pods")

@@ -30,8 +30,8 @@ def test_the_federated_example_reaches_090_on_non_iid_digits(tmp_path: Path) -> 
     local = json.loads((run_dir / "local-summary.json").read_text())
     trainer = json.loads((run_dir / "summary.json").read_text())
     assert local["status"] == "Succeeded" and local["steps"] == 30 and local["restarts"] == 0
-    assert local["test_accuracy"] >= 0.90, trainer["accuracy_per_round"]
-    assert len(trainer["accuracy_per_round"]) == 30 and trainer["rounds"] == 30
+    assert local["testAccuracy"] >= 0.90, trainer["accuracyPerRound"]
+    assert len(trainer["accuracyPerRound"]) == 30 and trainer["rounds"] == 30
     rounds = [json.loads(line) for line in (run_dir / "metrics-rank0.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rounds] == list(range(1, 31))
     assert all(r["unmasked_dropped"] == 0 and r["clients_answered"] == 5 for r in rounds)

@@ -103,9 +103,9 @@ def test_gpus_without_cuda_fall_back_to_cpu_and_a_run_dir_resumes_unless_fresh(
     )
     trainer = json.loads((run_dir / "summary.json").read_text())
     assert (
-        trainer["world_size"] == 2
+        trainer["worldSize"] == 2
         and trainer["steps"] == 40
-        and trainer["resumed_from_step"] is None
+        and trainer["resumedFromStep"] is None
     )
     local = json.loads((run_dir / "local-summary.json").read_text())
     assert (
@@ -119,13 +119,13 @@ def test_gpus_without_cuda_fall_back_to_cpu_and_a_run_dir_resumes_unless_fresh(
     second = run(longer, run_dir)
     assert second.returncode == 0, second.stdout + second.stderr
     assert "resuming from the checkpoints in" in second.stdout
-    assert json.loads((run_dir / "summary.json").read_text())["resumed_from_step"] == 40
+    assert json.loads((run_dir / "summary.json").read_text())["resumedFromStep"] == 40
 
     # --fresh starts over.
     third = run(longer, run_dir, "--fresh")
     assert third.returncode == 0, third.stdout + third.stderr
     assert "resuming" not in third.stdout
-    assert json.loads((run_dir / "summary.json").read_text())["resumed_from_step"] is None
+    assert json.loads((run_dir / "summary.json").read_text())["resumedFromStep"] is None
 
 
 @pytest.mark.timeout(300)

@@ -162,7 +162,7 @@ def test_kill_9_restarts_the_gang_and_ends_equal_to_an_uninterrupted_run(tmp_pat
     assert summary["status"] == "Succeeded" and summary["restarts"] == 1
     assert summary["steps"] == STEPS
     assert (
-        summary["resumed_from_step"] is not None and 0 < summary["resumed_from_step"] <= killed_at
+        summary["resumedFromStep"] is not None and 0 < summary["resumedFromStep"] <= killed_at
     )
     assert "restarts" in out and "(resumed from step" in out
     trainer_summary = json.loads((int_dir / "summary.json").read_text())

@@ -96,7 +96,7 @@ def test_kill_9_of_a_stage_resumes_equal_to_uninterrupted(tmp_path: Path) -> Non
     assert f"rank 1 (pid {pid}) killed by SIGKILL" in out
     summary = json.loads((int_dir / "local-summary.json").read_text())
     assert summary["status"] == "Succeeded" and summary["restarts"] == 1
-    assert 0 < summary["resumed_from_step"] < STEPS
+    assert 0 < summary["resumedFromStep"] < STEPS
     ref_blocks, int_blocks = final_blocks(ref_dir), final_blocks(int_dir)
     assert ref_blocks.keys() == int_blocks.keys() and ref_blocks
     for key, t in ref_blocks.items():

@@ -44,7 +44,7 @@ def test_kill_during_checkpoint_write_then_resume_equals_uninterrupted(
     assert step == 20 and state["step"] == 20 and state["sampler"]["offset"] > 0
 
     resumed = trainer.run(spec, world=2, job="crash")
-    assert resumed.summary["resumed_from_step"] == 20
+    assert resumed.summary["resumedFromStep"] == 20
     assert not [p for p in root.iterdir() if p.name.startswith(ckpt.TMP_PREFIX)], (
         "partial dir not cleaned"
     )
@@ -60,6 +60,6 @@ def test_checkpoint_from_world_size_2_resumes_at_world_size_1(trainer, make_digi
     target.mkdir(parents=True)
     shutil.copytree(ref.checkpoint_dir / ckpt.name_for(20), target / ckpt.name_for(20))
     one = trainer.run(spec, world=1, job="w1")
-    assert one.summary["resumed_from_step"] == 20 and one.summary["world_size"] == 1
+    assert one.summary["resumedFromStep"] == 20 and one.summary["worldSize"] == 1
     # Same global batches, same optimizer state: the continuation matches the 2-process run.
     assert max_diff(final_model(ref), final_model(one)) < 1e-5

@@ -28,7 +28,7 @@ def test_two_processes_equal_one_process_same_global_batch(trainer, make_digits_
     moved = max_diff(p1, final_model_initial(trainer, spec))
     assert moved > 1e-2, "the model did not train at all"
     assert max_diff(p1, p2) < 1e-5
-    assert two.summary["world_size"] == 2 and two.summary["replica_max_abs_diff"] == 0.0
+    assert two.summary["worldSize"] == 2 and two.summary["replicaMaxAbsDiff"] == 0.0
     # Rank 0 also leaves the summary in its termination log (read by the operator from pod status).
     assert json.loads((trainer.tmp / "termination-ddp-w2-0.log").read_text())["steps"] == 20
     assert not (trainer.tmp / "termination-ddp-w2-1.log").exists()
@@ -62,11 +62,11 @@ def test_compression_hooks_keep_replicas_in_sync_and_train(
     )
     res = trainer.run(spec, world=2, job=f"hook-{compression}")
     s = res.summary
-    assert s["replica_max_abs_diff"] == 0.0, s  # every replica applied the same (compressed) update
+    assert s["replicaMaxAbsDiff"] == 0.0, s  # every replica applied the same (compressed) update
     losses = [r["loss"] for r in res.steps_log(0)]
     assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:5]) / 5, losses
-    # The hook really ran: bytes went through the timed hook on every step.
-    assert all(r["comm_bytes"] > 0 for r in res.steps_log(1))
+    # The hook's collectives were timed by DDP's reducer on every step.
+    assert all(r["comm_busy_s"] > 0 for r in res.steps_log(1))
 
 
 def test_bf16_on_cpu_trains(trainer, make_digits_spec) -> None:
@@ -78,7 +78,7 @@ def test_bf16_on_cpu_trains(trainer, make_digits_spec) -> None:
     losses = [r["loss"] for r in res.steps_log(0)]
     assert sum(losses[-5:]) / 5 < 0.7 * sum(losses[:5]) / 5, losses
     assert res.summary["precision"] == "bf16"
-    assert res.summary["test_accuracy"] > 0.5
+    assert res.summary["testAccuracy"] > 0.5
 
 
 def test_unimplemented_mode_and_bad_config_exit_2_with_one_line(trainer, make_digits_spec) -> None:
@@ -123,4 +123,4 @@ def test_pod_without_rank_spawns_nproc_local_ranks(trainer, make_digits_spec) ->
                           timeout=240)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (run_dir / "metrics-rank0.jsonl").exists() and (run_dir / "metrics-rank1.jsonl").exists()
-    assert '"world_size": 2' in (run_dir / "summary.json").read_text()
+    assert '"worldSize": 2' in (run_dir / "summary.json").read_text()

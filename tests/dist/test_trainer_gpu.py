@@ -33,5 +33,5 @@ def test_gpt_on_cuda_nccl_mixed_precision(trainer, precision: str) -> None:
     losses = [r["loss"] for r in res.steps_log(0)]
     assert losses[-1] < 0.7 * losses[0], losses
     print(
-        f"GPT {precision} on CUDA: {s['samples_per_s']:.0f} samples/s, val_loss {s['val_loss']:.3f}"
+        f"GPT {precision} on CUDA: {s['samplesPerS']:.0f} samples/s, val_loss {s['valLoss']:.3f}"
     )

@@ -10,6 +10,7 @@ import sys
 import urllib.request
 
 from disttrain_api import constants as C
+from disttrain_api import metric_names as names
 
 # Runs one rank with an injected Metrics whose HTTP server outlives training, so the
 # test can scrape it after the run; it exits when the test closes its stdin.
@@ -27,22 +28,30 @@ m.close()
 """
 
 SERIES = [
-    "disttrain_step_seconds_bucket",
-    "disttrain_step_seconds_count",
-    "disttrain_compute_seconds_total",
-    "disttrain_communication_seconds_total",
-    "disttrain_data_seconds_total",
-    "disttrain_step_compute_seconds",
-    "disttrain_step_communication_seconds",
-    "disttrain_step_data_seconds",
-    "disttrain_samples_per_second",
-    "disttrain_loss",
-    "disttrain_step",
-    "disttrain_last_checkpoint_step",
-    "disttrain_checkpoint_seconds",
-    "disttrain_checkpoint_bytes",
-    "disttrain_communication_fraction",
+    names.STEP_SECONDS + "_bucket",
+    names.STEP_SECONDS + "_count",
+    names.COMPUTE_SECONDS + "_total",
+    names.DATA_SECONDS + "_total",
+    names.IDLE_SECONDS + "_total",
+    names.COMM_EXPOSED_SECONDS + "_total",
+    names.COMM_BUSY_SECONDS + "_total",
+    names.STEP_COMPUTE_SECONDS,
+    names.STEP_DATA_SECONDS,
+    names.STEP_IDLE_SECONDS,
+    names.STEP_COMM_EXPOSED_SECONDS,
+    names.STEP_COMM_BUSY_SECONDS,
+    names.COMM_EXPOSED_FRACTION,
+    names.COMM_BUSY_FRACTION,
+    names.IDLE_FRACTION,
+    names.SAMPLES_PER_SECOND,
+    names.LOSS,
+    names.STEP,
+    names.LAST_CHECKPOINT_STEP,
+    names.CHECKPOINT_STALL_SECONDS,
+    names.CHECKPOINT_WRITE_SECONDS,
+    names.CHECKPOINT_BYTES,
 ]
+PARTS = ("compute_s", "comm_exposed_s", "data_s", "idle_s")
 
 
 def two_free_ports() -> int:
@@ -91,20 +100,25 @@ def test_metrics_endpoint_and_time_decomposition(trainer, make_digits_spec) -> N
             while line and "TRAINED" not in line:
                 line = p.stdout.readline()  # type: ignore[union-attr]
             assert "TRAINED" in line, f"rank exited with {p.wait(timeout=30)}: {p.stdout.read()}"  # type: ignore[union-attr]
+        text0 = ""
         for rank in range(2):
             text = (
                 urllib.request.urlopen(f"http://127.0.0.1:{base + rank}/metrics", timeout=10)
                 .read()
                 .decode()
             )
+            text0 = text0 or text
             for name in SERIES:
                 assert f"{name}{{" in text, f"{name} missing from rank {rank}'s /metrics"
             assert 'dtjob="metrics-job"' in text and 'mode="data"' in text
-            assert value(text, "disttrain_step", rank) == 60
-            assert value(text, "disttrain_last_checkpoint_step", rank) == 60
-            assert value(text, "disttrain_step_seconds_count", rank) == 60
-            assert value(text, "disttrain_communication_seconds_total", rank) > 0
-            assert value(text, "disttrain_checkpoint_bytes", rank) > 1000
+            assert value(text, names.STEP, rank) == 60
+            assert value(text, names.STEP_SECONDS + "_count", rank) == 60
+            assert value(text, names.COMM_BUSY_SECONDS + "_total", rank) > 0
+            assert value(text, names.COMM_EXPOSED_SECONDS + "_total", rank) > 0
+            assert value(text, names.IDLE_SECONDS + "_total", rank) > 0
+        # Only rank 0 writes checkpoints; its series report the last one completely on disk.
+        assert value(text0, names.LAST_CHECKPOINT_STEP, 0) == 60
+        assert value(text0, names.CHECKPOINT_BYTES, 0) > 1000
     finally:
         for p in procs:
             if p.poll() is None:
@@ -121,15 +135,34 @@ def test_metrics_endpoint_and_time_decomposition(trainer, make_digits_spec) -> N
         ]
         steps = [r for r in recs if "event" not in r]
         assert [r["step"] for r in steps] == list(range(1, 61))
-        assert {"step", "loss", "lr", "samples_per_s", "step_s", "compute_s", "comm_s", "data_s",
-                "comm_fraction", "time"} <= steps[0].keys()  # fmt: skip
-        parts = sum(r["compute_s"] + r["comm_s"] + r["data_s"] for r in steps)
+        assert {"step", "loss", "lr", "samples_per_s", "step_s", *PARTS, "comm_busy_s", "comm_exposed_fraction",
+                "comm_busy_fraction", "idle_fraction", "time"} <= steps[0].keys()  # fmt: skip
+        parts = sum(sum(r[k] for k in PARTS) for r in steps)
         total = sum(r["step_s"] for r in steps)
         assert abs(parts - total) <= 0.10 * total, (parts, total)
-        within = [
-            abs(r["compute_s"] + r["comm_s"] + r["data_s"] - r["step_s"]) <= 0.1 * r["step_s"]
-            for r in steps
-        ]
+        within = [abs(sum(r[k] for k in PARTS) - r["step_s"]) <= 0.1 * r["step_s"] for r in steps]
         assert sum(within) >= 0.9 * len(steps), within
-        assert all(r["comm_s"] > 0 and r["compute_s"] > 0 and r["data_s"] > 0 for r in steps)
-        assert [r["step"] for r in recs if r.get("event") == "checkpoint"] == [25, 50, 60]
+        assert all(r["comm_busy_s"] > 0 and r["compute_s"] > 0 and r["data_s"] > 0 for r in steps)
+        assert all(r["comm_exposed_s"] <= r["comm_busy_s"] for r in steps)
+        # Rank 0's checkpoint snapshots are idle time on every rank, at exactly those steps.
+        assert [r["step"] for r in steps if r["idle_s"] > 0] == [25, 50, 60]
+    events = [r for r in (run_dir / "metrics-rank0.jsonl").read_text().splitlines() if '"event"' in r]
+    assert [json.loads(r)["step"] for r in events if '"checkpoint"' in r] == [25, 50, 60]
+
+
+def test_exposed_communication_is_less_than_busy_with_several_buckets(trainer, make_digits_spec) -> None:
+    # ~0.9 MB of gradients in 0.1 MB buckets: the first buckets' all-reduces run while
+    # backward still computes the earlier layers' gradients, so part of busy is overlapped.
+    spec = make_digits_spec(
+        model={"name": "mlp", "hidden": 256, "layers": 4},
+        training={"steps": 30, "logIntervalSteps": 1, "bucketCapMB": 0.1},
+        checkpoint={"intervalSteps": 30},
+    )
+    result = trainer.run(spec, world=2, job="buckets")
+    for rank in range(2):
+        steps = result.steps_log(rank)[5:]  # after DDP rebuilt its buckets
+        busy = sum(r["comm_busy_s"] for r in steps)
+        exposed = sum(r["comm_exposed_s"] for r in steps)
+        assert 0 < exposed < 0.95 * busy, (rank, exposed, busy)  # measured 0.85 quiet, < 0.8 loaded
+    s = result.summary
+    assert 0 < s["commExposedFraction"] < s["commBusyFraction"] < 1

@@ -40,7 +40,7 @@ def test_federated_example_succeeds_on_the_cluster(kubectl: Any, operator: Any, 
     job = kubectl.wait_phase(namespace, "fed", ("Succeeded", "Failed"), timeout=900)
     assert job["status"]["phase"] == "Succeeded", job["status"]
     assert job["status"]["step"] == 30  # the step column counts rounds
-    assert job["status"]["result"]["test_accuracy"] >= 0.90
+    assert job["status"]["result"]["testAccuracy"] >= 0.90
 
 
 def test_killed_aggregator_resumes_and_killed_client_is_replaced(kubectl: Any, operator: Any, namespace: str) -> None:
@@ -54,4 +54,4 @@ def test_killed_aggregator_resumes_and_killed_client_is_replaced(kubectl: Any, o
     job = kubectl.wait_phase(namespace, "fedkill", ("Succeeded", "Failed"), timeout=900)
     assert job["status"]["phase"] == "Succeeded", job["status"]
     assert job["status"]["restarts"] == 0  # no gang restart in this mode
-    assert job["status"]["result"]["resumed_from_step"] >= 3
+    assert job["status"]["result"]["resumedFromStep"] >= 3

@@ -129,7 +129,7 @@ def test_install_upgrade_uninstall(kubectl: Kubectl, crd: None, helm: Helm, own_
         st = job["status"]
         assert st["phase"] == "Succeeded", st
         assert st["restarts"] == 0 and st.get("attempt", 0) == 0, st
-        assert st["result"]["test_accuracy"] >= 0.95, st["result"]
+        assert st["result"]["testAccuracy"] >= 0.95, st["result"]
         # The pods that finished are the ones that ran before the upgrade: none was recreated
         # (cleanPodPolicy Running deletes only pods still running; these exited 0).
         assert worker_uids(kubectl, jobs_ns, name) == before

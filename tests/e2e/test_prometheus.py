@@ -163,7 +163,7 @@ def test_prometheus_scrapes_workers_and_agrees_with_the_trainer(
     job = kubectl.wait_phase(namespace, name, ("Succeeded", "Failed"), timeout=600)
     status = job["status"]
     assert status["phase"] == "Succeeded", status
-    summary = status["result"]["comm_fraction"]
+    summary = status["result"]["commFraction"]
     time.sleep(2 * SCRAPE_INTERVAL_S)
     rank0 = f'{sel}, {names.LABEL_RANK}="0"'
     (sample,) = prometheus.query(f"last_over_time({names.COMM_SECONDS_TOTAL}{{{rank0}}}[10m])"

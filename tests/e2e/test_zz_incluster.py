@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from .conftest import ROOT, Kubectl, digits_manifest  # type: ignore[import-not-found]
+from .conftest import ROOT, Kubectl, assert_one_event_per_transition, digits_manifest  # type: ignore[import-not-found]
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -46,14 +46,12 @@ def test_apply_k_installs_operator_that_runs_the_digits_job(kubectl: Kubectl, in
         job = kubectl.wait_phase(ns, name, ("Succeeded", "Failed"), timeout=600)
         status = job["status"]
         assert status["phase"] == "Succeeded", status
-        assert status["result"]["test_accuracy"] >= 0.95, status["result"]
+        assert status["result"]["testAccuracy"] >= 0.95, status["result"]
         assert status["observedGeneration"] == job["metadata"]["generation"]
         assert status["replicas"] == 2 and status["restarts"] == 0
         table = kubectl.run("get", "dtj", name, "-n", ns).stdout
         assert "Succeeded" in table and "data" in table, table
-        reasons = {e["reason"] for e in kubectl.json("get", "events", "-n", ns, "--field-selector",
-                                                      f"involvedObject.name={name}")["items"]}
-        assert {"GangCreated", "GangRunning", "Completed"} <= reasons, reasons
+        reasons = [e["reason"] for e in assert_one_event_per_transition(kubectl, ns, name)]
+        assert {"GangCreated", "GangRunning", "Completed"} <= set(reasons), reasons
     finally:
-        # While the operator still runs, so kopf releases its finalizer.
         kubectl.run("delete", "namespace", ns, "--wait=true", check=False, timeout=180)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 from disttrain_api import metric_names as names
-from disttrain_trainer.metrics import Metrics, StepStats
+from disttrain_trainer.metrics import Metrics, observe_single_step
 from prometheus_client import generate_latest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,8 +29,8 @@ QUERIES = dashboard.queries(DASH, namespace="ns1", job="job1")
 def exported_series() -> set[str]:
     """Names of every series a trainer rank exposes, from a real registry after one step."""
     m = Metrics(job="job1", rank=0, mode="data", port=0, run_dir=None, namespace="ns1")
-    m.observe_step(StepStats.from_times(step=1, loss=1.0, lr=0.1, samples=8, t0=0.0, t1=0.1, t2=0.3, end=0.4,
-                                        comm_s=0.1, comm_bytes=10), log=False)
+    observe_single_step(m, step=1, loss=1.0, lr=0.1, samples=8, t0=0.0, t1=0.1, t2=0.3, end=0.4,
+                                        comm_s=0.1, comm_bytes=10)
     m.observe_checkpoint(1, 0.5, 100)
     text = generate_latest(m.registry).decode()
     m.close()

@@ -20,6 +20,12 @@ if mode == "ok":
 if mode == "fail" and rank == 1:
     print("disttrain-trainer: boom on rank 1", file=sys.stderr)
     sys.exit(1)
+if mode == "config":
+    # Rank 0 exits 1 first (as if its connection broke), rank 1 rejects the config after it.
+    if rank == 1:
+        time.sleep(0.5)
+        sys.exit(2)
+    sys.exit(1)
 time.sleep(60)
 """
 
@@ -74,3 +80,12 @@ def test_stop_terminates_sleeping_processes(tmp_path: Path) -> None:
 def test_describe_exit() -> None:
     assert describe_exit(-9) == "killed by SIGKILL"
     assert describe_exit(3) == "exit code 3"
+
+
+def test_a_config_rejection_decides_the_outcome_over_a_peers_transient_exit(tmp_path: Path) -> None:
+    gang = _start(tmp_path, "config")
+    for m in gang._members:  # both have exited: the lower rank's exit 1 must not hide rank 1's exit 2
+        m.proc.wait(timeout=30)
+    outcome = gang.poll()
+    assert isinstance(outcome, Failure)
+    assert (outcome.rank, outcome.returncode) == (1, 2)

@@ -16,14 +16,16 @@ def _records() -> list[dict[str, float | str]]:
             "loss": 1.0 / s,
             "step_s": 0.1,
             "compute_s": 0.06,
-            "comm_s": 0.03,
+            "comm_exposed_s": 0.03,
+            "comm_busy_s": 0.05,
+            "idle_s": 0.0,
             "data_s": 0.01,
         }
         for s in (10, 20, 30, 40)
     ]
     recs += [
-        {"step": 30, "loss": 0.5, "step_s": 0.2, "comm_s": 0.1},
-        {"step": 40, "loss": 0.25, "step_s": 0.2, "comm_s": 0.1},
+        {"step": 30, "loss": 0.5, "step_s": 0.2, "comm_exposed_s": 0.1},
+        {"step": 40, "loss": 0.25, "step_s": 0.2, "comm_exposed_s": 0.1, "idle_s": 0.02},
         {"event": "checkpoint", "step": 40, "checkpoint_s": 0.5},  # not a step record
     ]
     return recs
@@ -38,10 +40,12 @@ def test_dedupe_keeps_the_latest_record_per_step() -> None:
 def test_summary_prefers_the_trainer_figures_and_adds_restarts(tmp_path: Path) -> None:
     trainer = {
         "steps": 40,
-        "final_loss": 0.25,
-        "test_accuracy": 0.9712,
-        "wall_s": 12.5,
-        "comm_fraction": 0.31,
+        "finalLoss": 0.25,
+        "testAccuracy": 0.9712,
+        "wallS": 12.5,
+        "commExposedFraction": 0.31,
+        "commBusyFraction": 0.5,
+        "idleFraction": 0.02,
     }
     s = report.build_summary(
         job="demo",
@@ -57,12 +61,15 @@ def test_summary_prefers_the_trainer_figures_and_adds_restarts(tmp_path: Path) -
         run_dir=tmp_path,
         plot=None,
     )
-    assert (s.steps, s.test_accuracy, s.comm_fraction, s.restarts) == (40, 0.9712, 0.31, 1)
+    assert (s.steps, s.test_accuracy, s.comm_exposed_fraction, s.restarts) == (40, 0.9712, 0.31, 1)
+    assert (s.comm_busy_fraction, s.idle_fraction) == (0.5, 0.02)
     text = report.format_summary(s)
     assert "test accuracy  0.9712" in text
-    assert "31.0% of step time" in text and "restarts" in text and "40/40" in text
-    path = report.write_summary(s, tmp_path)
-    assert json.loads(path.read_text())["restarts"] == 1
+    assert "exposed 31.0% of step time" in text and "busy 50.0%" in text and "restarts" in text and "40/40" in text
+    saved = json.loads(report.write_summary(s, tmp_path).read_text())
+    assert saved["restarts"] == 1 and saved["testAccuracy"] == 0.9712
+    assert saved["totalSteps"] == 40 and saved["trainWallS"] == 12.5 and saved["commExposedFraction"] == 0.31
+    assert all("_" not in key for key in saved), sorted(saved)
 
 
 def test_summary_without_trainer_summary_falls_back_to_the_log(tmp_path: Path) -> None:
@@ -82,8 +89,9 @@ def test_summary_without_trainer_summary_falls_back_to_the_log(tmp_path: Path) -
         plot=None,
     )
     assert s.steps == 40 and s.final_loss == 0.25 and s.test_accuracy is None
-    # comm / step over the logged steps: (0.03 + 0.03 + 0.1 + 0.1) / (0.1 + 0.1 + 0.2 + 0.2)
-    assert abs((s.comm_fraction or 0) - 0.26 / 0.6) < 1e-9
+    # exposed comm / step over the logged steps: (0.03 + 0.03 + 0.1 + 0.1) / (0.1 + 0.1 + 0.2 + 0.2)
+    assert abs((s.comm_exposed_fraction or 0) - 0.26 / 0.6) < 1e-9
+    assert abs((s.idle_fraction or 0) - 0.02 / 0.6) < 1e-9
     assert "Failed: BackoffLimitExceeded" in report.format_summary(s)
 
 
@@ -93,16 +101,24 @@ def test_plot_is_a_png(tmp_path: Path) -> None:
     assert report.write_plot([], tmp_path / "none.png", title="x") is None
 
 
-def test_resuming_a_finished_run_reports_the_logged_figures(tmp_path: Path) -> None:
+def test_resuming_a_finished_run_reports_the_finished_runs_figures(tmp_path: Path) -> None:
+    # The trainer returns the summary stored with the final checkpoint: the figures of
+    # the training that happened, not of the resumed attempt that had nothing to do.
     recs = report.dedupe_by_step(_records())
-    trainer = {
-        "steps": 40,
-        "final_loss": float("nan"),
-        "comm_fraction": 0.0,
-        "resumed_from_step": 40,
-    }
+    trainer = {"steps": 40, "finalLoss": 0.3, "commExposedFraction": 0.2, "resumedFromStep": None,
+               "testAccuracy": 0.96, "wallS": 9.0}  # fmt: skip
     s = report.build_summary(
         job="demo", status="Succeeded", reason=None, trainer=trainer, records=recs,
         total_steps=40, wall_s=5.0, restarts=0, world_size=2, device="cpu", run_dir=tmp_path, plot=None,
     )  # fmt: skip
-    assert s.final_loss == 0.25 and abs((s.comm_fraction or 0) - 0.26 / 0.6) < 1e-9
+    assert (s.final_loss, s.comm_exposed_fraction, s.test_accuracy, s.train_wall_s) == (0.3, 0.2, 0.96, 9.0)
+
+
+def test_a_nan_loss_from_the_trainer_falls_back_to_the_log(tmp_path: Path) -> None:
+    recs = report.dedupe_by_step(_records())
+    trainer = {"steps": 40, "finalLoss": float("nan")}
+    s = report.build_summary(
+        job="demo", status="Succeeded", reason=None, trainer=trainer, records=recs,
+        total_steps=40, wall_s=5.0, restarts=0, world_size=2, device="cpu", run_dir=tmp_path, plot=None,
+    )  # fmt: skip
+    assert s.final_loss == 0.25 and abs((s.comm_exposed_fraction or 0) - 0.26 / 0.6) < 1e-9

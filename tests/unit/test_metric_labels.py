@@ -9,7 +9,7 @@ import re
 import pytest
 from disttrain_api import metric_names as names
 from disttrain_operator.observe import parse_prometheus
-from disttrain_trainer.metrics import Metrics, StepStats
+from disttrain_trainer.metrics import Metrics, observe_single_step
 from prometheus_client import generate_latest
 
 
@@ -17,8 +17,8 @@ def exposition(steps: list[tuple[float, float]]) -> str:
     """A rank's /metrics after steps of (step seconds, communication seconds)."""
     m = Metrics(job="digits", rank=0, mode="data", port=0, run_dir=None, namespace="ml")
     for i, (step_s, comm_s) in enumerate(steps, 1):
-        m.observe_step(StepStats.from_times(step=i, loss=1.0, lr=0.1, samples=64, t0=0.0, t1=0.01, t2=step_s,
-                                            end=step_s, comm_s=comm_s, comm_bytes=1), log=False)
+        observe_single_step(m, step=i, loss=1.0, lr=0.1, samples=64, t0=0.0, t1=0.01, t2=step_s,
+                                            end=step_s, comm_s=comm_s, comm_bytes=1)
     text = generate_latest(m.registry).decode()
     m.close()
     return text

@@ -25,15 +25,20 @@ def test_namespace_and_all_namespaces_are_exclusive() -> None:
     assert proc.returncode == 2 and "not allowed with argument" in proc.stderr
 
 
-def test_handlers_register_create_resume_update_timer_delete() -> None:
+def test_handlers_register_create_resume_update_and_watch_events_but_no_finalizer() -> None:
     from disttrain_operator import handlers  # noqa: F401 - registers with kopf's default registry
 
     registry = kopf.get_default_registry()
     ours = [h for h in registry._changing.get_all_handlers() if h.selector and h.selector.any_name == PLURAL]
-    assert {"create", "update", "delete"} <= {h.reason.value for h in ours if h.reason}
+    assert {"create", "update"} <= {h.reason.value for h in ours if h.reason}
     assert any(h.initial for h in ours)  # on.resume: a restarted operator re-reconciles every job
     update = next(h for h in ours if h.reason and h.reason.value == "update")
     assert update.field == ("spec",)  # status/metadata writes do not re-trigger it
-    timers = [h for h in registry._spawning.get_all_handlers() if h.selector and h.selector.any_name == PLURAL]
-    assert len(timers) == 1 and timers[0].interval > 0
-    assert all(h.selector.group == GROUP for h in ours + timers)
+    watching = [h for h in registry._watching.get_all_handlers() if h.selector and h.selector.any_name == PLURAL]
+    assert len(watching) == 1  # on.event keeps the registry of jobs for the periodic reconcile
+    assert all(h.selector.group == GROUP for h in ours + watching)
+    # No timers/daemons and no mandatory delete handler: kopf would otherwise put its
+    # finalizer on every job, and deleting a job with no operator running would hang.
+    spawning = [h for h in registry._spawning.get_all_handlers() if h.selector and h.selector.any_name == PLURAL]
+    assert spawning == []
+    assert not any(h.requires_finalizer for h in ours)

@@ -119,10 +119,10 @@ def test_vanished_and_lost_node_restart() -> None:
 
 
 def test_success_copies_rank0_summary() -> None:
-    msg = '{"steps": 400, "test_accuracy": 0.97, "resumed_from_step": 0}'
+    msg = '{"steps": 400, "testAccuracy": 0.97, "resumedFromStep": 0}'
     plan = decide(obs(dict(RUNNING_STATUS), [pod(0, "Succeeded", exit_code=0, message=msg), pod(1, "Succeeded")]))
     st = plan.status
-    assert st["phase"] == "Succeeded" and st["result"]["test_accuracy"] == 0.97 and st["step"] == 400
+    assert st["phase"] == "Succeeded" and st["result"]["testAccuracy"] == 0.97 and st["step"] == 400
     assert "0.97" in cond(st, "Succeeded")["message"] and st["completionTime"]
 
 
@@ -164,6 +164,7 @@ def test_suspend_then_resume() -> None:
     plan = decide(obs(st, []))
     assert plan.create and plan.status["attempt"] == 1 and plan.status["restarts"] == 0
     assert cond(plan.status, "Suspended")["status"] == "False"
+    assert [r for _, r, _ in plan.events] == ["Resumed", "GangCreated"]
 
 
 def test_unschedulable_stays_pending_with_condition() -> None:
@@ -229,3 +230,53 @@ def test_image_pull_error_is_surfaced() -> None:
     plan = decide(obs(st, pods))
     assert plan.status["phase"] == "Pending" and "nope:1" in plan.status["message"]
     assert cond(plan.status, "Running")["reason"] == "ErrImagePull"
+
+
+def test_elastic_shrink_skips_sizes_where_the_spec_breaks() -> None:
+    # batch 64 over 3 ranks does not split: 3 scheduled pods of 4 shrink to 2, never 3.
+    s = spec(workers={"replicas": 4}, data={"batchSize": 64},
+             elastic={"minReplicas": 1, "maxReplicas": 4, "scheduleTimeoutSeconds": 30})
+    st = {**RUNNING_STATUS, "phase": "Pending", "replicas": 4, "lastSpecReplicas": 4}
+    pods = [pod(0), pod(1), pod(2), pod(3, "Pending", unschedulable_message="Insufficient cpu", age_s=31)]
+    plan = decide(obs(st, pods, spec=s, accepted=s))
+    assert plan.status["replicas"] == 2 and cond(plan.status, "Restarting")["reason"] == "ElasticShrink"
+    assert "shrinking to 2 replicas" in cond(plan.status, "Restarting")["message"]
+
+
+def test_elastic_shrink_waits_when_no_smaller_size_is_valid() -> None:
+    s = spec(mode="tensor", workers={"replicas": 2}, parallelism={"tensor": 2},
+             model={"name": "gpt", "hidden": 128, "heads": 4}, data={"name": "pytext", "batchSize": 64},
+             elastic={"minReplicas": 1, "maxReplicas": 2, "scheduleTimeoutSeconds": 30})
+    st = {**RUNNING_STATUS, "phase": "Pending"}
+    pods = [pod(0), pod(1, "Pending", unschedulable_message="Insufficient cpu", age_s=300)]
+    plan = decide(obs(st, pods, spec=s, accepted=s))
+    assert plan.status["replicas"] == 2 and plan.status["attempt"] == 0 and not plan.delete_pods
+    assert cond(plan.status, "Running")["reason"] == "Unschedulable"
+
+
+def test_pods_of_an_earlier_job_with_the_same_name_are_never_adopted() -> None:
+    # A new job (no status) whose name an earlier, deleted job used: its pods still exist
+    # with the earlier job's UID. They are deleted, not counted, and block the new gang.
+    old = [pod(0, owner_uid="old-uid", owner_kind="DistTrainJob", attempt=3),
+           pod(1, owner_uid="old-uid", owner_kind="DistTrainJob", attempt=3)]
+    plan = decide(obs(None, old, uid="new-uid"))
+    assert not plan.create and sorted(plan.delete_pods) == ["j-worker-0", "j-worker-1"]
+    st = plan.status
+    assert st["phase"] == "Pending" and st["attempt"] == 0 and st["restarts"] == 0
+    assert "not owned by this job" in st["message"] and "old-uid" in st["message"]
+    assert not plan.events
+    # once they are gone, the gang is created at attempt 0
+    plan = decide(obs(plan.status, [], uid="new-uid", accepted=None))
+    assert plan.create and plan.status["attempt"] == 0
+
+
+def test_foreign_pods_beside_a_running_gang_are_deleted_but_never_counted() -> None:
+    ours = [pod(0, owner_uid="me"), pod(1, owner_uid="me")]
+    orphan = pod(2, "Failed", exit_code=1, attempt=7)  # no controller at all
+    other = pod(3, owner_uid="rs-uid", owner_kind="ReplicaSet")  # someone else's: left alone
+    stuck = pod(4, owner_uid="old", owner_kind="DistTrainJob", deleting=True, deleting_for_s=60)
+    plan = decide(obs(dict(RUNNING_STATUS), [*ours, orphan, other, stuck], uid="me"))
+    st = plan.status
+    assert st["phase"] == "Running" and st["restarts"] == 0 and st["attempt"] == 0
+    assert st["workers"] == {"active": 2, "pending": 0, "succeeded": 0, "failed": 0}
+    assert plan.delete_pods == ["j-worker-2"] and plan.force_delete_pods == ["j-worker-4"]

@@ -28,6 +28,18 @@ def test_failed_pod_with_termination_message() -> None:
     assert (p.index, p.attempt, p.phase, p.exit_code, p.message, p.age_s) == (1, 2, "Failed", 137, "killed", 60.0)
 
 
+def test_owner_is_the_controller_reference() -> None:
+    pod = raw("Running")
+    assert (pod_view(pod, NOW).owner_uid, pod_view(pod, NOW).owner_kind) == ("", "")  # an orphan
+    pod["metadata"]["ownerReferences"] = [  # type: ignore[index]
+        {"apiVersion": "v1", "kind": "ConfigMap", "name": "x", "uid": "cm-uid"},
+        {"apiVersion": "disttrain.dev/v1alpha1", "kind": "DistTrainJob", "name": "j", "uid": "job-uid",
+         "controller": True, "blockOwnerDeletion": True},
+    ]
+    v = pod_view(pod, NOW)
+    assert (v.owner_uid, v.owner_kind) == ("job-uid", "DistTrainJob")
+
+
 def test_unschedulable_and_node_lost() -> None:
     p = pod_view(raw("Pending", conditions=[{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
                                               "message": "0/2 nodes: Insufficient nvidia.com/gpu"}]), NOW)
@@ -40,7 +52,7 @@ def test_unschedulable_and_node_lost() -> None:
 
 
 def test_summary_and_prometheus() -> None:
-    assert parse_summary('{"test_accuracy": 0.96}') == {"test_accuracy": 0.96}
+    assert parse_summary('{"testAccuracy": 0.96}') == {"testAccuracy": 0.96}
     assert parse_summary("Traceback ...") is None and parse_summary("{broken") is None
     text = '# HELP x\ndisttrain_step{job="j",rank="0",mode="data"} 42.0\ndisttrain_last_checkpoint_step{job="j"} 40\n'
     assert parse_prometheus(text, ("disttrain_step", "disttrain_last_checkpoint_step")) == {

@@ -27,7 +27,7 @@ from disttrain_api import metric_names as names
 from disttrain_api import model as api
 from disttrain_operator.topology import build_children
 from disttrain_operator.topology.common import BuildContext
-from disttrain_trainer.metrics import Metrics, StepStats
+from disttrain_trainer.metrics import Metrics, observe_single_step
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "hack"))
@@ -110,8 +110,8 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prom]:
         while not stop.wait(0.05):
             step += 1
             for m in ranks:
-                m.observe_step(StepStats.from_times(step=step, loss=2.0 / step, lr=0.1, samples=64, t0=0.0,
-                                                    t1=0.01, t2=0.04, end=0.05, comm_s=0.01, comm_bytes=1), log=False)
+                observe_single_step(m, step=step, loss=2.0 / step, lr=0.1, samples=64, t0=0.0,
+                                                    t1=0.01, t2=0.04, end=0.05, comm_s=0.01, comm_bytes=1)
             if step % 20 == 0:
                 ranks[0].observe_checkpoint(step, 0.2, 1000)
 

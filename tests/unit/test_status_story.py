@@ -37,7 +37,7 @@ def test_running_comm_fraction_from_rank0() -> None:
 
 
 def test_success_reports_summary_fraction_and_device() -> None:
-    msg = '{"steps": 400, "test_accuracy": 0.97, "comm_fraction": 0.123456, "device": "cpu"}'
+    msg = '{"steps": 400, "testAccuracy": 0.97, "commFraction": 0.123456, "device": "cpu"}'
     st = decide(observed([pod(0, "Succeeded", exit_code=0, message=msg), pod(1, "Succeeded")])).status
     assert st["commFraction"] == 0.1235 and st["result"]["device"] == "cpu"
     (cond,) = [c for c in st["conditions"] if c["type"] == "Succeeded"]

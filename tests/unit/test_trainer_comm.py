@@ -1,14 +1,31 @@
-"""CommTimer: the union of in-flight collective intervals, reset on every take."""
+"""Step accounting: data + compute + exposed communication + idle add up to the step; busy overlaps."""
 
 from __future__ import annotations
 
-from disttrain_trainer.parallel.data import CommTimer
+import pytest
+from disttrain_trainer.metrics import Tally
 
 
-def test_comm_timer_counts_overlapping_collectives_once() -> None:
-    t = CommTimer()
-    t.add(0.0, 1.0, 10)
-    t.add(0.5, 1.5, 10)
-    t.add(3.0, 4.0, 5)
-    assert t.take() == (2.5, 25)
-    assert t.take() == (0.0, 0)
+def test_tally_splits_a_step_and_clamps_communication_to_the_work_span() -> None:
+    t = Tally()
+    # data 1, work 4 (of which 1.5 exposed, 3 busy), idle 2, bookkeeping 0.5: step 7.5
+    t.add_step(t0=0.0, t1=1.0, t2=5.0, end=7.5, exposed_s=1.5, busy_s=3.0, idle_s=2.0, samples=8)
+    assert (t.data_s, t.compute_s, t.exposed_s, t.busy_s, t.idle_s) == (1.0, 2.5, 1.5, 3.0, 2.0)
+    assert t.step_s == 7.5 and t.samples == 8
+    # A collective reported longer than the work span is clamped to it: compute is never negative.
+    t.add_step(t0=10.0, t1=10.0, t2=11.0, end=11.0, exposed_s=5.0, busy_s=5.0, idle_s=0.0, samples=8)
+    assert t.exposed_s == 2.5 and t.busy_s == 4.0 and t.compute_s == 2.5
+
+
+def test_tally_record_means_and_fractions_and_merge() -> None:
+    a, b = Tally(), Tally()
+    a.add_step(t0=0.0, t1=0.5, t2=3.5, end=4.0, exposed_s=1.0, busy_s=2.0, idle_s=0.0, samples=4)
+    b.add_step(t0=0.0, t1=0.5, t2=2.5, end=4.0, exposed_s=0.0, busy_s=1.0, idle_s=1.0, samples=4)
+    a.merge(b)
+    rec = a.record()
+    assert rec["steps"] == 2 and rec["step_s"] == 4.0 and rec["samples_per_s"] == 1.0
+    assert rec["comm_exposed_fraction"] == pytest.approx(1.0 / 8)
+    assert rec["comm_busy_fraction"] == pytest.approx(3.0 / 8)
+    assert rec["idle_fraction"] == pytest.approx(1.0 / 8)
+    assert rec["compute_s"] == pytest.approx((2.0 + 2.0) / 2)
+    assert Tally().record()["samples_per_s"] == 0.0

@@ -71,11 +71,22 @@ def test_missing_or_bad_config(tmp_path: Path) -> None:
         load_config({C.ENV_CONFIG: str(bad)})
 
 
-def test_unresolvable_master_times_out_with_a_clear_error() -> None:
-    from disttrain_trainer.dist_env import wait_for_master
+def test_unresolvable_master_times_out_with_a_transient_error() -> None:
+    from disttrain_trainer.dist_env import RendezvousError, wait_for_master
 
-    with pytest.raises(ConfigError, match="MASTER_ADDR='no-such-host.invalid' did not resolve"):
+    # Not a ConfigError: rank 0's pod may just be Pending, a retry can succeed.
+    with pytest.raises(RendezvousError, match="MASTER_ADDR='no-such-host.invalid' did not resolve"):
         wait_for_master("no-such-host.invalid", timeout_s=0.5)
+
+
+def test_rendezvous_timeout_comes_from_the_env(tmp_path: Path) -> None:
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(to_json(parse_spec({}))))
+    assert load_config({C.ENV_CONFIG: str(path)}).rendezvous_timeout_s == 300.0
+    cfg = load_config({C.ENV_CONFIG: str(path), C.ENV_RENDEZVOUS_TIMEOUT: "2.5"})
+    assert cfg.rendezvous_timeout_s == 2.5
+    with pytest.raises(ConfigError, match="DISTTRAIN_RENDEZVOUS_TIMEOUT_S='soon' must be a positive"):
+        load_config({C.ENV_CONFIG: str(path), C.ENV_RENDEZVOUS_TIMEOUT: "soon"})
 
 
 def test_cross_field_rules_apply(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from disttrain_api.model import parse_spec
 from disttrain_trainer.activation_checkpointing import segment_size
+from disttrain_trainer.config import ConfigError
 from disttrain_trainer.data import load_dataset
 from disttrain_trainer.models import GPT, MODELS, build_model, resolve
 
@@ -20,7 +21,7 @@ def my_factory(spec, ds):  # noqa: ANN001, ANN201 - used through "module:factory
 def test_registry_and_import_path(tmp_path: Path) -> None:
     assert set(MODELS) == {"mlp", "cnn", "gpt"}
     assert resolve(f"{__name__}:my_factory") is my_factory
-    with pytest.raises(ValueError, match="cannot import"):
+    with pytest.raises(ConfigError, match="cannot import"):
         resolve("no_such_module_xyz:f")
 
 
@@ -82,5 +83,5 @@ def test_checkpointing_really_recomputes(tmp_path: Path) -> None:
 
 def test_model_data_mismatch_is_a_clear_error(tmp_path: Path) -> None:
     spec = parse_spec({"model": {"name": "gpt"}, "data": {"name": "digits"}})
-    with pytest.raises(ValueError, match="model.name gpt needs a text dataset"):
+    with pytest.raises(ConfigError, match="model.name gpt needs a text dataset"):
         build_model(spec, load_dataset(spec, tmp_path))

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from disttrain_api.model import parse_spec
+from disttrain_trainer.config import ConfigError
 from disttrain_trainer.data import GlobalBatchSampler, load_dataset
 
 
@@ -41,7 +42,7 @@ def test_resume_from_state_continues_identically_even_at_another_world_size() ->
 
 
 def test_batch_must_divide_by_world() -> None:
-    with pytest.raises(ValueError, match="divisible"):
+    with pytest.raises(ConfigError, match="divisible"):
         GlobalBatchSampler(100, 10, seed=0, world=3)
 
 

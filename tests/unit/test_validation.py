@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from disttrain_api.model import SpecError
-from disttrain_api.validation import check_job, load_job, validate_spec
+from disttrain_api.validation import check_job, elastic_sizes, load_job, valid_sizes, validate_spec
 
 
 def manifest(**spec: Any) -> dict[str, Any]:
@@ -197,6 +197,43 @@ CASES: list[tuple[str, dict[str, Any], list[str]]] = [
         ["spec.elastic.maxReplicas: 2 must be >= workers.replicas 4"],
     ),
     (
+        "elastic range with a size the batch does not split over",
+        manifest(elastic={"minReplicas": 1, "maxReplicas": 4}),
+        ["spec.elastic: the range [1, 4] contains sizes that break the spec: 3 (at 3: spec.data.batchSize: 256 is "
+         "not divisible by 3 = data-parallel degree 3 x gradAccumulation 1 (microbatches count only when "
+         "parallelism.pipeline > 1); every rank needs an equal share); valid: 1-2, 4; set minReplicas and "
+         "maxReplicas so that every size between them is valid, or change the fields named"],
+    ),
+    (
+        "elastic range below the tensor-parallel degree",
+        manifest(mode="tensor", parallelism={"tensor": 2}, model=gpt(), data={"name": "pytext", "batchSize": 64},
+                 elastic={"minReplicas": 1, "maxReplicas": 2}),
+        ["spec.elastic: the range [1, 2] contains sizes that break the spec: 1 (at 1: spec.parallelism.tensor: 2 "
+         "does not divide the world size 1 (workers.replicas 1 x procsPerWorker 1)); valid: 2; set minReplicas and "
+         "maxReplicas so that every size between them is valid, or change the fields named"],
+    ),
+    (
+        "elastic range where hybrid loses its second degree",
+        manifest(mode="hybrid", workers={"replicas": 4}, parallelism={"tensor": 2}, model=gpt(),
+                 data={"name": "pytext", "batchSize": 64}, elastic={"minReplicas": 2, "maxReplicas": 4}),
+        ["spec.elastic: the range [2, 4] contains sizes that break the spec: 2-3 (at 2: spec.parallelism: mode "
+         "hybrid needs at least two of the tensor (2), pipeline (1) and data (1) degrees > 1; for one kind of "
+         "parallelism use mode tensor, pipeline or data; at 3: spec.parallelism.tensor: 2 does not divide the world "
+         "size 3 (workers.replicas 3 x procsPerWorker 1)); valid: 4; set minReplicas and maxReplicas so that every "
+         "size between them is valid, or change the fields named"],
+    ),
+    (
+        "elastic range counts processes per pod and gradient accumulation",
+        manifest(workers={"replicas": 2, "procsPerWorker": 2}, data={"batchSize": 48},
+                 training={"gradAccumulation": 2}, elastic={"minReplicas": 1, "maxReplicas": 8}),
+        ["spec.elastic: the range [1, 8] contains sizes that break the spec: 5, 7-8 (at 5: spec.data.batchSize: 48 "
+         "is not divisible by 20 = data-parallel degree 10 x gradAccumulation 2 (microbatches count only when "
+         "parallelism.pipeline > 1); every rank needs an equal share; at 7: spec.data.batchSize: 48 is not divisible "
+         "by 28 = data-parallel degree 14 x gradAccumulation 2 (microbatches count only when parallelism.pipeline "
+         "> 1); every rank needs an equal share; and 1 more); valid: 1-4, 6; set minReplicas and maxReplicas so "
+         "that every size between them is valid, or change the fields named"],
+    ),
+    (
         "negative gpus",
         manifest(workers={"resources": {"gpus": -1}}),
         ["spec.workers.resources.gpus: -1 must be >= 0"],
@@ -284,6 +321,8 @@ VALID: list[tuple[str, dict[str, Any]]] = [
     ("bf16 on CPU", manifest(training={"precision": "bf16"})),
     ("fp16 on GPUs", manifest(workers={"procsPerWorker": 2, "resources": {"gpus": 2}}, training={"precision": "fp16"})),
     ("elastic bounds inclusive", manifest(elastic={"minReplicas": 2, "maxReplicas": 2})),
+    ("every elastic size splits the batch", manifest(data={"batchSize": 240}, elastic={"minReplicas": 1,
+                                                                                     "maxReplicas": 4})),
     ("synthetic data fits every model", manifest(model=gpt(), data={"name": "synthetic"})),
     ("custom models take any data", manifest(model={"name": "mypkg.models:build"}, data={"name": "pytext"})),
 ]
@@ -345,4 +384,21 @@ def test_a_spec_that_is_not_an_object_reports_once() -> None:
 def test_bad_mode_skips_mode_rules() -> None:
     assert errors_of(manifest(mode="dataparallel", parallelism={"tensor": 2})) == [
         "spec.mode: 'dataparallel' is not one of data, pipeline, tensor, hybrid, federated, paramserver",
+    ]
+
+
+def test_valid_sizes_are_the_sizes_where_every_rule_holds() -> None:
+    job, _ = check_job(manifest(workers={"replicas": 8}, data={"batchSize": 64},
+                                elastic={"minReplicas": 1, "maxReplicas": 16}))
+    assert valid_sizes(job.spec) == [1, 2, 4, 8, 16]
+    sizes = elastic_sizes(job.spec)
+    assert sorted(sizes) == list(range(1, 17)) and sizes[8] == [] and sizes[3][0].path == "spec.data.batchSize"
+    # without spec.elastic: only its own size
+    assert valid_sizes(load_job(manifest()).spec) == [2]
+
+
+def test_elastic_sizes_are_not_checked_while_the_spec_is_invalid_at_its_own_size() -> None:
+    assert errors_of(manifest(data={"batchSize": 255}, elastic={"minReplicas": 1, "maxReplicas": 4})) == [
+        "spec.data.batchSize: 255 is not divisible by 2 = data-parallel degree 2 x gradAccumulation 1 "
+        "(microbatches count only when parallelism.pipeline > 1); every rank needs an equal share",
     ]

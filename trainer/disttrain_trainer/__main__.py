@@ -62,4 +62,9 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    try:
+        from .dist_env import exit_process  # noqa: PLC0415
+    except ImportError:
+        sys.exit(code)  # torch missing: no process group was ever created
+    exit_process(code)

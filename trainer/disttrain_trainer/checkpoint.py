@@ -5,7 +5,12 @@ unsharded state written by rank 0, so it loads at any world size) and
 `meta.json`. It is written into a `.tmp-*` sibling, every file and the
 directory are fsynced, then renamed into place and the parent fsynced: a crash
 at any point leaves either the complete new checkpoint or none, never a torn
-one. Leftover temp dirs are ignored by `load_latest` and removed by `clean_partial`.
+one. Leftover temp dirs are ignored by `load_latest` and removed by `clean_partial`;
+`load(root, step)` reads one exact step, so every rank can load the step rank 0 chose.
+
+`AsyncSaver` keeps the write off the training loop: the loop pays only for a copy
+of the state into host memory (`snapshot`), a background thread serialises and
+writes it with `save`, and at most one write is in flight.
 """
 
 from __future__ import annotations
@@ -18,12 +23,14 @@ import re
 import shutil
 import signal
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from disttrain_api import constants as C
 
@@ -146,9 +153,103 @@ def save(root: Path, state: dict[str, Any], step: int, *, keep: int, world_size:
     return SaveResult(path=final, bytes=nbytes, seconds=time.perf_counter() - start)
 
 
+def snapshot(state: Any, reuse: Any = None) -> Any:
+    """A copy of `state` that training can no longer change: tensors copied to host memory,
+    containers rebuilt, arrays copied; other leaves (numbers, strings, tuples of them) are immutable.
+
+    `reuse`: an earlier snapshot of the same structure that nobody reads any more; its host
+    tensors are overwritten in place instead of allocating (and page-faulting) fresh memory."""
+    if isinstance(state, torch.Tensor):
+        src = state.detach()
+        if (isinstance(reuse, torch.Tensor) and reuse.shape == src.shape and reuse.dtype == src.dtype
+                and reuse.device.type == "cpu"):  # fmt: skip
+            return reuse.copy_(src)
+        return src.to("cpu", copy=True)
+    if isinstance(state, dict):
+        old = reuse if isinstance(reuse, dict) else {}
+        return {k: snapshot(v, old.get(k)) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        old = reuse if isinstance(reuse, (list, tuple)) and len(reuse) == len(state) else [None] * len(state)
+        out = [snapshot(v, o) for v, o in zip(state, old, strict=True)]
+        return out if isinstance(state, list) else tuple(out)
+    if isinstance(state, np.ndarray):
+        return state.copy()
+    return state
+
+
+class AsyncSaver:
+    """Checkpoints written by one background thread, at most one in flight.
+
+    `save` waits for the previous write (so saves never pile up), snapshots the state on
+    the caller's thread and returns; `wait` blocks until the write in flight is on disk.
+    A write that failed raises its error from the next `save`, `poll` or `wait`. A process
+    killed mid-write leaves only a temp dir: the newest complete checkpoint stays loadable.
+    The thread is not a daemon: a trainer leaving on an error still finishes the write.
+    """
+
+    def __init__(self, root: Path, *, keep: int, world_size: int) -> None:
+        self.root, self.keep, self.world_size = root, keep, world_size
+        self._thread: threading.Thread | None = None
+        self._spare: Any = None  # the last snapshot, once written: its buffers are reused
+        self._done: list[SaveResult] = []
+        self._error: BaseException | None = None
+        self._lock = threading.Lock()
+
+    def save(self, state: dict[str, Any], step: int) -> float:
+        """Start writing checkpoint `step`; returns the seconds the caller was held up."""
+        start = time.perf_counter()
+        self._join()
+        snap = snapshot(state, self._spare)
+        self._spare = None
+        self._thread = threading.Thread(target=self._write, args=(snap, step),
+                                        name=f"checkpoint-{step}")  # fmt: skip
+        self._thread.start()
+        return time.perf_counter() - start
+
+    def _write(self, state: dict[str, Any], step: int) -> None:
+        try:
+            res = save(self.root, state, step, keep=self.keep, world_size=self.world_size)
+        except BaseException as e:  # noqa: BLE001 - handed to the training thread
+            with self._lock:
+                self._error = e
+            return
+        with self._lock:
+            self._done.append(res)
+            self._spare = state
+
+    def _join(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def poll(self) -> list[SaveResult]:
+        """Writes finished since the last poll (non-blocking)."""
+        with self._lock:
+            done, self._done = self._done, []
+            error, self._error = self._error, None
+        if error is not None:
+            raise RuntimeError(f"checkpoint write under {self.root} failed: {error}") from error
+        return done
+
+    def wait(self) -> list[SaveResult]:
+        """Block until the write in flight is complete; returns the writes finished since the last poll."""
+        self._join()
+        return self.poll()
+
+
 def prune(root: Path, keep: int) -> None:
     for _, path in list_checkpoints(root)[:-keep] if keep > 0 else []:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def load(root: Path, step: int, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Checkpoint `step` exactly; raises when it is missing, incomplete or does not load."""
+    path = root / name_for(step)
+    expected = json.loads((path / META_FILE).read_text()).get("bytes")
+    actual = (path / STATE_FILE).stat().st_size
+    if expected is not None and actual != expected:
+        raise ValueError(f"{path / STATE_FILE} has {actual} bytes, meta.json says {expected}")
+    return torch.load(path / STATE_FILE, map_location=map_location, weights_only=False)
 
 
 def load_latest(
@@ -157,11 +258,7 @@ def load_latest(
     """The newest complete checkpoint that actually loads; a corrupt one is skipped with a warning."""
     for step, path in reversed(list_checkpoints(root)):
         try:
-            expected = json.loads((path / META_FILE).read_text()).get("bytes")
-            actual = (path / STATE_FILE).stat().st_size
-            if expected is not None and actual != expected:
-                raise ValueError(f"{STATE_FILE} has {actual} bytes, meta.json says {expected}")
-            state = torch.load(path / STATE_FILE, map_location=map_location, weights_only=False)
+            state = load(root, step, map_location)
         except Exception as e:  # noqa: BLE001 - a damaged file must not stop the job; an older one may load
             print(f"disttrain-trainer: skipping unreadable checkpoint {path}: {e}", flush=True)
             continue

@@ -17,6 +17,15 @@ from disttrain_api import constants as C
 from disttrain_api import validation
 from disttrain_api.model import JobSpec, SpecError, parse_spec
 
+DEFAULT_RENDEZVOUS_TIMEOUT_S = 300.0
+# Files the trainer writes into its run dir, which the local launcher reads.
+SUMMARY_FILE = "summary.json"  # rank 0's summary, also its termination message
+FINISHED_FILE = "finished-rank{rank}.json"  # a rank that completed every step, before it exits
+
+
+def finished_path(run_dir: Path, rank: int) -> Path:
+    return run_dir / FINISHED_FILE.format(rank=rank)
+
 
 class ConfigError(ValueError):
     """The config or the env contract is unusable; the message names the variable/field and the fix."""
@@ -43,6 +52,9 @@ class TrainerConfig:
     # Train on CPU when GPUs were asked for but none is visible (spec.workers.allowCPUFallback
     # or the operator's DISTTRAIN_ALLOW_CPU_FALLBACK); otherwise that is a config error.
     allow_cpu_fallback: bool = False
+    # How long a rank waits for MASTER_ADDR to resolve and for the gang to join. Peer
+    # pods may stay Pending for minutes; past this the rank exits FAILED and is retried.
+    rendezvous_timeout_s: float = DEFAULT_RENDEZVOUS_TIMEOUT_S
 
     def for_local_rank(self, local_rank: int) -> TrainerConfig:
         """The config of local rank i in a pod that runs NPROC_PER_NODE processes."""
@@ -97,6 +109,19 @@ def _int(env: Mapping[str, str], name: str, default: int | None = None) -> int:
         raise ConfigError(f"{name}={value!r} must be an integer") from None
 
 
+def _positive_float(env: Mapping[str, str], name: str, default: float) -> float:
+    value = env.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        parsed = float(value)
+    except ValueError:
+        parsed = -1.0
+    if not parsed > 0:
+        raise ConfigError(f"{name}={value!r} must be a positive number of seconds")
+    return parsed
+
+
 def _default_termination_log() -> Path | None:
     path = Path(C.DEFAULT_TERMINATION_LOG)
     # Only inside a pod is /dev/termination-log a writable file.
@@ -149,6 +174,7 @@ def load_config(environ: Mapping[str, str] | None = None) -> TrainerConfig:
         namespace=env.get(C.ENV_NAMESPACE) or "default",
         allow_cpu_fallback=spec.workers.allow_cpu_fallback
         or (env.get(C.ENV_ALLOW_CPU_FALLBACK) or "").strip().lower() in ("1", "true", "yes", "on"),
+        rendezvous_timeout_s=_positive_float(env, C.ENV_RENDEZVOUS_TIMEOUT, DEFAULT_RENDEZVOUS_TIMEOUT_S),
     )
 
 

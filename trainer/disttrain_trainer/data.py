@@ -23,6 +23,8 @@ import numpy as np
 from disttrain_api import constants as C
 from disttrain_api.model import JobSpec
 
+from .config import ConfigError
+
 FORMAT_VERSION = 1
 TEST_FRACTION = 0.2
 SPLIT_SEED = 0  # fixed: the test set must not change with data.seed
@@ -30,6 +32,7 @@ TEXT_VAL_FRACTION = 0.1
 TEXT_EVAL_WINDOWS = 128
 SYNTHETIC_FEATURES = 64
 SYNTHETIC_CLASSES = 10
+IN_MEMORY_MAX_BYTES = 64 << 20  # shards smaller than this are read into memory once per process
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,11 +50,28 @@ class Shards:
             object.__setattr__(self, "_cache", cache)
         return cache
 
+    def _joined(self) -> np.ndarray | None:
+        """All shards as one in-memory array when they are small (the reads run every step:
+        one fancy index into one array costs ~10 us, a per-shard gather ~10x that)."""
+        if "_joined_cache" not in self.__dict__:
+            maps = self._maps()
+            small = sum(m.nbytes for m in maps) <= IN_MEMORY_MAX_BYTES
+            object.__setattr__(self, "_joined_cache", np.concatenate(maps) if small else None)
+        return self.__dict__["_joined_cache"]
+
     def take(self, rows: np.ndarray) -> np.ndarray:
+        rows = np.asarray(rows)
+        joined = self._joined()
+        if joined is not None:
+            return joined[rows]
+        # Large data stays memory-mapped: one fancy-indexed read per shard, not one per row.
         maps = self._maps()
-        return np.stack(
-            [np.asarray(maps[r // self.rows_per_shard][r % self.rows_per_shard]) for r in rows]
-        )
+        shard, offset = np.divmod(rows, self.rows_per_shard)
+        out = np.empty((len(rows), *maps[0].shape[1:]), dtype=maps[0].dtype)
+        for s in np.unique(shard):
+            sel = shard == s
+            out[sel] = maps[s][offset[sel]]
+        return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -269,12 +289,13 @@ class GlobalBatchSampler:
     """
 
     def __init__(self, num_samples: int, batch_size: int, seed: int, rank: int = 0, world: int = 1):
+        # Both fail the same way on every retry: ConfigError, so the job is not restarted.
         if batch_size % world:
-            raise ValueError(
+            raise ConfigError(
                 f"data.batchSize {batch_size} must be divisible by the data-parallel size {world}"
             )
         if batch_size > num_samples:
-            raise ValueError(
+            raise ConfigError(
                 f"data.batchSize {batch_size} exceeds the {num_samples} training samples"
             )
         self.n, self.batch, self.seed, self.rank, self.world = (

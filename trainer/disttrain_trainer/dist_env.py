@@ -1,9 +1,13 @@
-"""Process-group setup: wait for the master's DNS name, pick the backend and device.
+"""Process-group setup and teardown: wait for the master's DNS name, pick the backend and device.
 
 NCCL when CUDA is usable, gloo otherwise. A job that asked for GPUs and sees none
 fails (exit 2) unless CPU fallback is allowed; without GPUs asked for, CPU is normal. In a
 pod with procsPerWorker > 1 the launcher sets no RANK; `spawn_local_ranks`
 starts one process per local rank with RANK = NODE_RANK * NPROC_PER_NODE + i.
+
+Errors here are transient unless they are the config's fault: a master that
+does not resolve yet (its pod is still Pending) or a gang that does not join in
+time raises `RendezvousError`, which exits FAILED so the gang is retried.
 """
 
 from __future__ import annotations
@@ -11,20 +15,21 @@ from __future__ import annotations
 import datetime as dt
 import os
 import socket
+import sys
 import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
 from disttrain_api import constants as C
+from disttrain_api import exitcodes
 
 from .config import ConfigError, TrainerConfig
 
-RESOLVE_TIMEOUT_S = 120.0  # peer pods' DNS records appear a few seconds after the pods start
-INIT_TIMEOUT = dt.timedelta(minutes=5)
+SPAWN_GRACE_S = 3.0  # peers that hit the same config error exit with it themselves within this
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,7 +45,12 @@ class DistContext:
         return self.rank == 0
 
 
-def wait_for_master(addr: str, timeout_s: float = RESOLVE_TIMEOUT_S) -> None:
+class RendezvousError(RuntimeError):
+    """The gang could not meet in time; transient (a peer pod may still be Pending), so retried."""
+
+
+def wait_for_master(addr: str, timeout_s: float) -> None:
+    """Block until `addr` resolves: a peer pod's DNS record appears only once the pod runs."""
     deadline = time.monotonic() + timeout_s
     delay = 0.2
     while True:
@@ -49,9 +59,9 @@ def wait_for_master(addr: str, timeout_s: float = RESOLVE_TIMEOUT_S) -> None:
             return
         except socket.gaierror as e:
             if time.monotonic() > deadline:
-                raise ConfigError(
+                raise RendezvousError(
                     f"{C.ENV_MASTER_ADDR}={addr!r} did not resolve within {timeout_s:.0f}s ({e}); "
-                    "check the headless service of rank 0"
+                    "rank 0's pod may still be Pending, or its headless service is missing"
                 ) from None
             time.sleep(delay)
             delay = min(delay * 2, 2.0)
@@ -88,16 +98,24 @@ def init_distributed(cfg: TrainerConfig) -> DistContext:
         )
     device = pick_device(cfg)
     backend = "nccl" if device.type == "cuda" else "gloo"
-    wait_for_master(cfg.master_addr)
+    timeout_s = cfg.rendezvous_timeout_s
+    wait_for_master(cfg.master_addr, timeout_s)
     if not dist.is_initialized():
-        dist.init_process_group(
-            backend=backend,
-            init_method=f"tcp://{cfg.master_addr}:{cfg.master_port}",
-            rank=cfg.rank,
-            world_size=cfg.world_size,
-            timeout=INIT_TIMEOUT,
-            device_id=device if device.type == "cuda" else None,
-        )
+        try:
+            dist.init_process_group(
+                backend=backend,
+                init_method=f"tcp://{cfg.master_addr}:{cfg.master_port}",
+                rank=cfg.rank,
+                world_size=cfg.world_size,
+                # Also the collectives' timeout: a peer that vanished mid-run fails us within it.
+                timeout=dt.timedelta(seconds=timeout_s),
+                device_id=device if device.type == "cuda" else None,
+            )
+        except dist.DistError as e:  # DistStoreError, DistNetworkError: the store never filled up
+            raise RendezvousError(
+                f"rank {cfg.rank}: the gang of {cfg.world_size} did not meet at "
+                f"{cfg.master_addr}:{cfg.master_port} within {timeout_s:.0f}s ({str(e).splitlines()[0]})"
+            ) from None
     return DistContext(
         rank=cfg.rank,
         world_size=cfg.world_size,
@@ -107,22 +125,74 @@ def init_distributed(cfg: TrainerConfig) -> DistContext:
     )
 
 
+def finish() -> None:
+    """Leave the gang together after a successful run, then tear the process group down.
+
+    The barrier keeps a rank that finishes first from destroying its process group
+    and closing its sockets while a peer is still inside the last collective.
+    """
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def cleanup() -> None:
+    """Tear down after a failure: no barrier, a dead peer would never reach it."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def exit_process(code: int) -> NoReturn:
+    """End the process without running interpreter finalization.
+
+    Once a DistributedDataParallel was built, the gloo process group and its worker
+    threads (`pt_gloo_runloop`) outlive destroy_process_group: torch keeps a C++
+    reference to it (measured: the threads survive destroy, `del` and gc.collect()).
+    During finalization such a thread that releases a tensor needs the GIL, Python
+    ends it with a forced unwind, and C++ aborts the whole process with "terminate
+    called without an active exception" -- after the rank finished its work, so the
+    launcher saw a crash (SIGABRT) and restarted a finished job. Everything worth
+    keeping is written and closed by now; flush stdio and leave.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _spawned(local_rank: int, cfg: TrainerConfig, main: Callable[[TrainerConfig], Any]) -> None:
     child = cfg.for_local_rank(local_rank)
     os.environ[C.ENV_RANK] = str(child.rank)
     os.environ[C.ENV_LOCAL_RANK] = str(local_rank)
-    main(child)
+    try:
+        main(child)
+    except ConfigError as e:
+        # torch.multiprocessing would turn any exception into exit 1 (retried);
+        # a config error fails again on every retry, so it must reach the pod as CONFIG.
+        print(f"disttrain-trainer: rank {child.rank}: {e}", file=sys.stderr, flush=True)
+        exit_process(exitcodes.CONFIG)
+    exit_process(exitcodes.OK)
 
 
 def spawn_local_ranks(cfg: TrainerConfig, main: Callable[[TrainerConfig], Any]) -> None:
-    """Run `main` in NPROC_PER_NODE processes; raises if any of them fails (the pod then fails as a whole)."""
-    import torch.multiprocessing as mp  # noqa: PLC0415
+    """Run `main` in NPROC_PER_NODE processes; raises if any of them fails (the pod then fails as a whole).
 
-    mp.start_processes(
-        _spawned, args=(cfg, main), nprocs=cfg.nproc_per_node, join=True, start_method="spawn"
+    A local rank that exits CONFIG makes this raise ConfigError even when a peer
+    failed first (it lost its connection to the rank that rejected the config).
+    """
+    import torch.multiprocessing as mp  # noqa: PLC0415
+    from torch.multiprocessing.spawn import ProcessException  # noqa: PLC0415
+
+    procs = mp.start_processes(
+        _spawned, args=(cfg, main), nprocs=cfg.nproc_per_node, join=False, start_method="spawn"
     )
+    try:
+        # The grace period lets every rank that hits the same config error exit with it itself.
+        while not procs.join(grace_period=SPAWN_GRACE_S):
+            pass
+    except ProcessException:
+        codes = [p.exitcode for p in procs.processes]
+        if exitcodes.CONFIG in codes:
+            raise ConfigError(
+                f"local rank {codes.index(exitcodes.CONFIG)} rejected the config (see its message above)"
+            ) from None
+        raise

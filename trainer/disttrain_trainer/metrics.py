@@ -1,56 +1,79 @@
 """Per-rank training metrics: Prometheus /metrics and a JSON-lines log with the same figures.
 
-Series (prefix disttrain_, labels dtjob/namespace/rank/mode: metric_names.SERIES_LABELS):
-step time histogram; compute, communication and data-loading seconds as counters (_total) and per-step
-gauges; samples/s; loss; step; last checkpoint step; checkpoint seconds and
-bytes; communication fraction (comm / step time), the headline number of the
-scaling problem. Each rank uses its own CollectorRegistry so several ranks can
-share a process in tests without clashing.
+Labels: metric_names.SERIES_LABELS (dtjob/namespace/rank/mode). A step's wall time splits
+into data + compute + exposed communication + idle (definitions in disttrain_api.metric_names);
+busy communication is reported beside them. The step loop only adds floats into a `Tally` per
+step; Prometheus series and the JSON-lines record are updated once per log interval, so the
+bookkeeping stays off the per-step path. Each rank uses its own CollectorRegistry so several
+ranks can share a process in tests without clashing.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from disttrain_api import metric_names as names
-from disttrain_api.metric_names import PREFIX as P
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
-@dataclass(frozen=True, kw_only=True)
-class StepStats:
-    step: int
-    loss: float
-    lr: float
-    samples_per_s: float
-    step_s: float
-    compute_s: float
-    comm_s: float
-    data_s: float
-    comm_fraction: float
-    comm_bytes: int
+@dataclass(kw_only=True, slots=True)
+class Tally:
+    """Sums of step figures over an interval or a run (mutable: the loop adds into it every step)."""
 
-    @classmethod
-    def from_times(
-        cls, *, step: int, loss: float, lr: float, samples: int, t0: float, t1: float, t2: float,
-        end: float, comm_s: float, comm_bytes: int,
-    ) -> StepStats:
-        """One step's split: data = t0..t1, work = t1..t2 (compute + the communication measured
-        inside it), step = t0..end (bookkeeping included). Communication is clamped to the work
-        span: a collective still in flight after the step returned is not part of this step."""
-        comm_s = min(comm_s, t2 - t1)
-        step_s = end - t0
-        return cls(
-            step=step, loss=loss, lr=lr, samples_per_s=samples / step_s, step_s=step_s,
-            compute_s=(t2 - t1) - comm_s, comm_s=comm_s, data_s=t1 - t0,
-            comm_fraction=comm_s / step_s, comm_bytes=comm_bytes,
-        )  # fmt: skip
+    steps: int = 0
+    samples: int = 0  # this rank's samples
+    step_s: float = 0.0
+    data_s: float = 0.0
+    compute_s: float = 0.0
+    exposed_s: float = 0.0
+    busy_s: float = 0.0
+    idle_s: float = 0.0
+
+    def add_step(self, *, t0: float, t1: float, t2: float, end: float, exposed_s: float,
+                 busy_s: float, idle_s: float, samples: int) -> None:  # fmt: skip
+        """data = t0..t1, work = t1..t2 (compute + exposed communication), idle = rank 0 working
+        alone after the step, step = t0..end. Communication is clamped to the work span: a
+        collective cannot outlast the backward that waits for it."""
+        work = t2 - t1
+        exposed = min(exposed_s, work)
+        self.steps += 1
+        self.samples += samples
+        self.step_s += end - t0
+        self.data_s += t1 - t0
+        self.compute_s += work - exposed
+        self.exposed_s += exposed
+        self.busy_s += min(busy_s, work)
+        self.idle_s += idle_s
+
+    def merge(self, other: Tally) -> None:
+        for f in self.__slots__:  # type: ignore[attr-defined]
+            setattr(self, f, getattr(self, f) + getattr(other, f))
+
+    def fraction(self, seconds: float) -> float:
+        return seconds / self.step_s if self.step_s > 0 else 0.0
+
+    def record(self) -> dict[str, float]:
+        """Per-step means over the tally and the fractions of step time (the JSON-lines fields)."""
+        n = max(1, self.steps)
+        return {
+            "steps": self.steps,
+            "samples_per_s": self.samples / self.step_s if self.step_s > 0 else 0.0,
+            "step_s": self.step_s / n,
+            "data_s": self.data_s / n,
+            "compute_s": self.compute_s / n,
+            "comm_exposed_s": self.exposed_s / n,
+            "comm_busy_s": self.busy_s / n,
+            "idle_s": self.idle_s / n,
+            "comm_exposed_fraction": self.fraction(self.exposed_s),
+            "comm_busy_fraction": self.fraction(self.busy_s),
+            "idle_fraction": self.fraction(self.idle_s),
+        }
 
 
 class Metrics:
@@ -73,47 +96,39 @@ class Metrics:
         r = self.registry
 
         def gauge(name: str, doc: str) -> Any:
-            return Gauge(P + name, doc, labels, registry=r).labels(**self._values)
+            return Gauge(name, doc, labels, registry=r).labels(**self._values)
 
         def counter(name: str, doc: str) -> Any:
-            return Counter(P + name, doc, labels, registry=r).labels(**self._values)
+            return Counter(name, doc, labels, registry=r).labels(**self._values)
 
-        self.step_time = Histogram(P + "step_seconds", "Wall time of one optimizer step.", labels,
+        n = names
+        self.step_time = Histogram(n.STEP_SECONDS, "Wall time of one optimizer step.", labels,
                                    buckets=STEP_BUCKETS, registry=r).labels(**self._values)  # fmt: skip
-        self.compute_total = counter(
-            "compute_seconds", "Step time not spent loading data or communicating."
-        )
-        self.comm_total = counter(
-            "communication_seconds", "Time with a gradient collective in flight (measured)."
-        )
-        self.data_total = counter("data_seconds", "Time spent loading and moving batches.")
-        self.samples_total = counter("samples", "Training samples processed by this rank.")
-        self.comm_bytes_total = counter(
-            "communication_bytes", "Gradient bytes handed to collectives."
-        )
-        self.compute_step = gauge("step_compute_seconds", "Compute seconds of the last step.")
-        self.comm_step = gauge(
-            "step_communication_seconds", "Communication seconds of the last step."
-        )
-        self.data_step = gauge("step_data_seconds", "Data-loading seconds of the last step.")
-        self.samples_per_s = gauge(
-            "samples_per_second", "Samples per second of this rank in the last step."
-        )
-        self.loss = gauge("loss", "Training loss of the last step on this rank.")
-        self.lr = gauge("learning_rate", "Learning rate of the last step.")
-        self.step = Gauge(names.STEP, "Optimizer steps completed.", labels, registry=r).labels(**self._values)
-        self.comm_fraction = gauge(
-            "communication_fraction", "Communication seconds / step seconds, last step."
-        )
-        self.last_ckpt = Gauge(names.LAST_CHECKPOINT_STEP, "Step of the newest checkpoint written.", labels,
-                               registry=r).labels(**self._values)
-        self.ckpt_seconds = gauge("checkpoint_seconds", "Seconds the last checkpoint took.")
-        self.ckpt_bytes = gauge("checkpoint_bytes", "Bytes of the last checkpoint.")
-        self.ckpt_total = counter("checkpoints", "Checkpoints written.")
-        self.eval_value = gauge(
-            "eval_metric",
-            "Last evaluation: test accuracy (classification) or validation loss (text).",
-        )
+        self.compute_total = counter(n.COMPUTE_SECONDS, "Step time computing (not data, not exposed communication, not idle).")
+        self.data_total = counter(n.DATA_SECONDS, "Time spent loading and moving batches.")
+        self.idle_total = counter(n.IDLE_SECONDS, "Time waiting while rank 0 evaluates or snapshots a checkpoint alone.")
+        self.exposed_total = counter(n.COMM_EXPOSED_SECONDS, "Time the step waited on gradient communication no compute overlapped.")
+        self.busy_total = counter(n.COMM_BUSY_SECONDS, "Time a gradient collective was in flight (overlapped with backward or not).")
+        self.samples_total = counter(n.SAMPLES, "Training samples processed by this rank.")
+        self.grad_bytes_total = counter(n.GRADIENT_BYTES, "Gradient bytes synchronised (before compression).")
+        self.compute_step = gauge(n.STEP_COMPUTE_SECONDS, "Compute seconds per step, last log interval.")
+        self.data_step = gauge(n.STEP_DATA_SECONDS, "Data-loading seconds per step, last log interval.")
+        self.idle_step = gauge(n.STEP_IDLE_SECONDS, "Idle seconds per step, last log interval.")
+        self.exposed_step = gauge(n.STEP_COMM_EXPOSED_SECONDS, "Exposed communication seconds per step, last log interval.")
+        self.busy_step = gauge(n.STEP_COMM_BUSY_SECONDS, "Busy communication seconds per step, last log interval.")
+        self.exposed_fraction = gauge(n.COMM_EXPOSED_FRACTION, "Exposed communication / step time, last log interval.")
+        self.busy_fraction = gauge(n.COMM_BUSY_FRACTION, "Busy communication / step time, last log interval.")
+        self.idle_fraction = gauge(n.IDLE_FRACTION, "Idle / step time, last log interval.")
+        self.samples_per_s = gauge(n.SAMPLES_PER_SECOND, "Samples per second of this rank, last log interval.")
+        self.loss = gauge(n.LOSS, "Mean training loss on this rank over the last log interval.")
+        self.lr = gauge(n.LEARNING_RATE, "Learning rate of the last step.")
+        self.step = gauge(n.STEP, "Optimizer steps completed.")
+        self.last_ckpt = gauge(n.LAST_CHECKPOINT_STEP, "Step of the newest checkpoint completely written.")
+        self.ckpt_stall = gauge(n.CHECKPOINT_STALL_SECONDS, "Seconds the loop paused for the last checkpoint's snapshot.")
+        self.ckpt_write = gauge(n.CHECKPOINT_WRITE_SECONDS, "Seconds the last checkpoint's background write took.")
+        self.ckpt_bytes = gauge(n.CHECKPOINT_BYTES, "Bytes of the last checkpoint written.")
+        self.ckpt_total = counter(n.CHECKPOINTS, "Checkpoints completely written.")
+        self.eval_value = gauge(n.EVAL_METRIC, "Last evaluation: test accuracy (classification) or validation loss (text).")  # fmt: skip
         self._server: Any = None
         self._log = None
         if enabled and port:
@@ -122,34 +137,56 @@ class Metrics:
             run_dir.mkdir(parents=True, exist_ok=True)
             self._log = open(run_dir / f"metrics-rank{rank}.jsonl", "a", buffering=1)  # noqa: SIM115
 
-    def observe_step(self, s: StepStats, *, log: bool) -> None:
+    def observe_step_time(self, seconds: float) -> None:
+        """The one per-step call: the histogram needs every step."""
+        if self.enabled:
+            self.step_time.observe(seconds)
+
+    def observe_interval(self, *, step: int, loss: float, lr: float, tally: Tally,
+                         gradient_bytes: int, extra: dict[str, Any] | None = None) -> None:  # fmt: skip
+        """The steps since the last log interval: counters grow by their sums, gauges show per-step means.
+
+        `extra`: mode-specific fields added to the JSON-lines record (a pipeline stage's bubble, ...)."""
         if not self.enabled:
             return
-        self.step_time.observe(s.step_s)
-        self.compute_total.inc(s.compute_s)
-        self.comm_total.inc(s.comm_s)
-        self.data_total.inc(s.data_s)
-        self.samples_total.inc(s.samples_per_s * s.step_s)
-        self.comm_bytes_total.inc(s.comm_bytes)
-        self.compute_step.set(s.compute_s)
-        self.comm_step.set(s.comm_s)
-        self.data_step.set(s.data_s)
-        self.samples_per_s.set(s.samples_per_s)
-        self.loss.set(s.loss)
-        self.lr.set(s.lr)
-        self.step.set(s.step)
-        self.comm_fraction.set(s.comm_fraction)
-        if log:
-            self.write({**asdict(s), "time": time.time()})
+        self.compute_total.inc(tally.compute_s)
+        self.data_total.inc(tally.data_s)
+        self.idle_total.inc(tally.idle_s)
+        self.exposed_total.inc(tally.exposed_s)
+        self.busy_total.inc(tally.busy_s)
+        self.samples_total.inc(tally.samples)
+        self.grad_bytes_total.inc(gradient_bytes * tally.steps)
+        rec = tally.record()
+        self.compute_step.set(rec["compute_s"])
+        self.data_step.set(rec["data_s"])
+        self.idle_step.set(rec["idle_s"])
+        self.exposed_step.set(rec["comm_exposed_s"])
+        self.busy_step.set(rec["comm_busy_s"])
+        self.exposed_fraction.set(rec["comm_exposed_fraction"])
+        self.busy_fraction.set(rec["comm_busy_fraction"])
+        self.idle_fraction.set(rec["idle_fraction"])
+        self.samples_per_s.set(rec["samples_per_s"])
+        self.loss.set(loss)
+        self.lr.set(lr)
+        self.step.set(step)
+        self.write({"step": step, "loss": loss, "lr": lr, **rec, "gradient_bytes": gradient_bytes,
+                    **(extra or {}), "time": time.time()})  # fmt: skip
 
-    def observe_checkpoint(self, step: int, seconds: float, nbytes: int) -> None:
+    def observe_checkpoint_stall(self, step: int, seconds: float) -> None:
+        if not self.enabled:
+            return
+        self.ckpt_stall.set(seconds)
+        self.write({"event": "checkpoint_stall", "step": step, "stall_s": seconds, "time": time.time()})
+
+    def observe_checkpoint(self, step: int, write_s: float, nbytes: int) -> None:
+        """A checkpoint is completely on disk (rank 0, when its background write finished)."""
         if not self.enabled:
             return
         self.last_ckpt.set(step)
-        self.ckpt_seconds.set(seconds)
+        self.ckpt_write.set(write_s)
         self.ckpt_bytes.set(nbytes)
         self.ckpt_total.inc()
-        self.write({"event": "checkpoint", "step": step, "checkpoint_s": seconds, "checkpoint_bytes": nbytes,
+        self.write({"event": "checkpoint", "step": step, "write_s": write_s, "checkpoint_bytes": nbytes,
                     "time": time.time()})  # fmt: skip
 
     def observe_eval(self, step: int, name: str, value: float) -> None:
@@ -170,3 +207,13 @@ class Metrics:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+
+def observe_single_step(m: Metrics, *, step: int, loss: float, lr: float, samples: int, t0: float, t1: float,
+                        t2: float, end: float, comm_s: float, comm_bytes: int) -> None:  # fmt: skip
+    """One step observed as its own log interval, communication not overlapped (exposed = busy):
+    for tools and tests that feed Metrics without the training loop."""
+    t = Tally()
+    t.add_step(t0=t0, t1=t1, t2=t2, end=end, exposed_s=comm_s, busy_s=comm_s, idle_s=0.0, samples=samples)
+    m.observe_step_time(end - t0)
+    m.observe_interval(step=step, loss=loss, lr=lr, tally=t, gradient_bytes=comm_bytes)

@@ -19,6 +19,7 @@ from disttrain_api.model import JobSpec
 from torch import nn
 
 from .activation_checkpointing import run_blocks
+from .config import ConfigError
 from .data import Dataset
 
 Factory = Callable[[JobSpec, Dataset], nn.Module]
@@ -80,7 +81,7 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, dim: int, heads: int, dropout: float):
         super().__init__()
         if dim % heads:
-            raise ValueError(f"model.hidden {dim} must be divisible by model.heads {heads}")
+            raise ConfigError(f"model.hidden {dim} must be divisible by model.heads {heads}")
         self.heads, self.dropout = heads, dropout
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
@@ -187,7 +188,7 @@ def _cnn(spec: JobSpec, ds: Dataset) -> nn.Module:
     _classifier_data("cnn", ds)
     side = math.isqrt(ds.input_dim)
     if side * side != ds.input_dim:
-        raise ValueError(
+        raise ConfigError(
             f"model.name cnn needs square images; data {ds.name} has {ds.input_dim} features"
         )
     return CNN(
@@ -198,7 +199,7 @@ def _cnn(spec: JobSpec, ds: Dataset) -> nn.Module:
 def _gpt(spec: JobSpec, ds: Dataset) -> nn.Module:
     m = spec.model
     if ds.kind != "lm":
-        raise ValueError(f"model.name gpt needs a text dataset (data.name: pytext), not {ds.name}")
+        raise ConfigError(f"model.name gpt needs a text dataset (data.name: pytext), not {ds.name}")
     return GPT(
         ds.num_classes,
         m.block_size,
@@ -212,7 +213,7 @@ def _gpt(spec: JobSpec, ds: Dataset) -> nn.Module:
 
 def _classifier_data(model: str, ds: Dataset) -> None:
     if ds.kind != "classify":
-        raise ValueError(
+        raise ConfigError(
             f"model.name {model} needs a classification dataset (digits or synthetic), not {ds.name}"
         )
 
@@ -224,18 +225,18 @@ def resolve(name: str) -> Factory:
     if name in MODELS:
         return MODELS[name]
     if ":" not in name:
-        raise ValueError(
+        raise ConfigError(
             f"model.name {name!r}: not one of {', '.join(MODELS)} and not 'package.module:factory'"
         )
     module, attr = name.split(":", 1)
     try:
         factory = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as e:
-        raise ValueError(
+        raise ConfigError(
             f"model.name {name!r}: cannot import ({e}); is the module installed in the image?"
         ) from None
     if not callable(factory):
-        raise ValueError(
+        raise ConfigError(
             f"model.name {name!r} is not callable; it must be factory(spec, dataset) -> nn.Module"
         )
     return factory

@@ -10,19 +10,20 @@ Per step and rank the loop reports the categories every mode reports, measured:
   data    = fetching the replica's batch;
   compute = this rank's forward/backward computations plus the optimizer;
   comm    = P2P waits (inputs in flight, see pipeline_stats.py) plus the data-parallel all-reduce;
-  idle    = the rest of the step: the pipeline bubble (waiting for another stage's work) and the
-            schedule's own bookkeeping;
+  idle    = the rest of the step: the pipeline bubble (waiting for another stage's work), the
+            schedule's own bookkeeping and waiting while rank 0 evaluates or checkpoints;
+(into `Metrics`' Tally as t2 = t1 + compute + comm, comm exposed = busy, idle = end - t2)
 and, per stage, the bubble of the pipeline window, its fraction and the peak of
 activation memory held. Checkpoints hold every stage's blocks (keyed by global
 block index), each stage's optimizer, the plan and the RNG streams of every rank:
-rank 0 writes them atomically after gathering the parts.
+rank 0 writes them atomically after gathering the parts. The final checkpoint
+also carries the summary: a finished run resumed returns it without training.
 """
 
 from __future__ import annotations
 
-import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -32,10 +33,11 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
 from . import checkpoint as ckpt
+from . import resume
 from .config import ConfigError, TrainerConfig
 from .data import Dataset, GlobalBatchSampler
 from .dist_env import DistContext
-from .metrics import Metrics, StepStats
+from .metrics import Metrics, Tally
 from .optim import build_optimizer, build_scheduler
 from .parallel.blocks import block_state, load_block_state, split_blocks
 from .parallel.partition import Plan
@@ -45,7 +47,7 @@ from .parallel.pipeline_metrics import PipelineMetrics
 from .parallel.pipeline_plan import choose_plan
 from .parallel.pipeline_stats import split_idle
 from .precision import Amp
-from .train import _rng_state, _set_rng_state, evaluate, loss_fn_for
+from .train import SUMMARY_EVAL_KEY, evaluate, loss_fn_for
 
 
 def check_pipeline_supported(cfg: TrainerConfig) -> None:
@@ -81,8 +83,9 @@ class PipeRun:
     pmetrics: PipelineMetrics
     step: int = 0
     resumed_from: int | None = None
-    totals: dict[str, float] = field(default_factory=lambda: {"step": 0.0, "comm": 0.0, "idle": 0.0,
-                                                               "bubble": 0.0, "window": 0.0, "samples": 0.0})  # fmt: skip
+    summary: dict[str, Any] | None = None  # set once training is over; the final checkpoint carries it
+    totals: Tally = field(default_factory=Tally)
+    bubble: dict[str, float] = field(default_factory=lambda: {"bubble": 0.0, "window": 0.0})
     peak_bytes: int = 0
 
     # ------------------------------------------------------------ checkpoints
@@ -99,7 +102,7 @@ class PipeRun:
         return {k: v for p in parts for k, v in p.get("blocks", {}).items()}
 
     def save_checkpoint(self) -> None:
-        part = {"rng": _rng_state()}
+        part = {"rng": resume.rng_state()}
         if self.dp_rank == 0:
             part |= {"blocks": _cpu(block_state(self.blocks, self.block_ids)), "pp_rank": self.pp_rank,
                      "optimizer": self.optimizer.state_dict()}  # fmt: skip
@@ -111,7 +114,7 @@ class PipeRun:
                 "blocks": {k: v for p in parts for k, v in p.get("blocks", {}).items()},
                 "optimizers": {p["pp_rank"]: p["optimizer"] for p in parts if "optimizer" in p},
                 "scheduler": self.scheduler.state_dict(), "sampler": self.sampler.state_dict(),
-                "rng": [p["rng"] for p in parts],
+                "rng": [p["rng"] for p in parts], "summary": self.summary,
             }  # fmt: skip
             res = ckpt.save(self.cfg.checkpoint_dir, state, self.step, keep=self.cfg.spec.checkpoint.keep,
                             world_size=self.ctx.world_size)  # fmt: skip
@@ -124,30 +127,17 @@ class PipeRun:
         self.optimizer.load_state_dict(state["optimizers"][self.pp_rank])
         self.scheduler.load_state_dict(state["scheduler"])
         self.sampler.load_state_dict(state["sampler"])
-        rngs = state["rng"]
-        _set_rng_state(rngs[self.ctx.rank] if len(rngs) == self.ctx.world_size else rngs[0])
         self.step = self.resumed_from = int(state["step"])
+        self.summary = state.get("summary")
+        rngs = state["rng"]
+        if len(rngs) == self.ctx.world_size:  # same gang shape: each rank continues its own streams
+            resume.set_rng_state(rngs[self.ctx.rank])
+        else:  # resharded: no saved stream belongs to this rank
+            resume.seed_rank(self.cfg.spec.data.seed, self.step, self.ctx.rank)
 
 
 def _cpu(d: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v.detach().cpu() for k, v in d.items()}
-
-
-def _latest(cfg: TrainerConfig, ctx: DistContext) -> tuple[int, dict[str, Any]] | None:
-    """The newest checkpoint, read by every rank (the volume is shared by contract)."""
-    root = cfg.checkpoint_dir
-    if ctx.is_main:
-        ckpt.clean_partial(root)
-    found = ckpt.list_checkpoints(root) if ctx.is_main else []
-    choice: list[int | None] = [found[-1][0] if found else None]
-    dist.broadcast_object_list(choice, src=0)
-    if choice[0] is None:
-        return None
-    loaded = ckpt.load_latest(root)
-    if loaded is None or loaded[0] != choice[0]:
-        raise ConfigError(f"rank {ctx.rank} cannot read checkpoint step {choice[0]} under {root}; "
-                          "the checkpoint volume must be shared by all workers (checkpoint.volume)")  # fmt: skip
-    return loaded
 
 
 def setup(cfg: TrainerConfig, ctx: DistContext, ds: Dataset, model: nn.Module, metrics: Metrics) -> PipeRun:
@@ -161,7 +151,7 @@ def setup(cfg: TrainerConfig, ctx: DistContext, ds: Dataset, model: nn.Module, m
     if len(blocks) < n_stages:
         raise ConfigError(f"model {spec.model.name} has {len(blocks)} blocks, fewer than the {n_stages} stages of "
                           f"parallelism.pipeline {pp} x virtualStages; use more layers or fewer stages")  # fmt: skip
-    loaded = _latest(cfg, ctx)
+    loaded = resume.agree_on_checkpoint(cfg.checkpoint_dir, ctx)
     saved_plan = Plan.from_json(loaded[1]["plan"]) if loaded else None
     sampler = GlobalBatchSampler(ds.num_train, spec.data.batch_size, spec.data.seed, dp_rank, dp)
     mb = spec.data.batch_size // dp // par.microbatches
@@ -187,10 +177,7 @@ def setup(cfg: TrainerConfig, ctx: DistContext, ds: Dataset, model: nn.Module, m
         ids = engine.block_ids
         optimizer = build_optimizer(engine.parameters(), opt_spec, batch)
     scheduler = build_scheduler(optimizer, opt_spec, batch, spec.training.steps)
-    seed = spec.data.seed * 1000 + ctx.rank  # per-rank streams (dropout), after identical init
-    torch.manual_seed(seed)
-    np.random.seed(seed)
-    random.seed(seed)
+    resume.seed_rank(spec.data.seed, 0, ctx.rank)  # per-rank streams (dropout), after identical init
     pm = PipelineMetrics(metrics, stage=pp_rank)
     pm.observe_plan(plan)
     run = PipeRun(cfg=cfg, ctx=ctx, ds=ds, full=model, blocks=blocks, plan=plan, engine=engine, block_ids=ids,
@@ -235,12 +222,33 @@ def _train_step(run: PipeRun, x: torch.Tensor, y: torch.Tensor) -> tuple[StepOut
     return out, ar, time.perf_counter() - t0
 
 
+def _grad_bytes(run: PipeRun) -> int:
+    """Bytes of this stage's gradients averaged over the data-parallel replicas per step (0: one replica)."""
+    if run.dp_size == 1:
+        return 0
+    return sum(p.numel() * p.element_size() for p in run.optimizer.param_groups[0]["params"])
+
+
+def run_to_end(run: PipeRun, amp: Amp, wall0: float) -> dict[str, Any]:
+    """Train the rest of the steps and write the final checkpoint, which carries the summary;
+    a finished run resumed has nothing left to train and returns its summary."""
+    if run.summary is not None and run.step >= run.cfg.spec.training.steps:
+        return run.summary
+    summary = loop(run, amp)
+    summary["wallS"] = time.perf_counter() - wall0
+    run.summary = summary
+    run.save_checkpoint()
+    return summary
+
+
 def loop(run: PipeRun, amp: Amp) -> dict[str, Any]:
     spec, ctx = run.cfg.spec, run.ctx
     tr, pp = spec.training, spec.parallelism.pipeline
     n_stages = run.plan.stages
+    grad_bytes = _grad_bytes(run)
     eval_result: tuple[str, float] | None = None
     last_loss = float("nan")
+    interval, losses = Tally(), []
     start = time.perf_counter()
     while run.step < tr.steps:
         t0 = time.perf_counter()
@@ -251,67 +259,75 @@ def loop(run: PipeRun, amp: Amp) -> dict[str, Any]:
         out, ar_s, opt_s = _train_step(run, x, y)
         if ctx.device.type == "cuda":
             torch.cuda.synchronize(ctx.device)
-        t2 = time.perf_counter()
+        work = time.perf_counter() - t1
         # Every rank's timeline and loss: the pipeline's ranks split their idle time with them.
         everyone: list[Any] = [None] * ctx.world_size
         dist.all_gather_object(everyone, (run.dp_rank, out.intervals, out.loss))
         times = split_idle(out.intervals, [ivs for d, ivs, _ in everyone if d == run.dp_rank], n_stages)
-        losses = [ls for _, _, ls in everyone if ls is not None]
-        last_loss = float(np.mean(losses)) if losses else float("nan")
+        step_losses = [ls for _, _, ls in everyone if ls is not None]
+        last_loss = float(np.mean(step_losses)) if step_losses else float("nan")
+        losses.append(last_loss)
         run.step += 1
-        end = time.perf_counter()
-        work = t2 - t1
-        compute = min(work, times.compute_s + opt_s)
-        comm = min(work - compute, times.p2p_s + ar_s)
-        stats = StepStats(
-            step=run.step, loss=last_loss, lr=run.scheduler.get_last_lr()[0], samples_per_s=len(x) / (end - t0),
-            step_s=end - t0, compute_s=compute, comm_s=comm, data_s=t1 - t0, comm_fraction=comm / (end - t0),
-            comm_bytes=0,
-        )  # fmt: skip
-        idle = (end - t0) - compute - comm - stats.data_s
-        log = run.step % tr.log_interval_steps == 0 or run.step == tr.steps
-        run.metrics.observe_step(stats, log=False)
-        run.pmetrics.observe_step(times, idle_s=idle, p2p_s=times.p2p_s, allreduce_s=ar_s,
-                                  act_peak_bytes=out.act_peak_bytes)  # fmt: skip
-        run.peak_bytes = max(run.peak_bytes, out.act_peak_bytes)
-        if log:
-            run.metrics.write({**asdict(stats), "idle_s": idle, "stage": run.pp_rank, "p2p_s": times.p2p_s,
-                               "allreduce_s": ar_s, "bubble_s": times.bubble_s,
-                               "bubble_fraction": times.bubble_fraction, "window_s": times.window_s,
-                               "act_peak_bytes": out.act_peak_bytes, "time": time.time()})  # fmt: skip
-        for k, v in (("step", end - t0), ("comm", comm), ("idle", idle), ("bubble", times.bubble_s),
-                     ("window", times.window_s), ("samples", len(x) * run.dp_size)):  # fmt: skip
-            run.totals[k] += v
-        if log and ctx.is_main:
-            print(f"step {run.step}/{tr.steps} loss {last_loss:.4f} lr {stats.lr:.4g} "
-                  f"samples/s {len(x) * run.dp_size / (end - t0):.0f} bubble {times.bubble_fraction:.0%} "
-                  f"comm {stats.comm_fraction:.0%}", flush=True)  # fmt: skip
         if tr.eval_interval_steps and run.step % tr.eval_interval_steps == 0 and run.step < tr.steps:
             eval_result = _evaluate(run, amp)
-        if run.step % spec.checkpoint.interval_steps == 0 or run.step == tr.steps:
+        if run.step % spec.checkpoint.interval_steps == 0 and run.step < tr.steps:  # the final one: run_to_end
             run.save_checkpoint()
+        end = time.perf_counter()
+        compute = min(work, times.compute_s + opt_s)
+        comm = min(work - compute, times.p2p_s + ar_s)
+        t2 = t1 + compute + comm  # the rest of the step, up to `end`, is idle
+        run.metrics.observe_step_time(end - t0)
+        interval.add_step(t0=t0, t1=t1, t2=t2, end=end, exposed_s=comm, busy_s=comm, idle_s=end - t2,
+                          samples=len(x))  # fmt: skip
+        run.pmetrics.observe_step(times, p2p_s=times.p2p_s, allreduce_s=ar_s, act_peak_bytes=out.act_peak_bytes)
+        run.peak_bytes = max(run.peak_bytes, out.act_peak_bytes)
+        run.bubble["bubble"] += times.bubble_s
+        run.bubble["window"] += times.window_s
+        if run.step % tr.log_interval_steps == 0 or run.step == tr.steps:
+            lr = run.scheduler.get_last_lr()[0]
+            loss = float(np.mean(losses))
+            run.metrics.observe_interval(
+                step=run.step, loss=loss, lr=lr, tally=interval, gradient_bytes=grad_bytes,
+                extra={"stage": run.pp_rank, "p2p_s": times.p2p_s, "allreduce_s": ar_s, "bubble_s": times.bubble_s,
+                       "bubble_fraction": times.bubble_fraction, "window_s": times.window_s,
+                       "act_peak_bytes": out.act_peak_bytes},
+            )  # fmt: skip
+            if ctx.is_main:
+                rec = interval.record()
+                print(f"step {run.step}/{tr.steps} loss {loss:.4f} lr {lr:.4g} "
+                      f"samples/s {rec['samples_per_s'] * run.dp_size:.0f} bubble {times.bubble_fraction:.0%} "
+                      f"comm {rec['comm_exposed_fraction']:.0%}", flush=True)  # fmt: skip
+            run.totals.merge(interval)
+            interval, losses = Tally(), []
     train_s = time.perf_counter() - start
     eval_result = _evaluate(run, amp)
     stage_totals: list[Any] = [None] * ctx.world_size
-    dist.all_gather_object(stage_totals, (run.dp_rank, run.pp_rank, dict(run.totals), run.peak_bytes))
+    dist.all_gather_object(stage_totals, (run.dp_rank, run.pp_rank, run.totals, dict(run.bubble), run.peak_bytes))
     per_stage = [
-        {"stage": s, "bubbleFraction": t["bubble"] / t["window"] if t["window"] else 0.0,
-         "idleFraction": t["idle"] / t["step"] if t["step"] else 0.0,
-         "commFraction": t["comm"] / t["step"] if t["step"] else 0.0, "activationPeakBytes": peak}
-        for d, s, t, peak in sorted(stage_totals, key=lambda e: (e[0], e[1])) if d == 0
+        {"stage": s, "bubbleFraction": b["bubble"] / b["window"] if b["window"] else 0.0,
+         "idleFraction": t.fraction(t.idle_s), "commFraction": t.fraction(t.exposed_s), "activationPeakBytes": peak}
+        for d, s, t, b, peak in sorted(stage_totals, key=lambda e: (e[0], e[1])) if d == 0
     ]  # fmt: skip
+    t = run.totals
+    # camelCase like every mode: this dict becomes the job's status.result.
     summary: dict[str, Any] = {
-        "steps": run.step, "final_loss": last_loss, "resumed_from_step": run.resumed_from,
-        "restart_attempt": run.cfg.restart_attempt, "world_size": ctx.world_size, "mode": spec.mode,
-        "device": ctx.device.type, "backend": ctx.backend, "precision": tr.precision, "train_s": train_s,
-        "samples_per_s": run.totals["samples"] / run.totals["step"] if run.totals["step"] else 0.0,
-        "comm_fraction": run.totals["comm"] / run.totals["step"] if run.totals["step"] else 0.0,
+        "steps": run.step, "finalLoss": last_loss, "resumedFromStep": run.resumed_from,
+        "restartAttempt": run.cfg.restart_attempt, "worldSize": ctx.world_size, "mode": spec.mode,
+        "device": ctx.device.type, "backend": ctx.backend, "precision": tr.precision, "trainS": train_s,
+        "samplesPerS": t.samples * run.dp_size / t.step_s if t.step_s else 0.0,
+        # Fractions of step time; communication is all exposed here (busy = exposed).
+        "commExposedFraction": t.fraction(t.exposed_s),
+        "commFraction": t.fraction(t.exposed_s),
+        "commBusyFraction": t.fraction(t.busy_s),
+        "idleFraction": t.fraction(t.idle_s),
+        "dataFraction": t.fraction(t.data_s),
+        "computeFraction": t.fraction(t.compute_s),
         "pipeline": {"schedule": spec.parallelism.schedule, "stages": pp, "dataDegree": run.dp_size,
                      "microbatches": spec.parallelism.microbatches, "plan": run.plan.to_json(),
                      "perStage": per_stage},
     }  # fmt: skip
     if eval_result is not None:
-        summary[eval_result[0]] = eval_result[1]
+        summary[SUMMARY_EVAL_KEY[eval_result[0]]] = eval_result[1]
     return summary
 
 

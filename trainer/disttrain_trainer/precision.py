@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import torch
 from disttrain_api.model import Precision
 
+from .config import ConfigError
+
 
 @dataclass(frozen=True, kw_only=True)
 class Amp:
@@ -33,7 +35,7 @@ class Amp:
 
 def make_amp(precision: Precision, device: torch.device) -> Amp:
     if precision == "fp16" and device.type != "cuda":
-        raise ValueError(
+        raise ConfigError(
             "training.precision fp16 needs a GPU (GradScaler on CUDA); use bf16 or fp32 on CPU"
         )
     scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None

@@ -1,18 +1,18 @@
 """The training loop: data -> forward/backward (DDP all-reduce) -> optimizer, with metrics and checkpoints.
 
-Time per step is split three ways and measured, not estimated:
-  data    = fetching this rank's rows from the shards and moving them to the device;
-  comm    = time with at least one gradient collective in flight (CommTimer, from the DDP hook);
-  compute = the forward/backward/optimizer window minus the communication inside it.
-step_s is the whole iteration (including bookkeeping), so data+compute+comm ~= step_s
-is a real check that nothing unmeasured hides in a step.
+Time per step is split four ways and measured, not estimated (see disttrain_api.metric_names):
+  data          = fetching this rank's rows from the shards and moving them to the device;
+  comm exposed  = the step waiting on gradient communication nothing overlapped (DDP's reducer timer);
+  compute       = the forward/backward/optimizer window minus the exposed communication;
+  idle          = waiting while rank 0 evaluates or snapshots a checkpoint alone (timed up to a barrier).
+Busy communication (a collective in flight, overlapped or not) is reported beside them.
+The loop keeps the device unsynchronised: the loss stays a tensor until a log interval.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,16 +25,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import checkpoint as ckpt
-from . import parallel
-from .config import ConfigError, TrainerConfig
+from . import parallel, resume
+from .config import SUMMARY_FILE, ConfigError, TrainerConfig, finished_path
 from .data import Dataset, GlobalBatchSampler, load_dataset
-from .dist_env import DistContext, cleanup, init_distributed
-from .metrics import Metrics, StepStats
-from .models import build_model
+from .dist_env import DistContext, cleanup, finish, init_distributed
+from .metrics import Metrics, Tally
+from .models import build_model, resolve
 from .optim import build_optimizer, build_scheduler
 from .precision import Amp, make_amp
 
 EVAL_BATCH = 512
+# evaluate() names its figure like the metrics log does; the summary speaks the API's camelCase.
+SUMMARY_EVAL_KEY = {"test_accuracy": "testAccuracy", "val_loss": "valLoss"}
 
 
 def check_supported(cfg: TrainerConfig) -> None:
@@ -53,6 +55,7 @@ def check_supported(cfg: TrainerConfig) -> None:
             f"data.batchSize {spec.data.batch_size} must be divisible by world size {cfg.world_size} x "
             f"training.gradAccumulation {spec.training.grad_accumulation} = {parts}"
         )
+    resolve(spec.model.name)  # a `module:factory` that does not import fails before any rendezvous
 
 
 def _set_threads(cfg: TrainerConfig) -> None:
@@ -95,29 +98,6 @@ def evaluate(model: nn.Module, ds: Dataset, amp: Amp) -> tuple[str, float]:
     return ("val_loss", loss_sum / count) if ds.kind == "lm" else ("test_accuracy", correct / count)
 
 
-def _rng_state() -> dict[str, Any]:
-    state: dict[str, Any] = {
-        "torch": torch.get_rng_state(),
-        "numpy": np.random.get_state(),
-        "python": random.getstate(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
-    if (
-        "cuda" in state
-        and torch.cuda.is_available()
-        and len(state["cuda"]) == torch.cuda.device_count()
-    ):
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
 @dataclass(kw_only=True)
 class Run:
     cfg: TrainerConfig
@@ -125,7 +105,7 @@ class Run:
     ds: Dataset
     model: nn.Module  # the wrapped (DDP) model
     inner: nn.Module  # the plain module: what checkpoints hold
-    timer: parallel.CommTimer
+    comm: parallel.CommClock | None  # None: nothing to time (or metrics off)
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     amp: Amp
@@ -133,13 +113,16 @@ class Run:
     metrics: Metrics
     step: int = 0
     resumed_from: int | None = None
-    totals: dict[str, float] = field(
-        default_factory=lambda: {"step": 0.0, "comm": 0.0, "samples": 0.0}
-    )
+    # Set once training is over: the final checkpoint carries it, so a resumed run
+    # that has nothing left to do reports the finished run's figures.
+    summary: dict[str, Any] | None = None
+    totals: Tally = field(default_factory=Tally)
+    saver: ckpt.AsyncSaver | None = None  # rank 0's background checkpoint writer
 
     def state(self) -> dict[str, Any]:
-        rngs: list[Any] = [None] * self.ctx.world_size
-        dist.all_gather_object(rngs, _rng_state())
+        # Per-rank parts: RNG streams (dropout) and the comm hook's error feedback (PowerSGD).
+        per_rank: list[Any] = [None] * self.ctx.world_size
+        dist.all_gather_object(per_rank, (resume.rng_state(), resume.hook_state(self.comm_hook_state)))
         return {
             "step": self.step,
             "world_size": self.ctx.world_size,
@@ -148,7 +131,9 @@ class Run:
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.amp.scaler.state_dict() if self.amp.scaler is not None else None,
             "sampler": self.sampler.state_dict(),
-            "rng": rngs,
+            "rng": [r for r, _ in per_rank],
+            "comm_hook": [h for _, h in per_rank],
+            "summary": self.summary,
             "spec_data": {
                 "batch_size": self.cfg.spec.data.batch_size,
                 "seed": self.cfg.spec.data.seed,
@@ -162,43 +147,71 @@ class Run:
         if self.amp.scaler is not None and state.get("scaler"):
             self.amp.scaler.load_state_dict(state["scaler"])
         self.sampler.load_state_dict(state["sampler"])
-        rngs = state["rng"]
-        # Same world size: every rank gets its own streams back. Different: reuse rank 0's on all ranks.
-        _set_rng_state(rngs[self.ctx.rank] if len(rngs) == self.ctx.world_size else rngs[0])
         self.step = self.resumed_from = int(state["step"])
+        self.summary = state.get("summary")
+        if len(state["rng"]) == self.ctx.world_size:  # same gang shape: each rank continues its own streams
+            resume.set_rng_state(state["rng"][self.ctx.rank])
+            hooks = state.get("comm_hook") or [None] * self.ctx.world_size
+            resume.load_hook_state(self.comm_hook_state, hooks[self.ctx.rank], self.ctx.device)
+        else:  # resharded: no saved stream belongs to this rank; error feedback starts empty
+            resume.seed_rank(self.cfg.spec.data.seed, self.step, self.ctx.rank)
+
+    @property
+    def comm_hook_state(self) -> Any:
+        return getattr(self.model, "comm_hook_state", None)
 
     def save_checkpoint(self) -> None:
+        """Snapshot the state; rank 0 hands it to the background writer (at most one write in flight).
+
+        The collective RNG gather runs on every rank; only rank 0 then copies the state, so the
+        caller times this (with a barrier after it) as idle time, not as communication."""
         state = self.state()
         if self.ctx.is_main:
-            res = ckpt.save(self.cfg.checkpoint_dir, state, self.step, keep=self.cfg.spec.checkpoint.keep,
-                            world_size=self.ctx.world_size)  # fmt: skip
-            info = [res.seconds, res.bytes]
-        else:
-            info = [0.0, 0]
-        dist.broadcast_object_list(
-            info, src=0
-        )  # also a barrier: nobody runs ahead of a half-written save
-        self.metrics.observe_checkpoint(self.step, float(info[0]), int(info[1]))
+            if self.saver is None:
+                self.saver = ckpt.AsyncSaver(self.cfg.checkpoint_dir, keep=self.cfg.spec.checkpoint.keep,
+                                             world_size=self.ctx.world_size)  # fmt: skip
+            stall = self.saver.save(state, self.step)
+            self.metrics.observe_checkpoint_stall(self.step, stall)
+
+    def report_checkpoints(self, *, wait: bool = False) -> None:
+        """Record the checkpoints whose background write has finished (rank 0); `wait` for the one in flight."""
+        if self.saver is None:
+            return
+        for res in self.saver.wait() if wait else self.saver.poll():
+            step = int(res.path.name.rsplit("-", 1)[1])
+            self.metrics.observe_checkpoint(step, res.seconds, res.bytes)
+
+
+def _settle_buckets(run: Run) -> None:
+    """One throw-away forward/backward so DDP lays out its gradient buckets before a restore.
+
+    DDP rebuilds its buckets after the first backward, in the order gradients became
+    ready; PowerSGD's saved residuals and factors are flat tensors in that later layout.
+    Without this the first step after a resume adds them to a differently ordered
+    bucket. Everything the pass touches (gradients, hook state, RNG, timers) is reset or
+    restored afterwards; parameters do not change (no optimizer step).
+    """
+    per_rank = run.cfg.spec.data.batch_size // run.ctx.world_size
+    micro = per_rank // run.cfg.spec.training.grad_accumulation
+    x, y = run.ds.batch(np.arange(micro))
+    dev = run.ctx.device
+    with run.amp.autocast():
+        loss = loss_fn_for(run.ds)(run.model(torch.from_numpy(np.asarray(x)).to(dev)),
+                                   torch.from_numpy(np.asarray(y)).to(dev))  # fmt: skip
+    loss.backward()
+    run.optimizer.zero_grad(set_to_none=True)
+    if run.comm is not None:
+        run.comm.take()
 
 
 def _resume(run: Run) -> None:
     root = run.cfg.checkpoint_dir
-    if run.ctx.is_main:
-        ckpt.clean_partial(root)
-        found = ckpt.list_checkpoints(root)
-        choice = [found[-1][0] if found else None]
-    else:
-        choice = [None]
-    dist.broadcast_object_list(choice, src=0)
-    if choice[0] is None:
+    loaded = resume.agree_on_checkpoint(root, run.ctx)
+    if loaded is None:
         return
-    # Every rank reads the same step (the checkpoint volume is shared by contract).
-    loaded = ckpt.load_latest(root)
-    if loaded is None or loaded[0] != choice[0]:
-        raise ConfigError(
-            f"rank {run.ctx.rank} cannot read checkpoint step {choice[0]} under {root}; "
-            "the checkpoint volume must be shared by all workers (checkpoint.volume)"
-        )
+    hooks = loaded[1].get("comm_hook") or []
+    if len(hooks) == run.ctx.world_size and any(h is not None for h in hooks):
+        _settle_buckets(run)
     run.restore(loaded[1])
     if run.ctx.is_main:
         print(f"disttrain-trainer: resumed from step {run.step} ({root})", flush=True)
@@ -207,9 +220,11 @@ def _resume(run: Run) -> None:
 def _batch(run: Run) -> list[tuple[torch.Tensor, torch.Tensor]]:
     x, y = run.ds.batch(run.sampler.next_indices())
     dev = run.ctx.device
-    xt, yt = torch.from_numpy(np.asarray(x)).to(dev), torch.from_numpy(np.asarray(y)).to(dev)
+    xt, yt = torch.from_numpy(np.asarray(x)), torch.from_numpy(np.asarray(y))
+    if dev.type != "cpu":
+        xt, yt = xt.to(dev, non_blocking=True), yt.to(dev, non_blocking=True)
     k = run.cfg.spec.training.grad_accumulation
-    return list(zip(xt.chunk(k), yt.chunk(k), strict=True))
+    return [(xt, yt)] if k == 1 else list(zip(xt.chunk(k), yt.chunk(k), strict=True))
 
 
 def _replica_divergence(model: nn.Module) -> float:
@@ -220,80 +235,111 @@ def _replica_divergence(model: nn.Module) -> float:
     return float((hi - lo).max())
 
 
+def _rank0_alone(run: Run, *, evaluate_now: bool, checkpoint_now: bool) -> tuple[str, float] | None:
+    """Evaluation and the checkpoint snapshot: rank 0 works alone, the others wait at the barrier."""
+    result = None
+    if evaluate_now and run.ctx.is_main:
+        result = evaluate(run.inner, run.ds, run.amp)
+        run.metrics.observe_eval(run.step, *result)
+    if checkpoint_now:
+        run.save_checkpoint()
+    dist.barrier()  # the wait ends here, as idle time, not inside the next step's all-reduce
+    return result
+
+
 def _loop(run: Run) -> dict[str, Any]:
-    spec, ctx = run.cfg.spec, run.ctx
+    spec, ctx, metrics = run.cfg.spec, run.ctx, run.metrics
     tr = spec.training
     step_fn = parallel.train_step_for(spec.mode)
     loss_fn = loss_fn_for(run.ds)
-    last_loss = float("nan")
+    comm = run.comm if metrics.enabled else None
+    cuda = ctx.device.type == "cuda"
+    grad_bytes = parallel.data.gradient_bytes(run.inner)
+    ckpt_every, eval_every, log_every = spec.checkpoint.interval_steps, tr.eval_interval_steps, tr.log_interval_steps
+    no_comm = parallel.CommTimes(busy_s=0.0, exposed_s=0.0)
+    interval = Tally()
+    losses: list[torch.Tensor] = []  # this interval's losses, on the device until the log
+    last_loss: torch.Tensor | None = None
     eval_result: tuple[str, float] | None = None
     start = time.perf_counter()
-    while run.step < tr.steps:
-        t0 = time.perf_counter()
-        micro = _batch(run)
-        t1 = time.perf_counter()
-        res = step_fn(
-            run.model,
-            micro,
-            loss_fn=loss_fn,
-            optimizer=run.optimizer,
-            scheduler=run.scheduler,
-            amp=run.amp,
-        )
-        if ctx.device.type == "cuda":
-            torch.cuda.synchronize(ctx.device)
-        t2 = time.perf_counter()
-        comm_s, nbytes = run.timer.take()
-        run.step += 1
-        last_loss = res.loss
-        log = run.step % tr.log_interval_steps == 0 or run.step == tr.steps
-        stats = StepStats.from_times(
-            step=run.step, loss=res.loss, lr=run.scheduler.get_last_lr()[0], samples=res.samples,
-            t0=t0, t1=t1, t2=t2, end=time.perf_counter(), comm_s=comm_s, comm_bytes=nbytes,
-        )  # fmt: skip
-        step_s = stats.step_s
-        run.metrics.observe_step(stats, log=log)
-        run.totals["step"] += step_s
-        run.totals["comm"] += stats.comm_s
-        run.totals["samples"] += res.samples * ctx.world_size
-        if log and ctx.is_main:
-            print(f"step {run.step}/{tr.steps} loss {res.loss:.4f} lr {stats.lr:.4g} "
-                  f"samples/s {res.samples * ctx.world_size / step_s:.0f} comm {stats.comm_fraction:.0%}", flush=True)  # fmt: skip
-        if (
-            tr.eval_interval_steps
-            and run.step % tr.eval_interval_steps == 0
-            and run.step < tr.steps
-            and ctx.is_main
-        ):
-            eval_result = evaluate(run.inner, run.ds, run.amp)
-            run.metrics.observe_eval(run.step, *eval_result)
-        if run.step % spec.checkpoint.interval_steps == 0 or run.step == tr.steps:
-            run.save_checkpoint()
-    train_s = time.perf_counter() - start
-    loss_t = torch.tensor([last_loss], dtype=torch.float64, device=ctx.device)
+    try:
+        while run.step < tr.steps:
+            t0 = time.perf_counter()
+            micro = _batch(run)
+            t1 = time.perf_counter()
+            res = step_fn(run.model, micro, loss_fn=loss_fn, optimizer=run.optimizer,
+                          scheduler=run.scheduler, amp=run.amp)  # fmt: skip
+            if cuda:
+                torch.cuda.synchronize(ctx.device)
+            t2 = time.perf_counter()
+            c = comm.take() if comm is not None else no_comm
+            run.step += 1
+            last_loss = res.loss
+            losses.append(res.loss)
+            idle = 0.0
+            evaluate_now = bool(eval_every) and run.step % eval_every == 0 and run.step < tr.steps
+            checkpoint_now = run.step % ckpt_every == 0 and run.step < tr.steps  # the final one: `run`, with the summary
+            if evaluate_now or checkpoint_now:
+                ti = time.perf_counter()
+                eval_result = _rank0_alone(run, evaluate_now=evaluate_now, checkpoint_now=checkpoint_now) or eval_result
+                idle = time.perf_counter() - ti
+            end = time.perf_counter()
+            metrics.observe_step_time(end - t0)
+            interval.add_step(t0=t0, t1=t1, t2=t2, end=end, exposed_s=c.exposed_s, busy_s=c.busy_s,
+                              idle_s=idle, samples=res.samples)  # fmt: skip
+            if run.step % log_every == 0 or run.step == tr.steps:
+                _log_interval(run, interval, losses, grad_bytes)
+                run.totals.merge(interval)
+                interval, losses = Tally(), []
+        train_s = time.perf_counter() - start
+    finally:
+        run.report_checkpoints(wait=True)  # the last write finishes before the trainer exits
+    loss_t = torch.tensor([float(last_loss) if last_loss is not None else float("nan")],
+                          dtype=torch.float64, device=ctx.device)  # fmt: skip
     dist.all_reduce(loss_t)  # the mean over ranks = the loss of the global batch
     divergence = _replica_divergence(run.model)
     if ctx.is_main:
         eval_result = evaluate(run.inner, run.ds, run.amp)
         run.metrics.observe_eval(run.step, *eval_result)
+    t = run.totals
+    # camelCase like the rest of the API: this dict becomes the job's status.result.
     summary: dict[str, Any] = {
         "steps": run.step,
-        "final_loss": float(loss_t) / ctx.world_size,
-        "resumed_from_step": run.resumed_from,
-        "restart_attempt": run.cfg.restart_attempt,
-        "world_size": ctx.world_size,
+        "finalLoss": float(loss_t) / ctx.world_size,
+        "resumedFromStep": run.resumed_from,
+        "restartAttempt": run.cfg.restart_attempt,
+        "worldSize": ctx.world_size,
         "mode": spec.mode,
         "device": ctx.device.type,
         "backend": ctx.backend,
         "precision": tr.precision,
-        "train_s": train_s,
-        "samples_per_s": run.totals["samples"] / run.totals["step"] if run.totals["step"] else 0.0,
-        "comm_fraction": run.totals["comm"] / run.totals["step"] if run.totals["step"] else 0.0,
-        "replica_max_abs_diff": divergence,
+        "trainS": train_s,
+        "samplesPerS": t.samples * ctx.world_size / t.step_s if t.step_s else 0.0,
+        # Fractions of step time; busy overlaps compute, the other three add up with compute.
+        "commExposedFraction": t.fraction(t.exposed_s),
+        "commFraction": t.fraction(t.exposed_s),  # = exposed: what status.commFraction shows
+        "commBusyFraction": t.fraction(t.busy_s),
+        "idleFraction": t.fraction(t.idle_s),
+        "dataFraction": t.fraction(t.data_s),
+        "computeFraction": t.fraction(t.compute_s),
+        "replicaMaxAbsDiff": divergence,
     }
     if eval_result is not None:
-        summary[eval_result[0]] = eval_result[1]
+        summary[SUMMARY_EVAL_KEY[eval_result[0]]] = eval_result[1]
     return summary
+
+
+def _log_interval(run: Run, interval: Tally, losses: list[torch.Tensor], grad_bytes: int) -> None:
+    """Once per log interval: the one host sync for the loss, the metrics, the progress line."""
+    loss = float(torch.stack(losses).mean()) if losses else float("nan")
+    lr = run.scheduler.get_last_lr()[0]
+    run.metrics.observe_interval(step=run.step, loss=loss, lr=lr, tally=interval, gradient_bytes=grad_bytes)
+    run.report_checkpoints()
+    if run.ctx.is_main:
+        rec = interval.record()
+        print(f"step {run.step}/{run.cfg.spec.training.steps} loss {loss:.4f} lr {lr:.4g} "
+              f"samples/s {rec['samples_per_s'] * run.ctx.world_size:.0f} "
+              f"comm exposed {rec['comm_exposed_fraction']:.0%} busy {rec['comm_busy_fraction']:.0%}", flush=True)  # fmt: skip
 
 
 def run(cfg: TrainerConfig, *, metrics: Metrics | None = None) -> dict[str, Any]:
@@ -308,6 +354,7 @@ def run(cfg: TrainerConfig, *, metrics: Metrics | None = None) -> dict[str, Any]
         job=cfg.job, rank=ctx.rank, mode=spec.mode, port=cfg.metrics_port, run_dir=cfg.run_dir,
         namespace=cfg.namespace,
     )
+    finished = False
     try:
         if (
             ctx.local_rank == 0
@@ -321,17 +368,15 @@ def run(cfg: TrainerConfig, *, metrics: Metrics | None = None) -> dict[str, Any]
         if spec.mode in parallel.PIPELINE_MODES:
             from . import pipeline_train  # noqa: PLC0415 - it imports this module
 
-            summary = pipeline_train.loop(pipeline_train.setup(cfg, ctx, ds, inner, m), amp)
-            summary["wall_s"] = time.perf_counter() - wall0
+            prun = pipeline_train.setup(cfg, ctx, ds, inner, m)
+            summary = pipeline_train.run_to_end(prun, amp, wall0)
             if ctx.is_main:
                 write_summary(cfg, summary)
+            mark_finished(cfg, ctx.rank, prun.step)
+            finished = True
             return summary
-        wrapped, timer = parallel.apply(inner, mesh=ctx, cfg=cfg)
-        torch.manual_seed(
-            spec.data.seed * 1000 + ctx.rank
-        )  # per-rank streams (dropout), after identical init
-        np.random.seed(spec.data.seed * 1000 + ctx.rank)
-        random.seed(spec.data.seed * 1000 + ctx.rank)
+        wrapped = parallel.apply(inner, mesh=ctx, cfg=cfg)
+        resume.seed_rank(spec.data.seed, 0, ctx.rank)  # per-rank streams (dropout), after identical init
         optimizer = build_optimizer(inner.parameters(), spec.optimizer, spec.data.batch_size)
         scheduler = build_scheduler(
             optimizer, spec.optimizer, spec.data.batch_size, spec.training.steps
@@ -339,26 +384,44 @@ def run(cfg: TrainerConfig, *, metrics: Metrics | None = None) -> dict[str, Any]
         sampler = GlobalBatchSampler(
             ds.num_train, spec.data.batch_size, spec.data.seed, ctx.rank, ctx.world_size
         )
-        r = Run(cfg=cfg, ctx=ctx, ds=ds, model=wrapped, inner=inner, timer=timer, optimizer=optimizer,
+        r = Run(cfg=cfg, ctx=ctx, ds=ds, model=wrapped, inner=inner, comm=parallel.comm_clock_for(wrapped) if m.enabled else None, optimizer=optimizer,
                 scheduler=scheduler, amp=amp, sampler=sampler, metrics=m)  # fmt: skip
         _resume(r)
-        summary = _loop(r)
-        summary["wall_s"] = time.perf_counter() - wall0
+        if r.summary is not None and r.step >= spec.training.steps:
+            summary = r.summary  # a finished run resumed: nothing to train, its figures stand
+        else:
+            summary = _loop(r)
+            summary["wallS"] = time.perf_counter() - wall0
+            r.summary = summary
+            r.save_checkpoint()
+            r.report_checkpoints(wait=True)  # the final write finishes before the trainer reports success
         if ctx.is_main:
             write_summary(cfg, summary)
+        mark_finished(cfg, ctx.rank, r.step)
+        finished = True
         return summary
     finally:
         if own_metrics:
-            m.close()
-        cleanup()
+            m.close()  # the HTTP server thread first: nothing may outlive the process group
+        if finished:
+            finish()
+        else:
+            cleanup()
+
+
+def mark_finished(cfg: TrainerConfig, rank: int, step: int) -> None:
+    """Tell the launcher this rank is done, so an abort while exiting is not mistaken for a failure."""
+    path = finished_path(cfg.run_dir, rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"step": step, "restartAttempt": cfg.restart_attempt}))
 
 
 def write_summary(cfg: TrainerConfig, summary: dict[str, Any]) -> None:
     text = json.dumps(summary, indent=2, sort_keys=True)
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
-    tmp = cfg.run_dir / "summary.json.tmp"
+    tmp = cfg.run_dir / (SUMMARY_FILE + ".tmp")
     tmp.write_text(text)
-    os.replace(tmp, cfg.run_dir / "summary.json")
+    os.replace(tmp, cfg.run_dir / SUMMARY_FILE)
     if cfg.termination_log is not None:
         try:
             Path(cfg.termination_log).write_text(json.dumps(summary, sort_keys=True))

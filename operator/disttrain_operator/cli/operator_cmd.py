@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -51,8 +50,7 @@ def run(args: argparse.Namespace) -> int:
         )
     except ValueError as err:
         raise SystemExit(f"disttrain operator: {err}") from None
-    os.environ["DISTTRAIN_OPERATOR_POLL_INTERVAL"] = str(cfg.poll_interval_s)
-    from .. import handlers  # registers the handlers; reads the poll interval
+    from .. import handlers  # registers the handlers
 
     handlers.configure(cfg)
     kopf.configure(verbose=args.verbose)

@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from disttrain_api import exitcodes
+
 from disttrain_trainer.launcher.env import Slot
 
 PIDS_FILE = "pids.json"
@@ -181,9 +183,13 @@ class Gang:
         codes = [(m, rc) for m, rc in codes if m.slot.rank not in optional]
         failed = [(m, rc) for m, rc in codes if rc is not None and rc != 0]
         if failed:
-            # A killed process takes its peers down with connection errors a moment
+            # A rank that rejected the config decides the outcome (no restart can help),
+            # even if a peer that lost its connection to it exited first. Otherwise a
+            # killed process takes its peers down with connection errors a moment
             # later: blame the one that died of a signal, else the lowest rank seen.
-            failed.sort(key=lambda mr: (mr[1] >= 0, mr[0].slot.rank))
+            failed.sort(
+                key=lambda mr: (mr[1] not in exitcodes.PERMANENT, mr[1] >= 0, mr[0].slot.rank)
+            )
             m, rc = failed[0]
             assert rc is not None
             return Failure(

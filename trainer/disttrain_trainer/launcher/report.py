@@ -13,10 +13,19 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-SUMMARY_FILE = "summary.json"  # written by the trainer's rank 0
+from disttrain_trainer.config import SUMMARY_FILE  # written by the trainer's rank 0
+
 LOCAL_SUMMARY_FILE = "local-summary.json"  # written by the launcher
 PLOT_FILE = "training.png"
-BREAKDOWN_KEYS = (("compute_s", "compute"), ("comm_s", "communication"), ("data_s", "data"))
+# The stacked categories of a step (they add up to its wall time); busy communication
+# overlaps compute, so it is drawn as a line, not stacked.
+BREAKDOWN_KEYS = (
+    ("compute_s", "compute"),
+    ("comm_exposed_s", "communication, exposed (waited for)"),
+    ("data_s", "data"),
+    ("idle_s", "idle (rank 0 evaluating / checkpointing alone)"),
+)
+BUSY_KEY = ("comm_busy_s", "communication, busy (in flight, overlaps compute)")
 
 
 def _num(d: dict[str, Any] | None, *keys: str) -> float | None:
@@ -39,10 +48,11 @@ def dedupe_by_step(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [by_step[s] for s in sorted(by_step)]
 
 
-def comm_fraction_of(records: list[dict[str, Any]]) -> float | None:
-    comm = sum(_num(r, "comm_s") or 0.0 for r in records)
-    step = sum(_num(r, "step_s") or 0.0 for r in records)
-    return comm / step if step > 0 else None
+def fraction_of(records: list[dict[str, Any]], key: str) -> float | None:
+    """Seconds under `key` / step seconds over the records (each the per-step mean of `steps` steps)."""
+    part = sum((_num(r, key) or 0.0) * (_num(r, "steps") or 1.0) for r in records)
+    step = sum((_num(r, "step_s") or 0.0) * (_num(r, "steps") or 1.0) for r in records)
+    return part / step if step > 0 else None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,7 +67,9 @@ class LocalSummary:
     val_loss: float | None
     wall_s: float
     train_wall_s: float | None
-    comm_fraction: float | None
+    comm_exposed_fraction: float | None  # the step waited on communication
+    comm_busy_fraction: float | None  # a collective in flight (overlaps compute)
+    idle_fraction: float | None  # waiting while rank 0 worked alone
     restarts: int
     world_size: int
     device: str
@@ -85,12 +97,15 @@ def build_summary(
     steps = _num(trainer, "steps")
     if steps is None:
         steps = _num(last, "step")
-    comm = _num(trainer, "comm_fraction")
-    resumed = _num(trainer, "resumed_from_step")
-    final_loss = _num(trainer, "final_loss", "loss") if trainer else None
-    if resumed is not None and steps is not None and resumed >= steps:
-        # Resumed a finished run: the trainer trained nothing now, the log holds the figures.
-        comm, final_loss = None, None
+    fractions = {
+        "comm_exposed_s": _num(trainer, "commExposedFraction"),
+        "comm_busy_s": _num(trainer, "commBusyFraction"),
+        "idle_s": _num(trainer, "idleFraction"),
+    }
+    resumed = _num(trainer, "resumedFromStep")
+    # A resumed finished run reports the finished run's summary (the trainer keeps it
+    # with the final checkpoint), so these are always that training's own figures.
+    final_loss = _num(trainer, "finalLoss")
     if final_loss is None or math.isnan(final_loss):
         final_loss = _num(last, "loss")
     return LocalSummary(
@@ -100,11 +115,16 @@ def build_summary(
         steps=int(steps) if steps is not None else None,
         total_steps=total_steps,
         final_loss=final_loss,
-        test_accuracy=_num(trainer, "test_accuracy"),
-        val_loss=_num(trainer, "val_loss"),
+        test_accuracy=_num(trainer, "testAccuracy"),
+        val_loss=_num(trainer, "valLoss"),
         wall_s=wall_s,
-        train_wall_s=_num(trainer, "wall_s"),
-        comm_fraction=comm if comm is not None else comm_fraction_of(records),
+        train_wall_s=_num(trainer, "wallS"),
+        **{
+            name: v if v is not None else fraction_of(records, key)
+            for (key, v), name in zip(
+                fractions.items(), ("comm_exposed_fraction", "comm_busy_fraction", "idle_fraction"), strict=True
+            )
+        },
         restarts=restarts,
         world_size=world_size,
         device=device,
@@ -136,8 +156,12 @@ def format_summary(s: LocalSummary) -> str:
         ),
         (
             "communication",
-            f"{s.comm_fraction * 100:.1f}% of step time" if s.comm_fraction is not None else "-",
+            f"exposed {s.comm_exposed_fraction * 100:.1f}% of step time (waited for), "
+            f"busy {opt((s.comm_busy_fraction or 0) * 100, '.1f')}% (in flight, overlaps compute)"
+            if s.comm_exposed_fraction is not None
+            else "-",
         ),
+        ("idle", f"{s.idle_fraction * 100:.1f}% of step time" if s.idle_fraction is not None else "-"),
         (
             "restarts",
             str(s.restarts)
@@ -151,9 +175,19 @@ def format_summary(s: LocalSummary) -> str:
     return "\n".join(f"  {k.ljust(width)}  {v}" for k, v in rows)
 
 
+def camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
+def summary_json(s: LocalSummary) -> dict[str, Any]:
+    """The saved form: camelCase keys, like the trainer's summary and the API."""
+    return {camel(k): v for k, v in asdict(s).items()}
+
+
 def write_summary(s: LocalSummary, run_dir: Path) -> Path:
     path = run_dir / LOCAL_SUMMARY_FILE
-    path.write_text(json.dumps(asdict(s), indent=2) + "\n")
+    path.write_text(json.dumps(summary_json(s), indent=2) + "\n")
     return path
 
 
@@ -166,7 +200,8 @@ def load_trainer_summary(run_dir: Path) -> dict[str, Any] | None:
 
 
 def write_plot(records: list[dict[str, Any]], path: Path, *, title: str) -> Path | None:
-    """Loss curve and per-step compute/communication/data seconds; None when nothing was logged."""
+    """Loss curve and per-step compute / exposed communication / data / idle seconds (stacked) with
+    busy communication as a line; None when nothing was logged."""
     records = dedupe_by_step(records)
     if not records:
         return None
@@ -193,6 +228,8 @@ def write_plot(records: list[dict[str, Any]], path: Path, *, title: str) -> Path
             ms = [(_num(r, key) or 0.0) * 1000 for r in records]
             ax_time.bar(steps, ms, width=width, bottom=bottom, label=label)
             bottom = [b + v for b, v in zip(bottom, ms, strict=True)]
+        busy_ms = [(_num(r, BUSY_KEY[0]) or 0.0) * 1000 for r in records]
+        ax_time.plot(steps, busy_ms, color="tab:red", linestyle="--", linewidth=1, label=BUSY_KEY[1])
         step_ms = [(_num(r, "step_s") or 0.0) * 1000 for r in records]
         ax_time.plot(steps, step_ms, color="black", linewidth=1, label="step time")
         ax_time.set_xlabel("step")

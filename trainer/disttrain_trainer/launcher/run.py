@@ -22,6 +22,7 @@ from typing import Any, TextIO
 from disttrain_api import exitcodes
 from disttrain_api import model as api
 
+from disttrain_trainer.config import FINISHED_FILE, finished_path
 from disttrain_trainer.launcher import env as envmod
 from disttrain_trainer.launcher import report
 from disttrain_trainer.launcher.gang import LOGS_DIR, PIDS_FILE, Failure, Gang
@@ -94,6 +95,24 @@ def clear_run_dir(run_dir: Path) -> None:
             path.unlink()
     for path in run_dir.glob("metrics-rank*.jsonl"):
         path.unlink()
+    clear_finished(run_dir)
+
+
+def clear_finished(run_dir: Path) -> None:
+    for path in run_dir.glob(FINISHED_FILE.format(rank="*")):
+        path.unlink()
+
+
+def all_finished(run_dir: Path, world_size: int, attempt: int) -> bool:
+    """Did every rank of this attempt complete its last step (the trainer's finished-rank files)?"""
+    for rank in range(world_size):
+        try:
+            data = json.loads(finished_path(run_dir, rank).read_text())
+        except (OSError, ValueError):
+            return False
+        if not isinstance(data, dict) or data.get("restartAttempt") != attempt:
+            return False
+    return True
 
 
 def cuda_device_count() -> int:
@@ -191,6 +210,7 @@ def run_local(job: api.DistTrainJob, options: LocalOptions) -> LocalResult:
             if shards:
                 envs = envmod.paramserver_envs(envs, server_ports=envmod.reserve_ports(shards),
                                                metrics_ports=ports[spec.world_size:])  # fmt: skip
+            clear_finished(run_dir)
             gang = Gang.start(
                 command=envmod.trainer_command(options.python),
                 envs=envs,
@@ -233,6 +253,11 @@ def run_local(job: api.DistTrainJob, options: LocalOptions) -> LocalResult:
             gang.stop(options.grace_s)
             if outcome is False:
                 reason = f"DeadlineExceeded: runPolicy.activeDeadlineSeconds={deadline} passed"
+                break
+            if all_finished(run_dir, spec.world_size, attempt):
+                # Training is complete and saved; restarting would only redo the ending.
+                _note(printer, out, f"{outcome.reason} after every rank finished: not restarting")
+                status, code = "Succeeded", 0
                 break
             _note(printer, out, f"{outcome.reason}  (log: {outcome.log})")
             if outcome.returncode == EXIT_CONFIG:

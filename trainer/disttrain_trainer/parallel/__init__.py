@@ -13,7 +13,7 @@ from torch import nn
 from ..config import TrainerConfig
 from ..dist_env import DistContext
 from . import data as data_parallel
-from .data import CommTimer, StepResult
+from .data import CommClock, CommTimes, StepResult
 
 IMPLEMENTED = ("data", "pipeline", "hybrid")
 PIPELINE_MODES = ("pipeline", "hybrid")
@@ -26,14 +26,19 @@ class ModeNotImplemented(RuntimeError):
         )
 
 
-def apply(
-    model: nn.Module, *, mesh: DistContext, cfg: TrainerConfig
-) -> tuple[nn.Module, CommTimer]:
-    """Wrap `model` for cfg.spec.mode; returns the wrapped model and its communication timer."""
+def apply(model: nn.Module, *, mesh: DistContext, cfg: TrainerConfig) -> nn.Module:
+    """Wrap `model` for cfg.spec.mode."""
     mode = cfg.spec.mode
     if mode == "data":
         return data_parallel.wrap_ddp(model, ctx=mesh, training=cfg.spec.training)
     raise ModeNotImplemented(mode)
+
+
+def comm_clock_for(model: nn.Module) -> CommClock | None:
+    """The communication clock of a wrapped model; None when it does not communicate gradients."""
+    if isinstance(model, data_parallel.DDP):
+        return CommClock(model)
+    return None
 
 
 def train_step_for(mode: str):  # noqa: ANN201 - returns the mode's train_step function
@@ -45,9 +50,11 @@ def train_step_for(mode: str):  # noqa: ANN201 - returns the mode's train_step f
 __all__ = [
     "IMPLEMENTED",
     "PIPELINE_MODES",
-    "CommTimer",
+    "CommClock",
+    "CommTimes",
     "ModeNotImplemented",
     "StepResult",
     "apply",
+    "comm_clock_for",
     "train_step_for",
 ]

@@ -33,7 +33,6 @@ class PipelineMetrics:
 
         self.bubble_total = counter("pipeline_bubble_seconds", "Idle time waiting for another stage's work.")
         self.p2p_total = counter("pipeline_p2p_seconds", "Waits for activations/gradients in flight (P2P).")
-        self.idle_total = counter("idle_seconds", "Step time waiting while another rank works (bubble, overhead).")
         self.bubble_fraction = gauge("pipeline_bubble_fraction", "Bubble / pipeline step window, last step.")
         self.step_bubble = gauge("pipeline_step_bubble_seconds", "Bubble seconds of the last step.")
         self.step_p2p = gauge("pipeline_step_p2p_seconds", "P2P wait seconds of the last step.")
@@ -52,13 +51,12 @@ class PipelineMetrics:
             self.plan_seconds.labels(**self._base, plan_stage=str(s)).set(t)
         self.plan_imbalance.set(plan.imbalance)
 
-    def observe_step(self, t: StageTimes, *, idle_s: float, p2p_s: float, allreduce_s: float,
-                     act_peak_bytes: int) -> None:  # fmt: skip
+    def observe_step(self, t: StageTimes, *, p2p_s: float, allreduce_s: float, act_peak_bytes: int) -> None:
+        """Idle time (bubble and overhead) goes into the common idle counter through `Metrics`' Tally."""
         if not self.enabled:
             return
         self.bubble_total.inc(t.bubble_s)
         self.p2p_total.inc(p2p_s)
-        self.idle_total.inc(max(0.0, idle_s))
         self.bubble_fraction.set(t.bubble_fraction)
         self.step_bubble.set(t.bubble_s)
         self.step_p2p.set(p2p_s)

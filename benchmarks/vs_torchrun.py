@@ -1,0 +1,242 @@
+"""disttrain's trainer vs the plain torchrun + DDP loop a user would write, same work, 2 processes.
+
+Both sides train the same MLP (the trainer's architecture: Linear+ReLU stem, hidden
+blocks of Linear+ReLU+Dropout(0), a linear head) on scikit-learn's digits with the
+same global batch, SGD with momentum, the same warmup + cosine learning rate, one
+compute thread per process, gloo on CPU:
+
+  plain:     `python -m torch.distributed.run --nproc-per-node 2 vs_torchrun.py --plain ...`
+             runs `plain_worker` below: tensors in memory, a seeded permutation per epoch,
+             DDP as it comes, the loss read once per log interval.
+  disttrain: `python -m disttrain_trainer` x 2 with the env contract `disttrain local` sets,
+             metrics on (Prometheus registry, JSON lines every log interval), checkpoints
+             at the end, evaluation at the end.
+
+Loop throughput = global samples / wall time from the end of step `warmup` to the end of
+step `steps - warmup`, on rank 0, the same window on both sides (startup, the final
+checkpoint and evaluation excluded on both). Runs alternate plain/disttrain per round so
+load drift hits both alike; every round prints both and the ratio.
+
+    .venv/bin/python benchmarks/vs_torchrun.py [--rounds 3] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+TARGET = 0.97
+WORLD = 2
+
+
+@dataclass(frozen=True, kw_only=True)
+class Case:
+    name: str
+    hidden: int
+    layers: int
+    steps: int
+    warmup: int  # also the log interval of both sides
+
+
+CASES = (
+    Case(name="digits MLP 128x2", hidden=128, layers=2, steps=1200, warmup=100),
+    Case(name="MLP 1024x4", hidden=1024, layers=4, steps=240, warmup=20),
+)
+BATCH = 128
+LR, MOMENTUM, WEIGHT_DECAY, WARMUP_LR_STEPS = 0.1, 0.9, 1e-4, 30
+
+
+# ---------------------------------------------------------------- the user's script
+
+
+def plain_worker(hidden: int, layers: int, steps: int, warmup: int, out: str) -> None:
+    """A plain torchrun + DDP training loop, written as a user would write it."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    x, y = load_digits(return_X_y=True)
+    xtr, _, ytr, _ = train_test_split(x / 16.0, y, test_size=0.2, random_state=0, stratify=y)
+    X = torch.tensor(xtr, dtype=torch.float32)
+    Y = torch.tensor(ytr, dtype=torch.int64)
+
+    def block() -> nn.Module:
+        return nn.Sequential(nn.Linear(hidden, hidden), nn.ReLU(), nn.Dropout(0.0))
+
+    model = nn.Sequential(
+        nn.Sequential(nn.Linear(64, hidden), nn.ReLU()),
+        nn.Sequential(*(block() for _ in range(layers - 1))),
+        nn.Linear(hidden, 10),
+    )
+    ddp = DDP(model)
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY)
+
+    def lr_lambda(step: int) -> float:
+        if step < WARMUP_LR_STEPS:
+            return 1.0 / WARMUP_LR_STEPS + (1 - 1.0 / WARMUP_LR_STEPS) * step / WARMUP_LR_STEPS
+        progress = (step - WARMUP_LR_STEPS) / max(1, steps - WARMUP_LR_STEPS)
+        return 0.5 * (1 + math.cos(math.pi * progress))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda)
+    per_rank = BATCH // world
+    n_batches = len(X) // BATCH
+    g = torch.Generator().manual_seed(0)
+    perm = torch.randperm(len(X), generator=g)
+    marks: dict[int, float] = {}
+    for step in range(1, steps + 1):
+        i = (step - 1) % n_batches
+        if i == 0 and step > 1:
+            perm = torch.randperm(len(X), generator=g)
+        idx = perm[i * BATCH + rank * per_rank : i * BATCH + (rank + 1) * per_rank]
+        xb, yb = X[idx], Y[idx]
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(ddp(xb), yb)
+        loss.backward()
+        opt.step()
+        sched.step()
+        if step % warmup == 0:
+            if rank == 0:
+                print(f"step {step} loss {loss.item():.4f}", flush=True)
+            marks[step] = time.time()
+    if rank == 0:
+        torch.save(model.state_dict(), os.path.join(os.path.dirname(out), "plain-final.pt"))
+        Path(out).write_text(json.dumps({"marks": marks}))
+    dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------- the two sides
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _window(marks: dict[int, float], case: Case) -> float:
+    first, last = case.warmup, case.steps - case.warmup
+    return (last - first) * BATCH / (marks[last] - marks[first])
+
+
+def run_plain(case: Case, work: Path) -> float:
+    out = work / "plain.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={WORLD}",
+           f"--master-port={_free_port()}", __file__, "--plain", str(case.hidden), str(case.layers),
+           str(case.steps), str(case.warmup), str(out)]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
+    marks = {int(k): v for k, v in json.loads(out.read_text())["marks"].items()}
+    return _window(marks, case)
+
+
+def _spec(case: Case) -> dict[str, Any]:
+    return {
+        "mode": "data",
+        "workers": {"replicas": WORLD},
+        "model": {"name": "mlp", "hidden": case.hidden, "layers": case.layers, "dropout": 0.0},
+        "data": {"name": "digits", "batchSize": BATCH, "seed": 0},
+        "optimizer": {"name": "sgd", "lr": LR, "momentum": MOMENTUM, "weightDecay": WEIGHT_DECAY,
+                      "scaleLR": "linear", "baseBatchSize": BATCH, "warmupSteps": WARMUP_LR_STEPS,
+                      "decay": "cosine"},
+        "training": {"steps": case.steps, "logIntervalSteps": case.warmup},
+        "checkpoint": {"intervalSteps": case.steps, "keep": 1},
+    }  # fmt: skip
+
+
+def run_disttrain(case: Case, work: Path, tag: str) -> float:
+    from disttrain_api import constants as C
+    from disttrain_api.model import parse_spec, to_json
+
+    job = f"bench-{tag}"
+    config = work / f"{job}.json"
+    config.write_text(json.dumps(to_json(parse_spec(_spec(case)))))
+    run_dir = work / "runs" / job
+    port = _free_port()
+    procs = []
+    for rank in range(WORLD):
+        env = {
+            **os.environ,
+            C.ENV_CONFIG: str(config), C.ENV_WORLD_SIZE: str(WORLD), C.ENV_RANK: str(rank),
+            C.ENV_LOCAL_RANK: str(rank), C.ENV_NODE_RANK: "0", C.ENV_NPROC_PER_NODE: str(WORLD),
+            C.ENV_MASTER_ADDR: "127.0.0.1", C.ENV_MASTER_PORT: str(port), C.ENV_JOB: job,
+            C.ENV_CHECKPOINT_DIR: str(work / "ckpt"), C.ENV_RUN_DIR: str(run_dir), C.ENV_METRICS_PORT: "0",
+            C.ENV_DATA_CACHE: str(work / "data"), "OMP_NUM_THREADS": "1",
+        }  # fmt: skip
+        procs.append(subprocess.Popen([sys.executable, "-m", "disttrain_trainer"], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))  # fmt: skip
+    outs = [p.communicate()[0] for p in procs]
+    if any(p.returncode for p in procs):
+        raise RuntimeError("disttrain trainer failed:\n" + "\n".join(o[-2000:] for o in outs))
+    recs = [json.loads(x) for x in (run_dir / "metrics-rank0.jsonl").read_text().splitlines()]
+    marks = {int(r["step"]): float(r["time"]) for r in recs if "event" not in r}
+    return _window(marks, case)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "--plain":  # re-invoked by torchrun as the user's script
+        h, layers, steps, warmup, out = argv[1:6]
+        plain_worker(int(h), int(layers), int(steps), int(warmup), out)
+        return 0
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--json", default=None)
+    ns = p.parse_args(argv)
+    results: dict[str, Any] = {"load_before": os.getloadavg(), "cases": {}}
+    with tempfile.TemporaryDirectory(prefix="disttrain-vs-torchrun-") as tmp:
+        work = Path(tmp)
+        # Pack the digits shards once, outside the timed runs.
+        run_disttrain(Case(name="warm", hidden=8, layers=1, steps=4, warmup=1), work, "warm")
+        for case in CASES:
+            rows = []
+            for r in range(ns.rounds):
+                order = ("plain", "disttrain") if r % 2 == 0 else ("disttrain", "plain")
+                got: dict[str, float] = {}
+                for side in order:
+                    got[side] = (run_plain(case, work) if side == "plain"
+                                 else run_disttrain(case, work, f"{case.hidden}x{case.layers}-{r}"))  # fmt: skip
+                rows.append({**got, "ratio": got["disttrain"] / got["plain"], "load": os.getloadavg()[0]})
+                print(f"{case.name} round {r + 1}: plain {got['plain']:.0f} samples/s, disttrain "
+                      f"{got['disttrain']:.0f} samples/s, ratio {rows[-1]['ratio']:.3f} "
+                      f"(load {rows[-1]['load']:.1f})", flush=True)  # fmt: skip
+            results["cases"][case.name] = rows
+    results["load_after"] = os.getloadavg()
+    print()
+    print(f"steps {', '.join(f'{c.name}: {c.steps} (window {c.warmup}..{c.steps - c.warmup})' for c in CASES)}; "
+          f"global batch {BATCH}; {WORLD} gloo processes, 1 thread each; load average before "
+          f"{results['load_before'][0]:.1f}, after {results['load_after'][0]:.1f}")  # fmt: skip
+    print()
+    print("| model | round | plain torchrun + DDP (samples/s) | disttrain (samples/s) | ratio | load |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for name, rows in results["cases"].items():
+        for i, row in enumerate(rows):
+            print(f"| {name} | {i + 1} | {row['plain']:.0f} | {row['disttrain']:.0f} | {row['ratio']:.3f} "
+                  f"| {row['load']:.1f} |")  # fmt: skip
+        med = statistics.median(r["ratio"] for r in rows)
+        verdict = "met" if med >= TARGET else "MISSED"
+        print(f"| {name} | median | | | {med:.3f} | target >= {TARGET}: {verdict} |")
+    if ns.json:
+        Path(ns.json).write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""Chaos on the cluster: five worker kills at random steps of one run, and the final
+parameters equal those of an uninterrupted run of the same job.
+
+Both runs go through the operator on the same cluster, with the same pod resources and
+OMP_NUM_THREADS pinned, so the arithmetic is the same; only the kills differ. Each kill
+is a SIGKILL of a trainer (the pod turns Failed), the operator restarts the gang, and the
+trainers resume from the newest complete checkpoint in the shared hostPath volume.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from .conftest import (  # type: ignore[import-not-found]
+    CHECKPOINT_HOSTPATH,
+    Kubectl,
+    OperatorProcess,
+    checkpoint_steps,
+    job_manifest,
+    remove_checkpoints,
+)
+
+pytestmark = pytest.mark.timeout(900)
+STEPS, INTERVAL, KILLS = 400, 10, 5
+
+
+def chaos_job(name: str, ns: str) -> dict[str, Any]:
+    obj = job_manifest(name, ns, steps=STEPS,
+                       workers={"replicas": 2, "resources": {"cpu": "500m", "memory": "768Mi"},
+                                "template": {"env": [{"name": "OMP_NUM_THREADS", "value": "1"}]}},
+                       model={"name": "mlp", "hidden": 256, "layers": 3},
+                       data={"batchSize": 64},
+                       checkpoint={"intervalSteps": INTERVAL, "keep": 2,
+                                   "volume": {"hostPath": {"path": CHECKPOINT_HOSTPATH, "type": "Directory"}}},
+                       runPolicy={"backoffLimit": KILLS + 2})
+    obj["spec"]["training"].update(evalIntervalSteps=0, logIntervalSteps=10)
+    return obj
+
+
+def final_parameters(name: str) -> dict[str, torch.Tensor]:
+    step = max(checkpoint_steps(name))
+    assert step == STEPS, f"{name}: newest checkpoint is step {step}, not {STEPS}"
+    state = torch.load(Path(CHECKPOINT_HOSTPATH) / name / f"step-{step:08d}" / "state.pt", map_location="cpu",
+                       weights_only=False)
+    return {k: v for k, v in state["model"].items() if isinstance(v, torch.Tensor)}
+
+
+def restarts(kubectl: Kubectl, ns: str, job: str) -> int:
+    return int((kubectl.job(ns, job).get("status") or {}).get("restarts") or 0)
+
+
+def wait_restarts(kubectl: Kubectl, ns: str, job: str, n: int) -> None:
+    kubectl.wait_for(f"{job} restart {n}", lambda: restarts(kubectl, ns, job) >= n, timeout=120, interval=0.5)
+
+
+def wait_for_checkpoint(kubectl: Kubectl, ns: str, job: str, step: int) -> int:
+    def reached() -> int:
+        status = kubectl.job(ns, job).get("status") or {}
+        if status.get("phase") in ("Succeeded", "Failed"):
+            raise AssertionError(f"{job} finished before the kill planned after step {step}: {status}")
+        newest = max(checkpoint_steps(job), default=0)
+        return newest if newest >= step else 0
+
+    return int(kubectl.wait_for(f"{job} to checkpoint step {step}", reached, timeout=300, interval=0.3))
+
+
+def wait_running(kubectl: Kubectl, ns: str, job: str, pod: str) -> None:
+    """Until `pod` of the current gang runs its trainer (not the last gang's pod, still
+    terminating under the same name)."""
+    def running() -> bool:
+        attempt = str((kubectl.job(ns, job).get("status") or {}).get("attempt") or 0)
+        found = next((p for p in kubectl.pods(ns, job) if p["metadata"]["name"] == pod
+                      and p["metadata"]["labels"].get("disttrain.dev/restart-attempt") == attempt
+                      and not p["metadata"].get("deletionTimestamp")), None)
+        statuses = (found or {}).get("status", {}).get("containerStatuses") or []
+        return any("running" in (s.get("state") or {}) for s in statuses)
+
+    kubectl.wait_for(f"{pod} running", running, timeout=180, interval=0.3)
+
+
+@pytest.fixture
+def names() -> Iterator[tuple[str, str]]:
+    suffix = uuid.uuid4().hex[:5]
+    pair = (f"chaos-ref-{suffix}", f"chaos-{suffix}")
+    yield pair
+    for name in pair:
+        remove_checkpoints(name)
+
+
+def test_five_kills_at_random_steps_end_at_the_uninterrupted_parameters(
+    request: pytest.FixtureRequest, kubectl: Kubectl, operator: OperatorProcess, namespace: str,
+    names: tuple[str, str],
+) -> None:
+    cluster = request.getfixturevalue("local_cluster")  # SIGKILLs a container: the local cluster only
+    reference, chaos = names
+    for name in names:  # at once: the reference costs no extra wall time
+        kubectl.apply(chaos_job(name, namespace))
+    rng = random.Random(20240605)  # fixed: the same "random" steps every run
+    # Kill targets among the first 60% of the run (the rest is slack for the last restart);
+    # each kill waits for a checkpoint the current gang wrote (newer than any before the
+    # last kill), then a random fraction of an interval, so kills land on any step.
+    targets = sorted(rng.sample(range(INTERVAL, STEPS * 6 // 10, INTERVAL), KILLS))
+    killed: list[tuple[int, str]] = []
+    newest = 0
+    for target in targets:
+        newest = wait_for_checkpoint(kubectl, namespace, chaos, max(target, newest + INTERVAL))
+        time.sleep(rng.uniform(0.0, 1.0))
+        victim = f"{chaos}-worker-{rng.randrange(2)}"
+        wait_running(kubectl, namespace, chaos, victim)
+        cluster.kill_pod_container(namespace, victim, "trainer")
+        newest = max(checkpoint_steps(chaos))
+        killed.append((newest, victim))
+        wait_restarts(kubectl, namespace, chaos, len(killed))
+    print(f"killed (newest checkpoint step, pod): {killed}")
+    done = {name: kubectl.wait_phase(namespace, name, ("Succeeded", "Failed"), timeout=600) for name in names}
+    for name, job in done.items():
+        assert job["status"]["phase"] == "Succeeded", (name, job["status"])
+    assert done[chaos]["status"]["restarts"] == KILLS and done[reference]["status"]["restarts"] == 0
+    ref, got = final_parameters(reference), final_parameters(chaos)
+    assert ref.keys() == got.keys() and ref
+    worst = max(float((ref[k].double() - got[k].double()).abs().max()) for k in ref)
+    print(f"max |chaos - reference| over {len(ref)} tensors: {worst:.3g}")
+    assert worst <= 1e-6
+    assert done[chaos]["status"]["result"]["resumedFromStep"] > 0

@@ -1,0 +1,149 @@
+"""Every recovery path the operator claims, on a real cluster: elastic shrink after a node
+is lost, suspend and resume, activeDeadlineSeconds, ttlSecondsAfterFinished.
+
+Training jobs keep checkpoints in the shared hostPath (the local cluster's nodes share
+this machine's folder), so a gang recreated on any node resumes from them.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from .conftest import (  # type: ignore[import-not-found]
+    CHECKPOINT_HOSTPATH,
+    Kubectl,
+    OperatorProcess,
+    assert_one_event_per_transition,
+    checkpoint_steps,
+    condition,
+    job_manifest,
+    remove_checkpoints,
+)
+
+pytestmark = pytest.mark.timeout(600)
+JOBS = "disttrainjobs.disttrain.dev"
+SLEEPER = {"replicas": 2, "resources": {"cpu": "100m", "memory": "64Mi"}}
+
+
+def uniq(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:5]}"
+
+
+@pytest.fixture
+def job_name() -> Iterator[str]:
+    """A unique job name whose checkpoints are removed afterwards."""
+    name = uniq("rec")
+    yield name
+    remove_checkpoints(name)
+
+
+def training_job(name: str, ns: str, *, steps: int, interval: int, **spec: Any) -> dict[str, Any]:
+    # A model big enough that a run lasts tens of seconds: the faults below must land mid-run.
+    spec.setdefault("model", {"name": "mlp", "hidden": 256, "layers": 3})
+    obj = job_manifest(name, ns, steps=steps, checkpoint={"intervalSteps": interval, "keep": 2,
+                                                          "volume": {"hostPath": {"path": CHECKPOINT_HOSTPATH,
+                                                                                  "type": "Directory"}}},
+                       **spec)
+    obj["spec"]["training"]["evalIntervalSteps"] = 0
+    return obj
+
+
+def wait_for_checkpoint(kubectl: Kubectl, name: str, at_least: int) -> int:
+    return kubectl.wait_for(f"a checkpoint of {name} at step >= {at_least}",
+                            lambda: max(checkpoint_steps(name), default=0) >= at_least and max(checkpoint_steps(name)),
+                            timeout=300, interval=0.5)
+
+
+def test_elastic_shrink_after_a_node_is_stopped(
+    request: pytest.FixtureRequest, kubectl: Kubectl, operator: OperatorProcess, namespace: str, job_name: str
+) -> None:
+    cluster = request.getfixturevalue("local_cluster")  # stops a node: the local cluster only
+    name = job_name
+    # One worker per node (anti-affinity), so with a node gone only one fits: the gang of 2
+    # cannot be placed and shrinks to 1 (a valid size: batch 64 splits over 1 and 2 ranks).
+    anti = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+        "labelSelector": {"matchLabels": {"disttrain.dev/job-name": name}},
+        "topologyKey": "kubernetes.io/hostname"}]}}
+    obj = training_job(name, namespace, steps=600, interval=20,
+                       workers={"replicas": 2, "resources": {"cpu": "500m", "memory": "768Mi"},
+                                "template": {"affinity": anti}},
+                       data={"batchSize": 64},
+                       elastic={"minReplicas": 1, "maxReplicas": 2, "scheduleTimeoutSeconds": 5},
+                       runPolicy={"backoffLimit": 4})
+    kubectl.apply(obj)
+    kubectl.wait_phase(namespace, name, ("Running",), timeout=300)
+    wait_for_checkpoint(kubectl, name, 20)
+    victim = next(p for p in kubectl.pods(namespace, name)
+                  if p["metadata"]["labels"]["disttrain.dev/replica-index"] == "1")["spec"]["nodeName"]
+    cluster.stop_node(victim)
+    try:
+        def shrunk() -> dict[str, Any] | None:
+            job = kubectl.job(namespace, name)
+            return job if (job.get("status") or {}).get("replicas") == 1 else None
+
+        job = kubectl.wait_for("the gang to shrink to 1 replica", shrunk, timeout=240, interval=1.0)
+        job = kubectl.wait_phase(namespace, name, ("Succeeded", "Failed"), timeout=400)
+    finally:
+        cluster.start_node(victim)
+    status = job["status"]
+    assert status["phase"] == "Succeeded", status
+    assert status["replicas"] == 1, status
+    result = status["result"]
+    assert result["worldSize"] == 1 and result["resumedFromStep"] >= 20, result
+    assert result["steps"] == 600
+    reasons = [e["reason"] for e in assert_one_event_per_transition(kubectl, namespace, name)]
+    assert "ElasticShrink" in reasons, reasons
+    (pod,) = [p for p in kubectl.pods(namespace, name) if not p["metadata"].get("deletionTimestamp")]
+    assert pod["spec"]["nodeName"] != victim
+
+
+def test_suspend_then_resume_continues_from_the_checkpoint(
+    kubectl: Kubectl, operator: OperatorProcess, namespace: str, job_name: str
+) -> None:
+    name = job_name
+    kubectl.apply(training_job(name, namespace, steps=600, interval=20,
+                               workers={"replicas": 2, "resources": {"cpu": "500m", "memory": "768Mi"}}))
+    kubectl.wait_phase(namespace, name, ("Running",), timeout=300)
+    saved = wait_for_checkpoint(kubectl, name, 20)
+    kubectl.run("patch", JOBS, name, "-n", namespace, "--type=merge", "-p", '{"spec":{"runPolicy":{"suspend":true}}}')
+    job = kubectl.wait_phase(namespace, name, ("Suspended",), timeout=60)
+    assert condition(job, "Suspended")["status"] == "True"
+    kubectl.wait_for("the suspended job's pods to go", lambda: not kubectl.pods(namespace, name), timeout=60)
+    suspended_at = max(checkpoint_steps(name))
+    assert suspended_at >= saved
+    kubectl.run("patch", JOBS, name, "-n", namespace, "--type=merge", "-p", '{"spec":{"runPolicy":{"suspend":false}}}')
+    job = kubectl.wait_phase(namespace, name, ("Succeeded", "Failed"), timeout=400)
+    status = job["status"]
+    assert status["phase"] == "Succeeded", status
+    assert status["restarts"] == 0 and status["attempt"] == 1, status  # a resume is not a failure
+    assert status["result"]["resumedFromStep"] == suspended_at, status["result"]
+    reasons = [e["reason"] for e in assert_one_event_per_transition(kubectl, namespace, name)]
+    assert "Suspended" in reasons and "Resumed" in reasons, reasons
+
+
+def test_active_deadline_fails_the_job_and_removes_its_pods(
+    kubectl: Kubectl, operator: OperatorProcess, namespace: str
+) -> None:
+    name = uniq("deadline")
+    kubectl.apply(job_manifest(name, namespace, sleep=600, workers=SLEEPER, runPolicy={"activeDeadlineSeconds": 6}))
+    job = kubectl.wait_phase(namespace, name, ("Failed", "Succeeded"), timeout=120)
+    assert job["status"]["phase"] == "Failed"
+    cond = condition(job, "Failed")
+    assert cond and cond["reason"] == "DeadlineExceeded", job["status"]
+    kubectl.wait_for("the pods to go", lambda: not [p for p in kubectl.pods(namespace, name)
+                                                     if not p["metadata"].get("deletionTimestamp")], timeout=60)
+    assert_one_event_per_transition(kubectl, namespace, name)
+
+
+def test_ttl_after_finished_deletes_the_job(kubectl: Kubectl, operator: OperatorProcess, namespace: str) -> None:
+    name = uniq("ttl")
+    kubectl.apply(job_manifest(name, namespace, sleep=1, workers=SLEEPER,
+                               runPolicy={"ttlSecondsAfterFinished": 3}))
+    job = kubectl.wait_phase(namespace, name, ("Succeeded", "Failed"), timeout=120)
+    assert job["status"]["phase"] == "Succeeded", job["status"]
+    kubectl.wait_for("the finished job to be deleted", lambda: kubectl.run(
+        "get", JOBS, name, "-n", namespace, "--ignore-not-found", "-o", "name").stdout.strip() == "", timeout=60)

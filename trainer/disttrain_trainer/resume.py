@@ -1,0 +1,132 @@
+"""What a resumed rank needs besides model and optimizer: the agreed checkpoint, RNG streams, hook state.
+
+- The checkpoint: rank 0 picks the newest checkpoint that is complete *and
+  loads*, then broadcasts its step; every other rank loads exactly that step.
+  A corrupt newest checkpoint therefore makes the whole gang fall back to the
+  previous one together.
+- RNG: every rank's streams (torch, CUDA, numpy, random) are saved; at the same
+  world size each rank gets its own back, so dropout continues exactly. At a
+  new world size there is no stream to give back, and each rank is seeded from
+  (data seed, step, rank): deterministic, and distinct per rank.
+- The DDP communication hook's state: PowerSGD keeps per-rank error feedback
+  and warm-start factors; without them a resumed run compresses differently
+  from an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+
+from . import checkpoint as ckpt
+from .dist_env import DistContext
+
+
+class CheckpointNotVisible(RuntimeError):
+    """Rank 0 loaded a checkpoint this rank cannot read yet; transient (the shared volume may lag)."""
+
+
+def agree_on_checkpoint(root: Path, ctx: DistContext) -> tuple[int, dict[str, Any]] | None:
+    """The newest checkpoint that rank 0 can load completely, loaded on every rank; None: start fresh."""
+    loaded: tuple[int, dict[str, Any]] | None = None
+    if ctx.is_main:
+        ckpt.clean_partial(root)
+        loaded = ckpt.load_latest(root)
+    choice = [loaded[0] if loaded is not None else None]
+    dist.broadcast_object_list(choice, src=0)
+    step = choice[0]
+    if step is None:
+        return None
+    if loaded is None:
+        try:
+            loaded = step, ckpt.load(root, step)
+        except Exception as e:  # noqa: BLE001 - any read error here is the volume's, not the job's
+            raise CheckpointNotVisible(
+                f"rank {ctx.rank} cannot read checkpoint step {step} under {root} that rank 0 "
+                f"loaded ({e}); the checkpoint volume must be shared by all workers"
+            ) from None
+    return loaded
+
+
+# ----------------------------------------------------------------- RNG streams
+
+
+def seed_rank(seed: int, step: int, rank: int) -> None:
+    """Seed every generator of this process from (seed, step, rank): distinct per rank, reproducible."""
+    entropy = np.random.SeedSequence([seed, step, rank]).generate_state(2)
+    value = int(entropy[0]) << 32 | int(entropy[1])
+    torch.manual_seed(value)  # also every CUDA device
+    np.random.seed(int(entropy[0]))
+    random.seed(value)
+
+
+def rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": np.random.get_state(),
+        "python": random.getstate(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if (
+        "cuda" in state
+        and torch.cuda.is_available()
+        and len(state["cuda"]) == torch.cuda.device_count()
+    ):
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ------------------------------------------------------- communication hook state
+
+
+@contextlib.contextmanager
+def _quiet_powersgd() -> Iterator[None]:
+    # PowerSGDState's (de)serialisation logs a warning about the process group on every
+    # call; we always restore into the default group, so it is noise in every checkpoint.
+    log = logging.getLogger(psgd.__name__)
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
+def _to(value: Any, device: torch.device) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, dict):
+        return {k: _to(v, device) for k, v in value.items()}
+    return value
+
+
+def hook_state(hook: Any) -> dict[str, Any] | None:
+    """This rank's comm-hook state on the CPU, or None for stateless hooks."""
+    if not isinstance(hook, psgd.PowerSGDState):
+        return None
+    with _quiet_powersgd():
+        return _to(hook.__getstate__(), torch.device("cpu"))
+
+
+def load_hook_state(hook: Any, saved: dict[str, Any] | None, device: torch.device) -> None:
+    """Put the saved state back into the live hook object (DDP's reducer holds that very object)."""
+    if saved is None or not isinstance(hook, psgd.PowerSGDState):
+        return
+    with _quiet_powersgd():
+        hook.__setstate__(_to(saved, device))
