@@ -224,7 +224,12 @@ class ClientRunner:
                     self.fed.compression, res.update, topk_ratio=self.fed.topk_ratio, residual=st.residual
                 )
                 header = codec.make_header(kind="update", round=round_no, tensors=wire, scalars={**scalars, **extra})
-                reply = await self.stub.PushUpdate(iter(codec.encode(header, wire)), metadata=self.md(cid))
+                # Retried like every call: an aggregator that dies while this update is on the wire
+                # comes back from its checkpoint and refuses the stale round, and the loop goes on.
+                reply = await self.retry(
+                    f"{cid} PushUpdate",
+                    lambda: self.stub.PushUpdate(iter(codec.encode(header, wire)), metadata=self.md(cid)),
+                )
                 if self.metrics is not None:
                     self.metrics.bytes_up.inc(header.ByteSize() + sum(t.numel() * t.element_size() for _, t in wire))
             comm_carry = time.perf_counter() - t1
