@@ -228,7 +228,8 @@ class ClientRunner:
                 # comes back from its checkpoint and refuses the stale round, and the loop goes on.
                 reply = await self.retry(
                     f"{cid} PushUpdate",
-                    lambda: self.stub.PushUpdate(iter(codec.encode(header, wire)), metadata=self.md(cid)),
+                    lambda header=header, wire=wire: self.stub.PushUpdate(iter(codec.encode(header, wire)),
+                                                                     metadata=self.md(cid)),
                 )
                 if self.metrics is not None:
                     self.metrics.bytes_up.inc(header.ByteSize() + sum(t.numel() * t.element_size() for _, t in wire))
