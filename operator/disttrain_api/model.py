@@ -48,8 +48,10 @@ SHORT_NAMES = ("dtj",)
 CATEGORIES = ("disttrain",)
 
 Mode = Literal["data", "pipeline", "tensor", "hybrid", "federated", "paramserver"]
-Schedule = Literal["GPipe", "1F1B", "Interleaved1F1B", "PipeDream"]
-Partition = Literal["uniform", "profile"]
+Schedule = Literal[
+    "Naive", "GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", "PipeDream"
+]
+Partition = Literal["uniform", "params", "profile"]
 Precision = Literal["fp32", "bf16", "fp16"]
 Compression = Literal["none", "fp16", "powersgd"]
 Optim = Literal["sgd", "adam", "adamw"]
@@ -106,9 +108,22 @@ class Workers:
 class Parallelism:
     tensor: int = fld(1, minimum=1, desc="Tensor (intra-layer) parallel degree.")
     pipeline: int = fld(1, minimum=1, desc="Pipeline (inter-layer) parallel degree = stages.")
-    schedule: Schedule = fld("1F1B", desc="Pipeline schedule.")
-    microbatches: int = fld(8, minimum=1, desc="Micro-batches per step in pipeline modes.")
-    partition: Partition = fld("profile", desc="How layers are split into stages.")
+    schedule: Schedule = fld(
+        "1F1B",
+        desc="Pipeline schedule: Naive (one batch through the stages in turn), GPipe, 1F1B, Interleaved1F1B, "
+        "InterleavedZeroBubble, ZBVZeroBubble (torch.distributed.pipelining) or PipeDream (asynchronous 1F1B "
+        "with weight stashing).",
+    )
+    microbatches: int = fld(8, minimum=1, desc="Micro-batches per step in pipeline modes (Naive uses 1).")
+    virtual_stages: int = fld(
+        1, minimum=1, maximum=16,
+        desc="Stages per rank: 1, or >= 2 for the interleaved schedules (exactly 2 for ZBVZeroBubble).",
+    )
+    partition: Partition = fld(
+        "profile",
+        desc="How blocks are split into stages: uniform (equal block counts), params (equal parameter counts) "
+        "or profile (measured time and activation size, balanced by dynamic programming).",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

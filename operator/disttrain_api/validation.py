@@ -23,7 +23,9 @@ from disttrain_api.model import DistTrainJob, FieldError, JobSpec, SpecError, pa
 REPLICA_MODES = ("data", "federated", "paramserver")
 # Schedules that keep at most `stages` micro-batches in flight per stage, so a
 # step with fewer micro-batches than stages never reaches the steady state.
-SCHEDULES_NEED_MICROBATCHES = ("1F1B", "Interleaved1F1B")
+SCHEDULES_NEED_MICROBATCHES = ("1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble")
+# Schedules that place several (virtual) stages on each rank.
+INTERLEAVED_SCHEDULES = ("Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble")
 LANGUAGE_DATA = ("pytext", "synthetic")
 IMAGE_DATA = ("digits", "synthetic")
 
@@ -109,6 +111,24 @@ def _schedule(spec: JobSpec, c: _Checker) -> None:
             f"schedule {par.schedule} needs microbatches >= pipeline stages: {par.microbatches} < {par.pipeline} "
             "(parallelism.pipeline)",
         )
+    if not c.ok("spec.parallelism.virtualStages"):
+        return
+    v = par.virtual_stages
+    if par.schedule in INTERLEAVED_SCHEDULES:
+        if par.schedule == "ZBVZeroBubble" and v != 2:
+            c.add("spec.parallelism.virtualStages", f"schedule ZBVZeroBubble places exactly 2 stages per rank (got {v})")
+        elif v < 2:
+            c.add("spec.parallelism.virtualStages",
+                  f"schedule {par.schedule} needs >= 2 stages per rank (got {v}); for 1 use schedule 1F1B")
+        # torch runs these schedules in rounds of `pipeline` micro-batches.
+        rounds = max(1, par.microbatches // par.pipeline)
+        if par.pipeline > 1 and par.microbatches % rounds:
+            c.add("spec.parallelism.microbatches",
+                  f"schedule {par.schedule} runs rounds of parallelism.pipeline {par.pipeline} micro-batches: "
+                  f"microbatches {par.microbatches} must be a multiple of {rounds}")
+    elif v != 1:
+        c.add("spec.parallelism.virtualStages",
+              f"schedule {par.schedule} runs one stage per rank (got {v}); more need an interleaved schedule")
 
 
 def _batch(spec: JobSpec, c: _Checker, degrees_fit: bool) -> None:

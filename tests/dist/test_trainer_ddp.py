@@ -83,13 +83,13 @@ def test_bf16_on_cpu_trains(trainer, make_digits_spec) -> None:
 
 def test_unimplemented_mode_and_bad_config_exit_2_with_one_line(trainer, make_digits_spec) -> None:
     res = trainer.run(
-        make_digits_spec(mode="pipeline", parallelism={"pipeline": 2}),
+        make_digits_spec(mode="tensor", parallelism={"tensor": 2}),
         world=1,
         job="pipe",
         expect_ok=False,
     )
     assert res.returncodes == [2]
-    assert "mode pipeline is not implemented by this trainer yet" in res.outputs[0]
+    assert "mode tensor is not implemented by this trainer yet" in res.outputs[0]
     bad = trainer.run(make_digits_spec(data={"batchSize": 63}), world=2, job="bad", expect_ok=False)
     assert bad.returncodes == [2, 2]
     last = [o.strip().splitlines()[-1] for o in bad.outputs]

@@ -20,6 +20,8 @@ BY_MODE = {
     "federated": "federated.yaml",
     "paramserver": "paramserver.yaml",
 }
+# Further examples of a mode: file -> mode.
+MORE = {"pipedream.yaml": "pipeline"}
 
 
 def load(name: str) -> dict[str, Any]:
@@ -30,10 +32,10 @@ def load(name: str) -> dict[str, Any]:
 
 def test_one_example_per_mode() -> None:
     assert set(BY_MODE) == set(api.Mode.__args__)  # type: ignore[attr-defined]
-    assert sorted(p.name for p in EXAMPLES.glob("*.yaml")) == sorted(BY_MODE.values())
+    assert sorted(p.name for p in EXAMPLES.glob("*.yaml")) == sorted([*BY_MODE.values(), *MORE])
 
 
-@pytest.mark.parametrize(("mode", "name"), sorted(BY_MODE.items()))
+@pytest.mark.parametrize(("mode", "name"), sorted([*BY_MODE.items(), *((m, f) for f, m in MORE.items())]))
 def test_example_is_valid(mode: str, name: str) -> None:
     obj = load(name)
     job = load_job(obj)  # raises SpecError listing every problem

@@ -120,10 +120,37 @@ CASES: list[tuple[str, dict[str, Any], list[str]]] = [
     (
         "Interleaved1F1B with fewer micro-batches than stages",
         manifest(mode="pipeline", workers={"replicas": 4},
-                 parallelism={"pipeline": 4, "microbatches": 3, "schedule": "Interleaved1F1B"},
+                 parallelism={"pipeline": 4, "microbatches": 3, "schedule": "Interleaved1F1B", "virtualStages": 2},
                  model=gpt(), data={"name": "pytext", "batchSize": 63}),
         ["spec.parallelism.microbatches: schedule Interleaved1F1B needs microbatches >= pipeline stages: 3 < 4 "
          "(parallelism.pipeline)"],
+    ),
+    (
+        "an interleaved schedule with one stage per rank",
+        manifest(mode="pipeline", parallelism={"pipeline": 2, "microbatches": 4, "schedule": "Interleaved1F1B"},
+                 model=gpt(), data={"name": "pytext", "batchSize": 64}),
+        ["spec.parallelism.virtualStages: schedule Interleaved1F1B needs >= 2 stages per rank (got 1); "
+         "for 1 use schedule 1F1B"],
+    ),
+    (
+        "ZBVZeroBubble with three stages per rank",
+        manifest(mode="pipeline", parallelism={"pipeline": 2, "microbatches": 4, "schedule": "ZBVZeroBubble",
+                 "virtualStages": 3}, model=gpt(), data={"name": "pytext", "batchSize": 64}),
+        ["spec.parallelism.virtualStages: schedule ZBVZeroBubble places exactly 2 stages per rank (got 3)"],
+    ),
+    (
+        "interleaved rounds do not divide the micro-batches",
+        manifest(mode="pipeline", parallelism={"pipeline": 2, "microbatches": 5, "schedule": "Interleaved1F1B",
+                 "virtualStages": 2}, model=gpt(), data={"name": "pytext", "batchSize": 60}),
+        ["spec.parallelism.microbatches: schedule Interleaved1F1B runs rounds of parallelism.pipeline 2 "
+         "micro-batches: microbatches 5 must be a multiple of 2"],
+    ),
+    (
+        "virtual stages without an interleaved schedule",
+        manifest(mode="pipeline", parallelism={"pipeline": 2, "microbatches": 4, "schedule": "GPipe",
+                 "virtualStages": 2}, model=gpt(), data={"name": "pytext", "batchSize": 64}),
+        ["spec.parallelism.virtualStages: schedule GPipe runs one stage per rank (got 2); "
+         "more need an interleaved schedule"],
     ),
     (
         "batch not divisible by the data degree",
@@ -283,6 +310,11 @@ VALID: list[tuple[str, dict[str, Any]]] = [
     ("GPipe may have fewer micro-batches than stages",
      manifest(mode="pipeline", workers={"replicas": 4}, parallelism={"pipeline": 4, "microbatches": 2,
               "schedule": "GPipe"}, model=gpt(), data={"name": "pytext", "batchSize": 64})),
+    ("Interleaved1F1B with two stages per rank",
+     manifest(mode="pipeline", parallelism={"pipeline": 2, "microbatches": 4, "schedule": "Interleaved1F1B",
+              "virtualStages": 2}, model=gpt(), data={"name": "pytext", "batchSize": 64})),
+    ("Naive ignores micro-batches", manifest(mode="pipeline", parallelism={"pipeline": 2, "microbatches": 1,
+                                                                          "schedule": "Naive"})),
     ("federated batch is a local batch", manifest(mode="federated", workers={"replicas": 3})),
     ("hybrid with tensor and data", manifest(mode="hybrid", workers={"replicas": 4}, parallelism={"tensor": 2},
                                               model=gpt(), data={"name": "pytext", "batchSize": 64})),

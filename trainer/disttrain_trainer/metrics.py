@@ -143,8 +143,10 @@ class Metrics:
             self.step_time.observe(seconds)
 
     def observe_interval(self, *, step: int, loss: float, lr: float, tally: Tally,
-                         gradient_bytes: int) -> None:  # fmt: skip
-        """The steps since the last log interval: counters grow by their sums, gauges show per-step means."""
+                         gradient_bytes: int, extra: dict[str, Any] | None = None) -> None:  # fmt: skip
+        """The steps since the last log interval: counters grow by their sums, gauges show per-step means.
+
+        `extra`: mode-specific fields added to the JSON-lines record (a pipeline stage's bubble, ...)."""
         if not self.enabled:
             return
         self.compute_total.inc(tally.compute_s)
@@ -168,7 +170,7 @@ class Metrics:
         self.lr.set(lr)
         self.step.set(step)
         self.write({"step": step, "loss": loss, "lr": lr, **rec, "gradient_bytes": gradient_bytes,
-                    "time": time.time()})  # fmt: skip
+                    **(extra or {}), "time": time.time()})  # fmt: skip
 
     def observe_checkpoint_stall(self, step: int, seconds: float) -> None:
         if not self.enabled:

@@ -1,9 +1,10 @@
 """Reference models behind a name -> factory registry.
 
 Every model keeps its repeated layers in `self.blocks` (an nn.Sequential) so
-activation checkpointing, and later pipeline partitioning, can cut it. A
-factory takes (spec, dataset) and returns the module; "package.module:factory"
-names a user factory with the same signature.
+activation checkpointing can cut it, and lists its ordered pipeline blocks in
+`pipeline_blocks()` (see parallel/blocks.py for the contract). A factory takes
+(spec, dataset) and returns the module; "package.module:factory" names a user
+factory with the same signature.
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(run_blocks(self.blocks, self.stem(x.flatten(1)), self.act_ckpt))
 
+    def pipeline_blocks(self) -> list[nn.Module]:
+        return [nn.Sequential(nn.Flatten(1), self.stem), *self.blocks, self.head]
+
 
 class CNN(nn.Module):
     """A small CNN for 8x8 single-channel images (digits)."""
@@ -68,6 +72,9 @@ class CNN(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.reshape(-1, 1, self.side, self.side)
         return self.head(run_blocks(self.blocks, self.stem(x), self.act_ckpt))
+
+    def pipeline_blocks(self) -> list[nn.Module]:
+        return [nn.Sequential(nn.Unflatten(1, (1, self.side, self.side)), self.stem), *self.blocks, self.head]
 
 
 class CausalSelfAttention(nn.Module):
@@ -145,6 +152,22 @@ class GPT(nn.Module):
         pos = torch.arange(t, device=idx.device)
         x = self.drop(self.tok(idx) + self.pos(pos))
         return self.head(self.ln_f(run_blocks(self.blocks, x, self.act_ckpt)))
+
+    def pipeline_blocks(self) -> list[nn.Module]:
+        return [_GPTEmbedding(self), *self.blocks, nn.Sequential(self.ln_f, self.head)]
+
+
+class _GPTEmbedding(nn.Module):
+    """The GPT's first pipeline block: token + position embeddings (shares the GPT's parameters)."""
+
+    def __init__(self, gpt: GPT):
+        super().__init__()
+        self.block_size = gpt.block_size
+        self.tok, self.pos, self.drop = gpt.tok, gpt.pos, gpt.drop
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        return self.drop(self.tok(idx) + self.pos(pos))
 
 
 def _mlp(spec: JobSpec, ds: Dataset) -> nn.Module:

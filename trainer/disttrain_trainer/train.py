@@ -44,6 +44,11 @@ def check_supported(cfg: TrainerConfig) -> None:
     spec = cfg.spec
     if spec.mode not in parallel.IMPLEMENTED:
         raise parallel.ModeNotImplemented(spec.mode)
+    if spec.mode in parallel.PIPELINE_MODES:
+        from .pipeline_train import check_pipeline_supported  # noqa: PLC0415 - it imports this module
+
+        check_pipeline_supported(cfg)
+        return
     parts = cfg.world_size * spec.training.grad_accumulation
     if spec.data.batch_size % parts:
         raise ConfigError(
@@ -360,6 +365,16 @@ def run(cfg: TrainerConfig, *, metrics: Metrics | None = None) -> dict[str, Any]
             ds = load_dataset(spec)
         amp = make_amp(spec.training.precision, ctx.device)
         inner = build_model(spec, ds)
+        if spec.mode in parallel.PIPELINE_MODES:
+            from . import pipeline_train  # noqa: PLC0415 - it imports this module
+
+            prun = pipeline_train.setup(cfg, ctx, ds, inner, m)
+            summary = pipeline_train.run_to_end(prun, amp, wall0)
+            if ctx.is_main:
+                write_summary(cfg, summary)
+            mark_finished(cfg, ctx.rank, prun.step)
+            finished = True
+            return summary
         wrapped = parallel.apply(inner, mesh=ctx, cfg=cfg)
         resume.seed_rank(spec.data.seed, 0, ctx.rank)  # per-rank streams (dropout), after identical init
         optimizer = build_optimizer(inner.parameters(), spec.optimizer, spec.data.batch_size)

@@ -1,7 +1,9 @@
 """Parallel modes behind one shape: `apply(model, *, mesh, cfg) -> model` plus a train step.
 
-Only `data` is implemented in this round; the others stop with exit code 2 and
-a message saying so (see __main__).
+`data` wraps the model in DDP here; `pipeline` and `hybrid` (pipeline > 1,
+tensor = 1) run their own loop (pipeline_train.py) over stages built in
+pipeline.py / pipedream.py. The others stop with exit code 2 and a message
+saying so (see __main__).
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from ..dist_env import DistContext
 from . import data as data_parallel
 from .data import CommClock, CommTimes, StepResult
 
-IMPLEMENTED = ("data",)
+IMPLEMENTED = ("data", "pipeline", "hybrid")
+PIPELINE_MODES = ("pipeline", "hybrid")
 
 
 class ModeNotImplemented(RuntimeError):
@@ -46,6 +49,7 @@ def train_step_for(mode: str):  # noqa: ANN201 - returns the mode's train_step f
 
 __all__ = [
     "IMPLEMENTED",
+    "PIPELINE_MODES",
     "CommClock",
     "CommTimes",
     "ModeNotImplemented",

@@ -1,0 +1,152 @@
+"""Pipeline schedules side by side: measured bubble vs theory, step time, activation memory.
+
+One run, real gloo processes on this machine, identical blocks (so stages are
+balanced and GPipe's theory applies):
+  1. bubble fraction of GPipe and 1F1B for p stages and m micro-batches, measured
+     from every stage's compute timeline (pipeline_stats.split_idle), against
+     (p - 1) / (m + p - 1);
+  2. step time of every schedule on the same model and batch;
+  3. peak activation bytes held per stage, GPipe vs 1F1B (measured by the stages'
+     saved-tensor hooks).
+
+    .venv/bin/python benchmarks/pipeline.py                # p = 2
+    .venv/bin/python benchmarks/pipeline.py --stages 2 4   # and p = 4 (needs >= 4 cores to mean much)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "trainer"))
+from disttrain_trainer.parallel.partition import Plan, uniform_bounds  # noqa: E402
+from disttrain_trainer.parallel.pipedream import PipeDreamStage  # noqa: E402
+from disttrain_trainer.parallel.pipeline import Pipeline, total_stages  # noqa: E402
+from disttrain_trainer.parallel.pipeline_stats import split_idle, theory_bubble  # noqa: E402
+
+WIDTH, BLOCKS_PER_STAGE, BATCH = 512, 2, 256
+WARMUP, STEPS = 2, 6
+
+
+def _blocks(n: int) -> list[nn.Module]:
+    torch.manual_seed(0)
+    return [nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.Tanh()) for _ in range(n)]
+
+
+def _loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return ((out - y) ** 2).mean()
+
+
+def _measure(rank: int, world: int, schedule: str, m: int) -> dict[str, Any]:
+    virtual = 2 if schedule in ("Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble") else 1
+    n = total_stages(schedule, world, virtual)
+    blocks = _blocks(n * BLOCKS_PER_STAGE // virtual)
+    bounds = uniform_bounds(len(blocks), n)
+    plan = Plan(method="uniform", bounds=bounds, stage_seconds=tuple(0.0 for _ in bounds))
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(BATCH, WIDTH, generator=g), torch.randn(BATCH, WIDTH, generator=g)
+    if schedule == "PipeDream":
+        mod = nn.Sequential(*(blocks[k] for k in plan.blocks_of(rank)))
+        engine: Any = PipeDreamStage(module=mod, stage=rank, stages=world, loss_fn=_loss, device=torch.device("cpu"),
+                                     optimizer=torch.optim.SGD(mod.parameters(), lr=1e-4))  # fmt: skip
+
+        def step() -> Any:
+            return engine.step(list(x.chunk(m)), list(y.chunk(m)), m)
+    else:
+        engine = Pipeline(blocks, plan, schedule=schedule, microbatches=m, virtual=virtual, pp_rank=rank,
+                          pp_size=world, group=None, device=torch.device("cpu"), loss_fn=_loss)  # fmt: skip
+
+        def step() -> Any:
+            for p in engine.parameters():
+                p.grad = None
+            return engine.step(x, y)
+
+    bubbles, p2ps, times, peak = [], [], [], 0
+    for i in range(WARMUP + STEPS):
+        dist.barrier()
+        t0 = time.perf_counter()
+        out = step()
+        dt = time.perf_counter() - t0
+        everyone: list[Any] = [None] * world
+        dist.all_gather_object(everyone, out.intervals)
+        if i >= WARMUP:
+            st = split_idle(out.intervals, everyone, n)
+            bubbles.append(st.bubble_fraction)
+            p2ps.append(st.p2p_s / st.window_s if st.window_s else 0.0)
+            times.append(dt)
+            peak = max(peak, out.act_peak_bytes)
+    return {"bubble": statistics.mean(bubbles), "p2p": statistics.mean(p2ps), "step_s": statistics.median(times),
+            "peak": peak}  # fmt: skip
+
+
+def _worker(rank: int, world: int, port: int, cases: list[tuple[str, int]], out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    results = []
+    for schedule, m in cases:
+        r = _measure(rank, world, schedule, m)
+        gathered: list[Any] = [None] * world
+        dist.all_gather_object(gathered, r)
+        results.append({"schedule": schedule, "m": m, "per_stage": gathered})
+    if rank == 0:
+        Path(out).write_text(json.dumps(results))
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run(world: int, cases: list[tuple[str, int]]) -> list[dict[str, Any]]:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "r.json")
+        mp.start_processes(_worker, args=(world, _free_port(), cases, out), nprocs=world, start_method="spawn")
+        return json.loads(Path(out).read_text())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--stages", type=int, nargs="+", default=[2])
+    args = ap.parse_args()
+    print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load {os.getloadavg()}, {os.cpu_count()} cores,"
+          f" torch {torch.__version__}; blocks Linear({WIDTH})+Tanh, {BLOCKS_PER_STAGE} per stage, batch {BATCH}")
+    print("\n| p | m | schedule | bubble measured (mean of stages) | theory (p-1)/(m+p-1) | p2p fraction | step ms |")
+    print("|---|---|---|---|---|---|---|")
+    for p in args.stages:
+        cases = [("Naive", 1)] + [(s, m) for s in ("GPipe", "1F1B") for m in (1, 2, 4, 8) if s == "GPipe" or m >= p]
+        for r in run(p, cases):
+            stages = r["per_stage"]
+            bubble = statistics.mean(s["bubble"] for s in stages)
+            p2p = statistics.mean(s["p2p"] for s in stages)
+            step = max(s["step_s"] for s in stages)
+            m = 1 if r["schedule"] == "Naive" else r["m"]
+            print(f"| {p} | {m} | {r['schedule']} | {bubble:.3f} | {theory_bubble(p, m):.3f} | {p2p:.3f} | "
+                  f"{step * 1e3:.1f} |")
+    p, m = 2, 8
+    print(f"\n| schedule (p={p}, m={m}) | step ms | bubble | peak activation bytes per stage |")
+    print("|---|---|---|---|")
+    schedules = ["Naive", "GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", "PipeDream"]
+    for r in run(p, [(s, m) for s in schedules]):
+        stages = r["per_stage"]
+        peaks = ", ".join(f"{s['peak'] / 2**20:.1f} MiB" for s in stages)
+        print(f"| {r['schedule']} | {max(s['step_s'] for s in stages) * 1e3:.1f} | "
+              f"{statistics.mean(s['bubble'] for s in stages):.3f} | {peaks} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""Models as ordered pipeline blocks: the blocks compose to the model, and the contract's errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from disttrain_trainer.config import ConfigError
+from disttrain_trainer.models import CNN, GPT, MLP
+from disttrain_trainer.parallel.blocks import block_state, load_block_state, split_blocks
+from torch import nn
+
+
+@pytest.mark.parametrize(
+    ("model", "x", "n"),
+    [
+        (MLP(64, 16, 3, 10, 0.0, "none"), torch.randn(5, 64), 4),
+        (CNN(8, 4, 3, 10, 0.0, "none"), torch.randn(5, 64), 4),
+        (GPT(20, 12, 16, 3, 2, 0.0, "none"), torch.randint(0, 20, (5, 12)), 5),
+        (nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2)), torch.randn(5, 4), 3),
+    ],
+    ids=["mlp", "cnn", "gpt", "sequential"],
+)
+def test_blocks_compose_to_the_model(model: nn.Module, x: torch.Tensor, n: int) -> None:
+    torch.manual_seed(0)
+    blocks = split_blocks(model)
+    assert len(blocks) == n
+    y = x
+    for b in blocks:
+        y = b(y)
+    torch.testing.assert_close(y, model(x))
+    # Every parameter of the model is in exactly one block.
+    ids = [id(p) for b in blocks for p in b.parameters()]
+    assert sorted(ids) == sorted(id(p) for p in model.parameters())
+
+
+def test_block_state_round_trip_is_independent_of_the_split() -> None:
+    torch.manual_seed(0)
+    a = split_blocks(MLP(64, 16, 4, 10, 0.0, "none"))
+    torch.manual_seed(1)
+    b = split_blocks(MLP(64, 16, 4, 10, 0.0, "none"))
+    state = {**block_state(a, [0, 1]), **block_state(a, [2, 3, 4])}
+    load_block_state(b, range(5), state)
+    for x, y in zip(a, b, strict=True):
+        for p, q in zip(x.parameters(), y.parameters(), strict=True):
+            assert torch.equal(p, q)
+
+
+def test_a_model_without_blocks_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match=r"pipeline_blocks\(\) method"):
+        split_blocks(nn.Linear(2, 2), name="pkg.mod:make")

@@ -1,0 +1,49 @@
+"""A model as ordered pipeline blocks: the units the partitioner assigns to stages.
+
+The contract for a model a pipeline can cut (built-in or `module:factory`):
+  - an `nn.Sequential`: its children are the blocks, in order; or
+  - any module with a `pipeline_blocks()` method returning the ordered blocks,
+    such that applying them in turn equals `model(x)`.
+Each block takes one tensor and returns one tensor (what crosses a stage
+boundary). Blocks share their parameters with the model, so the model's
+initialisation (same seed on every rank) is what every stage starts from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from ..config import ConfigError
+
+
+def split_blocks(model: nn.Module, *, name: str = "model") -> list[nn.Module]:
+    if isinstance(model, nn.Sequential):
+        blocks = list(model)
+    elif callable(getattr(model, "pipeline_blocks", None)):
+        blocks = list(model.pipeline_blocks())
+    else:
+        raise ConfigError(
+            f"model.name {name!r}: a pipeline needs an nn.Sequential or a model with a pipeline_blocks() "
+            f"method returning its ordered blocks; {type(model).__name__} has neither"
+        )
+    if not blocks:
+        raise ConfigError(f"model.name {name!r} has no blocks to split into stages")
+    return blocks
+
+
+def block_state(blocks: Sequence[nn.Module], ids: Sequence[int]) -> dict[str, torch.Tensor]:
+    """State of the given blocks keyed by global block index ("3.attn.qkv.weight"): independent of the split."""
+    return {f"{k}.{n}": t for k in ids for n, t in blocks[k].state_dict().items()}
+
+
+def load_block_state(blocks: Sequence[nn.Module], ids: Sequence[int], state: dict[str, torch.Tensor]) -> None:
+    for k in ids:
+        prefix = f"{k}."
+        blocks[k].load_state_dict({n[len(prefix):]: t for n, t in state.items() if n.startswith(prefix)})
+
+
+def named_block_params(blocks: Sequence[nn.Module], ids: Sequence[int]) -> list[tuple[str, nn.Parameter]]:
+    return [(f"{k}.{n}", p) for k in ids for n, p in blocks[k].named_parameters()]
