@@ -7,28 +7,22 @@ launcher's progress bar read a round where other modes have a step.
 
 from __future__ import annotations
 
-import json
-import time
 from pathlib import Path
-from typing import Any
 
 from disttrain_api import metric_names as names
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import Counter, Histogram
+
+from ..metrics_sink import MetricsSink
 
 ROUND_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
-class FedMetrics:
+class FedMetrics(MetricsSink):
     def __init__(self, *, job: str, process: str, port: int, log_path: Path | None):
-        self.registry = r = CollectorRegistry()
         labels = {names.LABEL_JOB: job, "process": process, names.LABEL_MODE: "federated"}
-        keys = tuple(labels)
-
-        def gauge(name: str, doc: str) -> Any:
-            return Gauge(name, doc, keys, registry=r).labels(**labels)
-
-        def counter(name: str, doc: str) -> Any:
-            return Counter(name, doc, keys, registry=r).labels(**labels)
+        super().__init__(labels=labels, port=port, log_path=log_path)
+        r, keys = self.registry, tuple(labels)
+        gauge, counter = self.gauge, self.counter
 
         self.step = gauge(names.STEP, "Federated rounds completed.")
         self.last_ckpt = gauge(names.LAST_CHECKPOINT_STEP, "Round of the newest checkpoint.")
@@ -55,13 +49,6 @@ class FedMetrics:
             names.FED_CLIENT_COMM_SECONDS, "Seconds receiving the model and sending the update, per client.",
             (*keys, "client"), registry=r,
         )  # fmt: skip
-        self._server: Any = None
-        if port:
-            self._server, _ = start_http_server(port, registry=r)
-        self._log = None
-        if log_path is not None:
-            log_path.parent.mkdir(parents=True, exist_ok=True)
-            self._log = open(log_path, "a", buffering=1)  # noqa: SIM115
 
     def reject(self, reason: str) -> None:
         self.rejected.labels(**self._labels, reason=reason).inc()
@@ -72,16 +59,3 @@ class FedMetrics:
     def client_times(self, client: str, compute_s: float, comm_s: float) -> None:
         self.client_compute.labels(**self._labels, client=client).inc(compute_s)
         self.client_comm.labels(**self._labels, client=client).inc(comm_s)
-
-    def write(self, record: dict[str, Any]) -> None:
-        if self._log is not None:
-            self._log.write(json.dumps({**record, "time": time.time()}) + "\n")
-
-    def close(self) -> None:
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None

@@ -8,54 +8,19 @@ server: retry backoff while it restarts, and the wait for the others at the end)
 
 from __future__ import annotations
 
-import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from disttrain_api import metric_names as names
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import Counter, Histogram
+
+from ..metrics_sink import MetricsSink
 
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
 APPLY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 
-class _Sink:
-    """Registry, optional /metrics server and optional JSON-lines log of one process."""
-
-    def __init__(self, *, labels: dict[str, str], port: int, log_path: Path | None):
-        self.registry = CollectorRegistry()
-        self.labels = labels
-        self._server: Any = None
-        if port:
-            self._server, _ = start_http_server(port, registry=self.registry)
-        self._log = None
-        if log_path is not None:
-            log_path.parent.mkdir(parents=True, exist_ok=True)
-            self._log = open(log_path, "a", buffering=1)  # noqa: SIM115
-
-    def gauge(self, name: str, doc: str) -> Any:
-        return Gauge(name, doc, tuple(self.labels), registry=self.registry).labels(**self.labels)
-
-    def counter(self, name: str, doc: str) -> Any:
-        return Counter(name, doc, tuple(self.labels), registry=self.registry).labels(**self.labels)
-
-    def write(self, record: dict[str, Any]) -> None:
-        if self._log is not None:
-            self._log.write(json.dumps({**record, "time": time.time()}) + "\n")
-
-    def close(self) -> None:
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-
-
-class ServerMetrics(_Sink):
+class ServerMetrics(MetricsSink):
     def __init__(self, *, job: str, shard: int, port: int, log_path: Path | None):
         super().__init__(labels={names.LABEL_JOB: job, "process": f"server-{shard}", names.LABEL_MODE: "paramserver"},
                          port=port, log_path=log_path)  # fmt: skip
@@ -137,7 +102,7 @@ class WorkerTally:
         }
 
 
-class WorkerMetrics(_Sink):
+class WorkerMetrics(MetricsSink):
     def __init__(self, *, job: str, rank: int, port: int, log_path: Path | None):
         super().__init__(labels={names.LABEL_JOB: job, names.LABEL_RANK: str(rank), names.LABEL_MODE: "paramserver"},
                          port=port, log_path=log_path)  # fmt: skip
