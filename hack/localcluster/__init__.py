@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .cluster import LocalCluster
+from .cluster import ContainerGone, LocalCluster
 from .config import ClusterConfig, NodeConfig
 from .proc import ClusterError
 
-__all__ = ["ClusterConfig", "ClusterError", "LocalCluster", "NodeConfig"]
+__all__ = ["ClusterConfig", "ClusterError", "ContainerGone", "LocalCluster", "NodeConfig"]

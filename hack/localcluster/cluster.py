@@ -27,6 +27,10 @@ def bin_dir() -> Path:
     return Path(res.stdout.strip().splitlines()[-1])
 
 
+class ContainerGone(ClusterError):
+    """The container to kill had already exited (its pod is being replaced or just failed)."""
+
+
 class LocalCluster:
     def __init__(self, cfg: ClusterConfig | None = None) -> None:
         self.cfg = cfg or ClusterConfig.from_env()
@@ -238,16 +242,19 @@ class LocalCluster:
         statuses = obj["status"].get("containerStatuses", [])
         st = next((s for s in statuses if container in (None, s["name"])), None)
         if st is None or "containerID" not in st:
-            raise ClusterError("kill", f"pod {namespace}/{pod} has no running container {container or ''}")
+            raise ContainerGone("kill", f"pod {namespace}/{pod} has no running container {container or ''}")
         cid = st["containerID"].split("://", 1)[1]
         info = run(node.ctr(self.cfg, n, "task", "ls"), step="kill").stdout
         for line in info.splitlines():
             parts = line.split()
             if parts and parts[0] == cid:
                 pid = int(parts[1])
-                os.kill(pid, signal.SIGKILL)
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:  # exited between the listing and the kill
+                    break
                 return pid
-        raise ClusterError("kill", f"container {cid[:12]} of {namespace}/{pod} has no running task on {n.name}")
+        raise ContainerGone("kill", f"container {cid[:12]} of {namespace}/{pod} has no running task on {n.name}")
 
     def stop_node(self, name: str) -> None:
         """The node dies: kubelet, kube-proxy, containerd, shims and containers are SIGKILLed."""

@@ -86,6 +86,26 @@ def wait_running(kubectl: Kubectl, ns: str, job: str, pod: str) -> None:
     kubectl.wait_for(f"{pod} running", running, timeout=180, interval=0.3)
 
 
+def kill_when_running(cluster: Any, kubectl: Kubectl, ns: str, job: str, pod: str) -> None:
+    """SIGKILL the trainer of `pod` in the current gang. Its status can lag the runtime by a
+    moment (the container listed as running has just exited); then look again, and say why
+    it exited so an unplanned exit is visible in the failure."""
+    from localcluster import ContainerGone  # type: ignore[import-not-found]
+
+    for _ in range(5):
+        wait_running(kubectl, ns, job, pod)
+        try:
+            cluster.kill_pod_container(ns, pod, "trainer")
+            return
+        except ContainerGone as e:
+            state = [(p["metadata"]["labels"].get("disttrain.dev/restart-attempt"), s.get("state"))
+                     for p in kubectl.pods(ns, job) if p["metadata"]["name"] == pod
+                     for s in p.get("status", {}).get("containerStatuses") or []]
+            print(f"{pod}: {e}; container states now: {state}; status: {kubectl.job(ns, job).get('status')}")
+            time.sleep(1.0)
+    raise AssertionError(f"{pod}'s trainer exited before every attempt to kill it")
+
+
 @pytest.fixture
 def names() -> Iterator[tuple[str, str]]:
     suffix = uuid.uuid4().hex[:5]
@@ -114,8 +134,7 @@ def test_five_kills_at_random_steps_end_at_the_uninterrupted_parameters(
         newest = wait_for_checkpoint(kubectl, namespace, chaos, max(target, newest + INTERVAL))
         time.sleep(rng.uniform(0.0, 1.0))
         victim = f"{chaos}-worker-{rng.randrange(2)}"
-        wait_running(kubectl, namespace, chaos, victim)
-        cluster.kill_pod_container(namespace, victim, "trainer")
+        kill_when_running(cluster, kubectl, namespace, chaos, victim)
         newest = max(checkpoint_steps(chaos))
         killed.append((newest, victim))
         wait_restarts(kubectl, namespace, chaos, len(killed))
