@@ -53,6 +53,9 @@ GPU_RESOURCE = "nvidia.com/gpu"
 # gRPC service (aggregator or parameter server) listens, as host:port.
 ENV_ROLE = "DISTTRAIN_ROLE"
 ENV_SERVER_ADDR = "DISTTRAIN_SERVER_ADDR"  # paramserver: every shard's host:port, comma-separated, shard 0 first
+# Set on servers run by a Deployment: after the last round / step keep serving "done" until
+# stopped (SIGTERM), since a container that exits would be restarted and replay the end.
+ENV_SERVE_UNTIL_STOPPED = "DISTTRAIN_SERVE_UNTIL_STOPPED"
 # Federated channel security, mounted from Secrets by the operator:
 # a folder with ca.crt / tls.crt / tls.key (clients read only ca.crt), and the
 # file holding the key that per-client tokens are derived from (HMAC).

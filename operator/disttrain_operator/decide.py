@@ -30,8 +30,9 @@ TERMINAL = (SUCCEEDED, FAILED)
 IMMUTABLE_FIELDS = ("mode", "model", "parallelism")
 # Exit code 2 is the trainer's "configuration error / mode not implemented": retrying cannot help.
 PERMANENT_EXIT_CODES = exitcodes.PERMANENT
-# Modes without gang restart: a failed worker pod is replaced alone (its Deployment restarts a server).
-SOLO_REPLACE_MODES = ("paramserver",)
+# Modes without gang restart: a failed worker (paramserver) or client (federated) pod is replaced
+# alone while the others go on; its Deployment restarts a server.
+SOLO_REPLACE_MODES = ("paramserver", "federated")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -224,7 +225,10 @@ def _decide(obs: Observed, foreign: list[PodView]) -> Plan:
             b.condition("Running", False, "Suspended", "suspended")
             b.condition("Created", False, "Suspended", "suspended: the gang is deleted")
             b.phase(SUSPENDED, "suspended")
-        return finish(delete_pods=[p.name for p in pods if not p.deleting], delete_servers=True)
+        # A pod Terminating for too long (its kubelet cannot confirm) is force-deleted, as on
+        # a restart: a suspended job holds no pods.
+        return finish(delete_pods=[p.name for p in pods if not p.deleting], force_delete_pods=_stuck(pods, obs),
+                      delete_servers=True)  # fmt: skip
 
     # ---- replicas may change only inside the elastic range (a resize = a new attempt).
     desired = spec.workers.replicas
@@ -384,7 +388,7 @@ def _stuck(pods: list[PodView], obs: Observed) -> list[str]:
 
 def _replace_alone(b: _Builder, st: dict[str, Any], finish: Any, current: list[PodView], missing: list[int],
                    restarts: int, obs: Observed) -> Plan:  # fmt: skip
-    """Modes whose workers never wait for each other (paramserver): only the failed pods are
+    """Modes whose workers never wait for each other (paramserver, federated): only the failed pods are
     replaced, in the same attempt, while the others keep training. A failed pod is deleted (one
     restart counted); once gone it is missing and created again with the others left as they are."""
     failed = [p for p in current if not p.deleting and _failure(p, obs.node_lost_after_s)]

@@ -45,6 +45,7 @@ _PATHS = {
     "Pod": ("/api/v1", "pods"),
     "Service": ("/api/v1", "services"),
     "ConfigMap": ("/api/v1", "configmaps"),
+    "Secret": ("/api/v1", "secrets"),
     "Deployment": ("/apis/apps/v1", "deployments"),
 }
 

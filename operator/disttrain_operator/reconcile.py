@@ -115,9 +115,14 @@ def _reconcile(kube: Kube, settings: OperatorSettings, namespace: str, name: str
     prog = None
     if spec is not None and status.get("phase") == RUNNING:
         attempt = max([int(status.get("attempt") or 0), *(v.attempt for v in views)])
-        rank0 = next((v for v in views if v.index == 0 and v.attempt == attempt and v.phase == "Running"), None)
-        if rank0 is not None:
-            prog = progress.scrape(rank0.ip, spec.metrics.port, settings.scrape_timeout_s)
+        if mode == "federated":
+            # Rounds are counted (and checkpointed) by the aggregator, not by client 0.
+            servers = kube.list_pods(namespace, f"{c.LABEL_JOB}={name},{c.LABEL_ROLE}={c.ROLE_AGGREGATOR}")
+            source = next((v for v in (pod_view(p, now) for p in servers) if v.phase == "Running"), None)
+        else:
+            source = next((v for v in views if v.index == 0 and v.attempt == attempt and v.phase == "Running"), None)
+        if source is not None:
+            prog = progress.scrape(source.ip, spec.metrics.port, settings.scrape_timeout_s)
 
     plan = decide(Observed(
         generation=int(meta.get("generation") or 0),
@@ -142,7 +147,7 @@ def _create_children(kube: Kube, children: topology.Children, uid: str) -> bool:
     one of an earlier job with the same name, or an orphan, is deleted and nothing else is
     created: returns False, the caller retries later."""
     clear = True
-    for obj in [*children.config_maps, *children.services, *children.deployments]:
+    for obj in [*children.secrets, *children.config_maps, *children.services, *children.deployments]:
         if kube.create(obj):
             continue
         live = kube.get(obj)

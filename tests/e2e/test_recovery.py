@@ -101,6 +101,30 @@ def test_elastic_shrink_after_a_node_is_stopped(
     assert pod["spec"]["nodeName"] != victim
 
 
+def test_suspend_then_resume_continues_from_the_checkpoint(
+    kubectl: Kubectl, operator: OperatorProcess, namespace: str, job_name: str
+) -> None:
+    name = job_name
+    kubectl.apply(training_job(name, namespace, steps=600, interval=20,
+                               workers={"replicas": 2, "resources": {"cpu": "500m", "memory": "768Mi"}}))
+    kubectl.wait_phase(namespace, name, ("Running",), timeout=300)
+    saved = wait_for_checkpoint(kubectl, name, 20)
+    kubectl.run("patch", JOBS, name, "-n", namespace, "--type=merge", "-p", '{"spec":{"runPolicy":{"suspend":true}}}')
+    job = kubectl.wait_phase(namespace, name, ("Suspended",), timeout=60)
+    assert condition(job, "Suspended")["status"] == "True"
+    kubectl.wait_for("the suspended job's pods to go", lambda: not kubectl.pods(namespace, name), timeout=90)
+    suspended_at = max(checkpoint_steps(name))
+    assert suspended_at >= saved
+    kubectl.run("patch", JOBS, name, "-n", namespace, "--type=merge", "-p", '{"spec":{"runPolicy":{"suspend":false}}}')
+    job = kubectl.wait_phase(namespace, name, ("Succeeded", "Failed"), timeout=400)
+    status = job["status"]
+    assert status["phase"] == "Succeeded", status
+    assert status["restarts"] == 0 and status["attempt"] == 1, status  # a resume is not a failure
+    assert status["result"]["resumedFromStep"] == suspended_at, status["result"]
+    reasons = [e["reason"] for e in assert_one_event_per_transition(kubectl, namespace, name)]
+    assert "Suspended" in reasons and "Resumed" in reasons, reasons
+
+
 def test_active_deadline_fails_the_job_and_removes_its_pods(
     kubectl: Kubectl, operator: OperatorProcess, namespace: str
 ) -> None:

@@ -84,7 +84,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-async def _restart_scenario(spec, ds, groups, ckpt: Path) -> tuple[Aggregator, Aggregator, list]:  # noqa: ANN001
+async def _restart_scenario(spec, ds, groups, ckpt: Path) -> tuple[Aggregator, Aggregator, list, list]:  # noqa: ANN001
     key, port = auth.new_key(), _free_port()
 
     def make() -> Aggregator:
@@ -117,16 +117,20 @@ async def _restart_scenario(spec, ds, groups, ckpt: Path) -> tuple[Aggregator, A
         for ch in channels:
             await ch.close()
         await server.stop(0)
-    return first, second, results
+    return first, second, results, [r.final_summary for r in runners]
 
 
 def test_restarted_aggregator_resumes_from_its_checkpoint_and_clients_reconnect(tmp_path: Path) -> None:
     spec = _spec(rounds=4, clientsPerRound=3, minAnsweredClients=2)
     ds, _, groups = _setup(spec, tmp_path)
-    first, second, results = asyncio.run(_restart_scenario(spec, ds, groups, tmp_path / "ckpt"))
+    first, second, results, summaries = asyncio.run(_restart_scenario(spec, ds, groups, tmp_path / "ckpt"))
     assert second.resumed_from is not None and second.resumed_from >= 2
     assert second.round == 4 and [r["round"] for r in second.history] == [1, 2, 3, 4]
     assert results == [None, None]  # every client finished cleanly after reconnecting
+    # Every client process heard the job's summary with "done" (client 0 hands it to the operator).
+    assert second.final_summary is not None and summaries == [second.final_summary] * 2
+    assert second.final_summary["steps"] == 4 and second.final_summary["resumedFromStep"] == second.resumed_from
+    assert len(second.final_summary["accuracyPerRound"]) == 4
 
 
 def test_tls_channel_with_the_operators_certificate(tmp_path: Path) -> None:

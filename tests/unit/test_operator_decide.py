@@ -159,6 +159,10 @@ def test_suspend_then_resume() -> None:
     plan = decide(obs(dict(RUNNING_STATUS), [pod(0), pod(1)], spec=sus, accepted=sus))
     assert plan.status["phase"] == "Suspended" and sorted(plan.delete_pods) == ["j-worker-0", "j-worker-1"]
     st = plan.status
+    # A pod whose kubelet does not confirm its termination is force-deleted after a while.
+    stuck = [pod(0, deleting=True, deleting_for_s=5.0), pod(1, deleting=True, deleting_for_s=60.0)]
+    plan = decide(obs(st, stuck, spec=sus, accepted=sus))
+    assert plan.status["phase"] == "Suspended" and plan.force_delete_pods == ["j-worker-1"] and not plan.delete_pods
     plan = decide(obs(st, [pod(0, deleting=True)]))  # resume, old pods still terminating
     assert not plan.create and plan.status["phase"] == "Suspended"
     plan = decide(obs(st, []))

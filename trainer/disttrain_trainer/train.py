@@ -423,12 +423,12 @@ def write_summary(cfg: TrainerConfig, summary: dict[str, Any]) -> None:
     tmp.write_text(text)
     os.replace(tmp, cfg.run_dir / SUMMARY_FILE)
     if cfg.termination_log is not None:
-        try:
-            Path(cfg.termination_log).write_text(json.dumps(summary, sort_keys=True))
-        except (
-            OSError
-        ) as e:  # the summary.json is still there; a missing termination log is not fatal
-            print(
-                f"disttrain-trainer: cannot write termination log {cfg.termination_log}: {e}",
-                flush=True,
-            )
+        write_termination_message(cfg.termination_log, summary)
+
+
+def write_termination_message(path: Path, summary: dict[str, Any]) -> None:
+    """The summary as the container's termination message (the operator's status.result)."""
+    try:
+        Path(path).write_text(json.dumps(summary, sort_keys=True))
+    except OSError as e:  # the summary.json is still there; a missing termination log is not fatal
+        print(f"disttrain-trainer: cannot write termination log {path}: {e}", flush=True)

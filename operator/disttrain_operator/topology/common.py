@@ -49,9 +49,11 @@ class Children:
     services: list[dict[str, Any]] = field(default_factory=list)
     deployments: list[dict[str, Any]] = field(default_factory=list)
     pods: list[dict[str, Any]] = field(default_factory=list)
+    # Created once and never replaced (e.g. federated TLS keys: a new CA would cut off clients).
+    secrets: list[dict[str, Any]] = field(default_factory=list)
 
     def all(self) -> list[dict[str, Any]]:
-        return [*self.config_maps, *self.services, *self.deployments, *self.pods]
+        return [*self.secrets, *self.config_maps, *self.services, *self.deployments, *self.pods]
 
 
 # ----------------------------------------------------------------------------- names

@@ -13,8 +13,14 @@ from disttrain_api import constants as c
 from disttrain_api.model import FederatedSpec, JobSpec
 
 from .common import CONTAINER, BuildContext, Children
-from .federated_secrets import CA_FILE, tls_secret_name, token_secret_name
-from .served import build_served
+from .federated_secrets import (
+    CA_FILE,
+    build_tls_secret,
+    build_token_secret,
+    tls_secret_name,
+    token_secret_name,
+)
+from .served import build_served, server_name
 
 TLS_VOLUME = "federated-tls"
 TOKEN_VOLUME = "federated-token"
@@ -48,4 +54,9 @@ def build(spec: JobSpec, ctx: BuildContext) -> Children:
         _secure(deployment["spec"]["template"]["spec"], ctx.name, fed, server=True)
     for pod in children.pods:
         _secure(pod["spec"], ctx.name, fed, server=False)
+    # The Secrets the user did not name; the reconciler creates them once (never replaced).
+    if fed.tls and not fed.tls_secret_name:
+        children.secrets.append(build_tls_secret(ctx, fed, server_name(ctx.name, c.ROLE_AGGREGATOR)))
+    if not fed.token_secret_name:
+        children.secrets.append(build_token_secret(ctx, fed))
     return children

@@ -49,7 +49,7 @@ def build_served(
     for index, svc_name in enumerate(names):
         server_env = common.contract_env(
             server_spec, ctx, node_rank=index, world_size=world, master_addr=master_addr,
-            extra={c.ENV_ROLE: server_role, c.ENV_SERVER_ADDR: server_addr},
+            extra={c.ENV_ROLE: server_role, c.ENV_SERVER_ADDR: server_addr, c.ENV_SERVE_UNTIL_STOPPED: "1"},
         )
         server_pod = common.build_pod(
             server_spec, ctx, role=server_role, index=index, env=server_env, ports=[(port_name, port)]

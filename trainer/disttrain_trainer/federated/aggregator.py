@@ -12,6 +12,7 @@ reason and counted, and leaves the global model untouched.
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import random
 import time
@@ -74,6 +75,10 @@ class Aggregator(SecureStages, pbg.FederatedServicer):
         self.done = False
         self.cond = asyncio.Condition()
         self.resumed_from: int | None = None
+        self.started = time.perf_counter()
+        # The job's summary, fixed when the last round closes; clients get it with "done" so the
+        # operator finds it in client 0's termination message (the aggregator is a Deployment pod).
+        self.final_summary: dict[str, Any] | None = None
         self._spare: list[np.ndarray] = []  # decode buffers to reuse (see codec.Decoder)
         self._sums: dict[str, torch.Tensor] | None = None  # the last round's running sums, reused
 
@@ -158,7 +163,8 @@ class Aggregator(SecureStages, pbg.FederatedServicer):
                 ra.served.add(cid)
         if ra is None:
             self.told_done.add(cid)
-            yield pb.Chunk(header=pb.StreamHeader(kind="done", round=self.round))
+            summary = json.dumps(self.final_summary or self.summary())
+            yield pb.Chunk(header=pb.StreamHeader(kind="done", round=self.round, attrs={"summary": summary}))
             return
         for chunk in ra.model_chunks:
             self.metrics.bytes_down.inc(len(chunk.data))
@@ -252,10 +258,32 @@ class Aggregator(SecureStages, pbg.FederatedServicer):
                          f"(minAnsweredClients {fed.min_answered_clients}): retrying the round")  # fmt: skip
                 continue
             await self._finish_round(ra, mean, dropped)
+        self.final_summary = self.summary()
         async with self.cond:
             self.done = True
             self.current = None
             self.cond.notify_all()
+
+    def summary(self) -> dict[str, Any]:
+        """The run's summary in the keys every mode reports (a round counts as a step)."""
+        h = self.history
+        acc = [r.get("test_accuracy") for r in h]
+        comm = sum(r["comm_s"] for r in h)
+        step = sum(r["step_s"] for r in h)
+        return {
+            "mode": "federated",
+            "steps": self.round,
+            "rounds": self.round,
+            "testAccuracy": acc[-1] if acc else None,
+            "accuracyPerRound": acc,
+            "roundSMedian": float(np.median([r["step_s"] for r in h])) if h else None,
+            "commFraction": comm / step if step > 0 else None,
+            "bytesUp": sum(r["bytes_up"] for r in h),
+            "bytesDown": sum(r["bytes_down"] for r in h),
+            "roundAttempts": self.attempts,
+            "resumedFromStep": self.resumed_from,
+            "wallS": time.perf_counter() - self.started,
+        }
 
     async def _wait_registered(self, timeout: float) -> None:
         """At start: give every client up to a round's timeout to register, so the first sample sees all."""

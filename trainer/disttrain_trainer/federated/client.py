@@ -12,6 +12,7 @@ backoff; the client then simply asks for work again.
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import time
 import zlib
@@ -150,6 +151,7 @@ class ClientRunner:
         self._train_lock = asyncio.Lock()
         self._models: list[nn.Module] = []
         self.pushed: dict[str, int] = {}
+        self.final_summary: dict[str, Any] | None = None  # sent by the aggregator with "done"
 
     def md(self, cid: str) -> tuple[tuple[str, str], ...]:
         return auth.metadata_for(self.key, cid)
@@ -191,6 +193,8 @@ class ClientRunner:
         while True:
             task, t_recv = await self._get_task(cid)
             if task.header.kind == "done":
+                if "summary" in task.header.attrs:
+                    self.final_summary = json.loads(task.header.attrs["summary"])
                 return
             round_no = task.header.round
             attempt = int(task.header.scalars["attempt"])

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from disttrain_api import constants as C
 
+from .. import serve_until_stopped
 from ..config import ConfigError, TrainerConfig
 from ..data import Dataset, load_dataset
 from ..models import build_model
@@ -37,8 +38,14 @@ def run(cfg: TrainerConfig) -> dict[str, Any] | None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, cfg.world_size + 1)))
     if s.role == C.ROLE_AGGREGATOR:
         return run_aggregator(cfg, s)
-    run_clients(cfg, s)
-    return None
+    summary = run_clients(cfg, s)
+    if summary is not None and process_indices(cfg)[0] == 0 and cfg.termination_log is not None:
+        # Client process 0 is the gang's rank 0: its termination message carries the job's
+        # result to the operator, as in every other mode.
+        from ..train import write_termination_message  # noqa: PLC0415
+
+        write_termination_message(cfg.termination_log, summary)
+    return summary
 
 
 # ------------------------------------------------------------------ token key
@@ -107,12 +114,13 @@ async def serve(agg: Aggregator, s: FedSettings, *, linger_s: float = DONE_LINGE
     try:
         await agg.run()
         await agg.wait_clients_told(linger_s)
+        if serve_until_stopped.requested():
+            await serve_until_stopped.wait()
     finally:
         await server.stop(grace=1.0)
 
 
 def run_aggregator(cfg: TrainerConfig, s: FedSettings) -> dict[str, Any]:
-    wall0 = time.perf_counter()
     spec = cfg.spec
     ds = load_dataset(spec)
     model = build_model(spec, ds)
@@ -127,32 +135,11 @@ def run_aggregator(cfg: TrainerConfig, s: FedSettings) -> dict[str, Any]:
         asyncio.run(serve(agg, s))
     finally:
         metrics.close()
-    summary = summarize(agg, wall_s=time.perf_counter() - wall0)
+    summary = agg.final_summary or agg.summary()  # the one the clients were sent
     from ..train import write_summary  # noqa: PLC0415
 
     write_summary(cfg, summary)
     return summary
-
-
-def summarize(agg: Aggregator, *, wall_s: float) -> dict[str, Any]:
-    h = agg.history
-    acc = [r.get("test_accuracy") for r in h]
-    comm = sum(r["comm_s"] for r in h)
-    step = sum(r["step_s"] for r in h)
-    return {
-        "mode": "federated",
-        "steps": agg.round,
-        "rounds": agg.round,
-        "testAccuracy": acc[-1] if acc else None,
-        "accuracyPerRound": acc,
-        "roundSMedian": float(np.median([r["step_s"] for r in h])) if h else None,
-        "commFraction": comm / step if step > 0 else None,
-        "bytesUp": sum(r["bytes_up"] for r in h),
-        "bytesDown": sum(r["bytes_down"] for r in h),
-        "roundAttempts": agg.attempts,
-        "resumedFromStep": agg.resumed_from,
-        "wallS": wall_s,
-    }
 
 
 # ------------------------------------------------------------------ clients
@@ -180,7 +167,8 @@ def client_states(cfg: TrainerConfig, ds: Dataset, hosted: list[str]) -> list[Cl
     return out
 
 
-def run_clients(cfg: TrainerConfig, s: FedSettings) -> None:
+def run_clients(cfg: TrainerConfig, s: FedSettings) -> dict[str, Any] | None:
+    """Run this process's clients until the aggregator says done; returns the summary it sent."""
     spec = cfg.spec
     ds = load_dataset(spec)
     indices = process_indices(cfg)
@@ -191,17 +179,18 @@ def run_clients(cfg: TrainerConfig, s: FedSettings) -> None:
                          log_path=cfg.run_dir / f"metrics-client{indices[0]}.jsonl")  # fmt: skip
     print(f"federated client process {indices}: hosting {', '.join(hosted) or 'no clients'}", flush=True)
 
-    async def main() -> None:
+    async def main() -> dict[str, Any] | None:
         channel = aio_channel(s.server_addr, s.tls, s.tls_server_name)
         try:
             runner = ClientRunner(spec=spec, channel=channel, key=key, clients=states,
                                   make_model=lambda: build_model(spec, ds), metrics=metrics,
                                   patience_s=max(300.0, 5.0 * s.fed.round_timeout_seconds))  # fmt: skip
             await runner.run()
+            return runner.final_summary
         finally:
             await channel.close()
 
     try:
-        asyncio.run(main())
+        return asyncio.run(main())
     finally:
         metrics.close()

@@ -13,6 +13,7 @@ import grpc
 import torch
 from disttrain_api import constants as C
 
+from .. import serve_until_stopped
 from ..config import ConfigError, TrainerConfig
 from ..data import load_dataset
 from ..models import build_model
@@ -97,6 +98,8 @@ def run_server(cfg: TrainerConfig, s: PSSettings) -> dict[str, Any]:
             end = time.monotonic() + DONE_LINGER_S
             while not shard.all_told() and time.monotonic() < end:
                 time.sleep(0.05)
+            if serve_until_stopped.requested():
+                serve_until_stopped.block()
         finally:
             server.stop(grace=1.0).wait()
     finally:
