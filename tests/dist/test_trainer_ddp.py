@@ -47,20 +47,26 @@ def final_model_initial(trainer, spec) -> dict[str, torch.Tensor]:  # noqa: ANN0
     return build_model(s, load_dataset(s, trainer.data_cache)).state_dict()
 
 
-@pytest.mark.parametrize("compression", ["fp16", "powersgd"])
+@pytest.mark.parametrize(("compression", "hidden", "bucket_mb"),
+                         [("fp16", 32, 25.0), ("powersgd", 32, 25.0), ("powersgd", 512, 0.5)])  # fmt: skip
 def test_compression_hooks_keep_replicas_in_sync_and_train(
-    trainer, make_digits_spec, compression: str
+    trainer, make_digits_spec, compression: str, hidden: int, bucket_mb: float
 ) -> None:
+    # hidden 512 in 0.5 MB buckets: the gradients (3 MB) span several buckets (DDP's first one
+    # holds up to 1 MiB), whose PowerSGD all-reduces must be issued in the same order on every
+    # rank (gloo pairs them by order).
     spec = make_digits_spec(
+        model={"name": "mlp", "hidden": hidden, "layers": 3},
         training={
             "steps": 30,
             "gradientCompression": compression,
             "powerSGDRank": 2,
             "logIntervalSteps": 1,
+            "bucketCapMB": bucket_mb,
         },
         optimizer={"name": "adam", "lr": 0.01},
     )
-    res = trainer.run(spec, world=2, job=f"hook-{compression}")
+    res = trainer.run(spec, world=2, job=f"hook-{compression}-{hidden}")
     s = res.summary
     assert s["replicaMaxAbsDiff"] == 0.0, s  # every replica applied the same (compressed) update
     losses = [r["loss"] for r in res.steps_log(0)]

@@ -122,3 +122,37 @@ def test_a_nan_loss_from_the_trainer_falls_back_to_the_log(tmp_path: Path) -> No
         total_steps=40, wall_s=5.0, restarts=0, world_size=2, device="cpu", run_dir=tmp_path, plot=None,
     )  # fmt: skip
     assert s.final_loss == 0.25 and abs((s.comm_exposed_fraction or 0) - 0.26 / 0.6) < 1e-9
+
+
+PER_STAGE = [
+    {"stage": 0, "computeFraction": 0.6, "bubbleFraction": 0.25, "commFraction": 0.1, "idleFraction": 0.0,
+     "activationPeakBytes": 3 * 2**20},
+    {"stage": 1, "computeFraction": 0.5, "bubbleFraction": 0.35, "commFraction": 0.12, "idleFraction": 0.01,
+     "activationPeakBytes": 2**20},
+]  # fmt: skip
+
+
+def test_a_pipeline_summary_and_plot_show_every_stage(tmp_path: Path) -> None:
+    trainer = {"steps": 40, "finalLoss": 0.3, "pipeline": {"schedule": "1F1B", "stages": 2, "perStage": PER_STAGE}}
+    s = report.build_summary(job="pp", status="Succeeded", reason=None, trainer=trainer,
+                             records=report.dedupe_by_step(_records()), total_steps=40, wall_s=5.0, restarts=0,
+                             world_size=2, device="cpu", run_dir=tmp_path, plot=None)  # fmt: skip
+    assert s.per_stage == PER_STAGE
+    lines = report.format_summary(s).splitlines()
+    stage1 = next(line for line in lines if line.strip().startswith("stage 1"))
+    assert "bubble 35.0%" in stage1 and "compute 50.0%" in stage1 and "activations peak 1.0 MiB" in stage1
+    assert json.loads(report.write_summary(s, tmp_path).read_text())["perStage"][0]["bubbleFraction"] == 0.25
+    # Other modes: no stage rows.
+    plain = report.build_summary(job="d", status="Succeeded", reason=None, trainer={"steps": 40}, records=[],
+                                 total_steps=40, wall_s=1.0, restarts=0, world_size=2, device="cpu",
+                                 run_dir=tmp_path, plot=None)  # fmt: skip
+    assert plain.per_stage is None and "stage" not in report.format_summary(plain)
+    with_stages = report.write_plot(_records(), tmp_path / "pp.png", title="pp", per_stage=PER_STAGE)
+    without = report.write_plot(_records(), tmp_path / "d.png", title="pp")
+    assert with_stages is not None and without is not None
+    # The stage panel makes a taller figure (10 in vs 7 in at 100 dpi).
+    assert _png_height(with_stages) == 1000 and _png_height(without) == 700
+
+
+def _png_height(path: Path) -> int:
+    return int.from_bytes(path.read_bytes()[20:24], "big")  # IHDR: width at 16..20, height at 20..24

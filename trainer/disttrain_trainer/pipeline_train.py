@@ -305,7 +305,8 @@ def loop(run: PipeRun, amp: Amp) -> dict[str, Any]:
     dist.all_gather_object(stage_totals, (run.dp_rank, run.pp_rank, run.totals, dict(run.bubble), run.peak_bytes))
     per_stage = [
         {"stage": s, "bubbleFraction": b["bubble"] / b["window"] if b["window"] else 0.0,
-         "idleFraction": t.fraction(t.idle_s), "commFraction": t.fraction(t.exposed_s), "activationPeakBytes": peak}
+         "computeFraction": t.fraction(t.compute_s), "idleFraction": t.fraction(t.idle_s),
+         "commFraction": t.fraction(t.exposed_s), "activationPeakBytes": peak}
         for d, s, t, b, peak in sorted(stage_totals, key=lambda e: (e[0], e[1])) if d == 0
     ]  # fmt: skip
     t = run.totals

@@ -76,6 +76,8 @@ class LocalSummary:
     resumed_from_step: int | None
     run_dir: str
     plot: str | None = None
+    # Pipeline modes: one entry per stage (the trainer's pipeline.perStage), else None.
+    per_stage: list[dict[str, Any]] | None = None
 
 
 def build_summary(
@@ -131,7 +133,25 @@ def build_summary(
         resumed_from_step=int(resumed) if resumed is not None else None,
         run_dir=str(run_dir),
         plot=str(plot) if plot else None,
+        per_stage=per_stage_of(trainer),
     )
+
+
+def per_stage_of(trainer: dict[str, Any] | None) -> list[dict[str, Any]] | None:
+    """The pipeline's per-stage figures from the trainer's summary (None in other modes)."""
+    stages = ((trainer or {}).get("pipeline") or {}).get("perStage")
+    return [s for s in stages if isinstance(s, dict)] if isinstance(stages, list) and stages else None
+
+
+def _stage_row(s: dict[str, Any]) -> str:
+    def pct(key: str) -> str:
+        v = _num(s, key)
+        return f"{v * 100:.1f}%" if v is not None else "-"
+
+    peak = _num(s, "activationPeakBytes")
+    return (f"compute {pct('computeFraction')}, bubble {pct('bubbleFraction')}, communication "
+            f"{pct('commFraction')}, idle {pct('idleFraction')}, activations peak "
+            + (f"{peak / 2**20:.1f} MiB" if peak is not None else "-"))  # fmt: skip
 
 
 def format_summary(s: LocalSummary) -> str:
@@ -167,6 +187,9 @@ def format_summary(s: LocalSummary) -> str:
             str(s.restarts)
             + (f" (resumed from step {s.resumed_from_step})" if s.resumed_from_step else ""),
         ),
+    ]
+    rows += [(f"stage {st.get('stage', i)}", _stage_row(st)) for i, st in enumerate(s.per_stage or [])]
+    rows += [
         ("run dir", s.run_dir),
     ]
     if s.plot:
@@ -199,9 +222,20 @@ def load_trainer_summary(run_dir: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def write_plot(records: list[dict[str, Any]], path: Path, *, title: str) -> Path | None:
+STAGE_KEYS = (
+    ("computeFraction", "compute"),
+    ("commFraction", "communication (P2P / all-reduce waits)"),
+    ("bubbleFraction", "bubble (waiting for work)"),
+    ("idleFraction", "idle"),
+)
+
+
+def write_plot(
+    records: list[dict[str, Any]], path: Path, *, title: str, per_stage: list[dict[str, Any]] | None = None
+) -> Path | None:
     """Loss curve and per-step compute / exposed communication / data / idle seconds (stacked) with
-    busy communication as a line; None when nothing was logged."""
+    busy communication as a line; for a pipeline, a third panel with each stage's share of step
+    time. None when nothing was logged."""
     records = dedupe_by_step(records)
     if not records:
         return None
@@ -211,7 +245,12 @@ def write_plot(records: list[dict[str, Any]], path: Path, *, title: str) -> Path
     import matplotlib.pyplot as plt
 
     steps = [int(r["step"]) for r in records]
-    fig, (ax_loss, ax_time) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
+    if per_stage:
+        fig, axes = plt.subplots(3, 1, figsize=(8, 10), gridspec_kw={"height_ratios": [3, 3, 2]})
+        ax_loss, ax_time, ax_stage = axes
+        ax_time.sharex(ax_loss)
+    else:
+        fig, (ax_loss, ax_time) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
     try:
         loss_pts = [(s, _num(r, "loss")) for s, r in zip(steps, records, strict=True)]
         xs = [s for s, v in loss_pts if v is not None]
@@ -236,6 +275,16 @@ def write_plot(records: list[dict[str, Any]], path: Path, *, title: str) -> Path
         ax_time.set_ylabel("ms per step")
         ax_time.legend(loc="upper right", fontsize="small")
         ax_time.grid(alpha=0.3)
+        if per_stage:
+            labels = [f"stage {st.get('stage', i)}" for i, st in enumerate(per_stage)]
+            left = [0.0] * len(per_stage)
+            for key, label in STAGE_KEYS:
+                pct = [(_num(st, key) or 0.0) * 100 for st in per_stage]
+                ax_stage.barh(labels, pct, left=left, label=label)
+                left = [a + b for a, b in zip(left, pct, strict=True)]
+            ax_stage.invert_yaxis()  # stage 0 on top
+            ax_stage.set_xlabel("% of step time, per pipeline stage")
+            ax_stage.legend(loc="lower right", fontsize="small")
         fig.tight_layout()
         fig.savefig(path, dpi=100)
     finally:

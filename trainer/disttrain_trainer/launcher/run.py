@@ -288,16 +288,18 @@ def run_local(job: api.DistTrainJob, options: LocalOptions) -> LocalResult:
             printer.finish()
 
     all_records = report.dedupe_by_step(history + records)
+    trainer_summary = report.load_trainer_summary(run_dir) if status == "Succeeded" else None
     plot = report.write_plot(
         all_records,
         run_dir / report.PLOT_FILE,
         title=f"{name}: {spec.mode}-parallel, world size {spec.world_size}",
+        per_stage=report.per_stage_of(trainer_summary),
     )
     summary = report.build_summary(
         job=name,
         status=status,
         reason=reason,
-        trainer=report.load_trainer_summary(run_dir) if status == "Succeeded" else None,
+        trainer=trainer_summary,
         records=all_records,
         total_steps=total_steps,
         wall_s=time.monotonic() - started,

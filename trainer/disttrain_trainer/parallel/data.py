@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -72,6 +73,23 @@ def gradient_bytes(model: nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
 
 
+def _in_issue_order(hook: Callable[[Any, dist.GradBucket], torch.futures.Future[torch.Tensor]]
+                    ) -> Callable[[Any, dist.GradBucket], torch.futures.Future[torch.Tensor]]:  # fmt: skip
+    """PowerSGD on gloo with several buckets. Gloo pairs the collectives of two ranks by the
+    order they are issued. PowerSGD issues a bucket's second and third all-reduce (P, then Q)
+    from callbacks of the first, on gloo's threads, racing the next bucket's first all-reduce
+    from the autograd thread: ranks issue them in different orders and gloo fails with
+    "Received data size doesn't match". Finishing each bucket inside its hook keeps the
+    order the same on every rank (it gives up the overlap of that bucket with backward)."""
+
+    def ordered(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        fut = hook(state, bucket)
+        fut.wait()
+        return fut
+
+    return ordered
+
+
 def _register_compression(ddp: DDP, training: TrainingSpec) -> None:
     if training.gradient_compression == "fp16":
         # C++ hook: casts each bucket to fp16 for the all-reduce and back (half the bytes).
@@ -84,7 +102,8 @@ def _register_compression(ddp: DDP, training: TrainingSpec) -> None:
             start_powerSGD_iter=2,
             min_compression_rate=1.0,
         )
-        ddp.register_comm_hook(state, psgd.powerSGD_hook)
+        hook = psgd.powerSGD_hook if ddp.device_ids else _in_issue_order(psgd.powerSGD_hook)
+        ddp.register_comm_hook(state, hook)
         ddp.comm_hook_state = state  # checkpoints carry it: PowerSGD's error feedback is per-rank state
     # "none": DDP's built-in C++ all-reduce, no hook at all.
 
