@@ -50,6 +50,7 @@ CATEGORIES = ("disttrain",)
 Mode = Literal["data", "pipeline", "tensor", "hybrid", "federated", "paramserver"]
 Schedule = Literal["GPipe", "1F1B", "Interleaved1F1B", "PipeDream"]
 Partition = Literal["uniform", "profile"]
+DataStrategy = Literal["ddp", "fsdp"]
 Precision = Literal["fp32", "bf16", "fp16"]
 Compression = Literal["none", "fp16", "powersgd"]
 Optim = Literal["sgd", "adam", "adamw"]
@@ -102,6 +103,16 @@ class Parallelism:
     schedule: Schedule = fld("1F1B", desc="Pipeline schedule.")
     microbatches: int = fld(8, minimum=1, desc="Micro-batches per step in pipeline modes.")
     partition: Partition = fld("profile", desc="How layers are split into stages.")
+    data_strategy: DataStrategy = fld(
+        "ddp",
+        desc="The data dimension: ddp (every rank holds whole replicas and all-reduces gradients) or fsdp "
+        "(FSDP2 fully_shard: parameters, gradients and optimizer state sharded ZeRO-3 style).",
+    )
+    sequence_parallel: bool = fld(
+        False,
+        desc="With tensor > 1: shard layer norms, dropout and the residual stream along the sequence "
+        "(Korthikanti et al. 2022), turning each all-reduce into a reduce-scatter + all-gather.",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

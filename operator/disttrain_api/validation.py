@@ -98,6 +98,24 @@ def _mode_degrees(spec: JobSpec, c: _Checker, degrees_fit: bool) -> None:
             )
 
 
+def _strategies(spec: JobSpec, c: _Checker) -> None:
+    par = spec.parallelism
+    if c.ok("spec.mode", "spec.parallelism.dataStrategy") and par.data_strategy == "fsdp":
+        if spec.mode not in ("data", "hybrid"):
+            c.add(
+                "spec.parallelism.dataStrategy",
+                f"fsdp shards over the data dimension; mode {spec.mode} has none (use mode data or hybrid)",
+            )
+    if c.ok("spec.parallelism.sequenceParallel", "spec.parallelism.tensor") and par.sequence_parallel:
+        if par.tensor < 2:
+            c.add("spec.parallelism.sequenceParallel", "needs parallelism.tensor > 1 (it splits the tensor-parallel regions' sequence)")
+        elif c.ok("spec.model.blockSize") and spec.model.block_size % par.tensor:
+            c.add(
+                "spec.parallelism.sequenceParallel",
+                f"model.blockSize {spec.model.block_size} is not divisible by parallelism.tensor {par.tensor}",
+            )
+
+
 def _schedule(spec: JobSpec, c: _Checker) -> None:
     par = spec.parallelism
     if not c.ok("spec.parallelism.schedule", "spec.parallelism.microbatches", "spec.parallelism.pipeline"):
@@ -215,6 +233,7 @@ def validate_spec(spec: JobSpec, *, skip: Iterable[FieldError] = ()) -> list[Fie
     fit = _degrees(spec, c)
     _mode_degrees(spec, c, fit)
     _schedule(spec, c)
+    _strategies(spec, c)
     _batch(spec, c, fit)
     _mode_blocks(spec, c)
     _elastic(spec, c)
