@@ -9,13 +9,9 @@ compared with the ordinary one directly as well.
 from __future__ import annotations
 
 import copy
-import os
-import socket
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 from disttrain_trainer.models import GPT, MLP
 from disttrain_trainer.parallel.tensor import apply_tensor_parallel
@@ -25,26 +21,6 @@ from torch.distributed.tensor.parallel import loss_parallel
 
 WORLD = 2
 TOL = 1e-5
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _run(fn, *args) -> None:  # noqa: ANN001
-    # fork: the workers are functions of this test module, which spawn could not import.
-    mp.start_processes(_entry, args=(_port(), fn, *args), nprocs=WORLD, join=True, start_method="fork")
-
-
-def _entry(rank: int, port: int, fn, *args) -> None:  # noqa: ANN001
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
-    try:
-        fn(init_device_mesh("cpu", (WORLD,), mesh_dim_names=("tp",)), *args)
-    finally:
-        dist.destroy_process_group()
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
@@ -75,7 +51,12 @@ def _compare(dense: torch.nn.Module, tp: torch.nn.Module, x: torch.Tensor, y: to
     assert sharded > 0
 
 
-def _gpt(mesh, sequence_parallel: bool) -> None:  # noqa: ANN001
+def _mesh():  # noqa: ANN202
+    return init_device_mesh("cpu", (WORLD,), mesh_dim_names=("tp",))
+
+
+def _gpt(sequence_parallel: bool) -> None:
+    mesh = _mesh()
     torch.manual_seed(0)
     dense = GPT(vocab=37, block_size=16, dim=32, layers=2, heads=4, dropout=0.0, act_ckpt="none")
     tp = apply_tensor_parallel(copy.deepcopy(dense), mesh, sequence_parallel=sequence_parallel)
@@ -83,7 +64,8 @@ def _gpt(mesh, sequence_parallel: bool) -> None:  # noqa: ANN001
     _compare(dense, tp, x, y, lm=True)
 
 
-def _mlp(mesh, layers: int) -> None:  # noqa: ANN001
+def _mlp(layers: int) -> None:
+    mesh = _mesh()
     torch.manual_seed(0)
     dense = MLP(inputs=64, hidden=32, layers=layers, classes=10, dropout=0.0, act_ckpt="none")
     tp = apply_tensor_parallel(copy.deepcopy(dense), mesh, sequence_parallel=False)
@@ -91,7 +73,8 @@ def _mlp(mesh, layers: int) -> None:  # noqa: ANN001
     _compare(dense, tp, x, y, lm=False)
 
 
-def _loss_parallel(mesh) -> None:  # noqa: ANN001
+def _loss_parallel() -> None:
+    mesh = _mesh()
     torch.manual_seed(1)
     logits = torch.randn(12, 10, requires_grad=True)
     y = torch.randint(0, 10, (12,))
@@ -106,14 +89,14 @@ def _loss_parallel(mesh) -> None:  # noqa: ANN001
 
 
 @pytest.mark.parametrize("sequence_parallel", [False, True])
-def test_gpt_tensor_parallel_equals_dense(sequence_parallel: bool) -> None:
-    _run(_gpt, sequence_parallel)
+def test_gpt_tensor_parallel_equals_dense(gloo, sequence_parallel: bool) -> None:  # noqa: ANN001
+    gloo(_gpt, WORLD, sequence_parallel)
 
 
 @pytest.mark.parametrize("layers", [2, 3])
-def test_mlp_tensor_parallel_equals_dense(layers: int) -> None:
-    _run(_mlp, layers)
+def test_mlp_tensor_parallel_equals_dense(gloo, layers: int) -> None:  # noqa: ANN001
+    gloo(_mlp, WORLD, layers)
 
 
-def test_loss_parallel_equals_cross_entropy() -> None:
-    _run(_loss_parallel)
+def test_loss_parallel_equals_cross_entropy(gloo) -> None:  # noqa: ANN001
+    gloo(_loss_parallel, WORLD)
