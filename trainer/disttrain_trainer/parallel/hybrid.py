@@ -22,6 +22,7 @@ from ..config import ConfigError
 from ..precision import Amp
 from . import data as data_parallel
 from . import fsdp
+from .comm_profile import ProfiledComm
 from .mesh import Layout
 from .tensor import apply_tensor_parallel
 
@@ -55,11 +56,12 @@ def train_step(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     amp: Amp,
+    comm: ProfiledComm,
 ) -> data_parallel.StepResult:
     """Data parallel's step inside `loss_parallel`.
 
     With gradAccumulation > 1, FSDP/replicate reduce gradients on every micro-step
     (correct, more traffic); DDP's no_sync has no equivalent wired here."""
-    with loss_parallel():
+    with comm.step(), loss_parallel():
         return data_parallel.train_step(model, micro_batches, loss_fn=loss_fn, optimizer=optimizer,
                                         scheduler=scheduler, amp=amp)  # fmt: skip

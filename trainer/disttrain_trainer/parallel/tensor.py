@@ -132,6 +132,17 @@ def check_divisible(model: nn.Module, tp: int) -> None:
             raise ConfigError(f"model.heads {heads} is not divisible by parallelism.tensor {tp}")
 
 
+def megatron_bytes_per_step(*, batch: int, seq: int, hidden: int, layers: int, elem: int) -> int:
+    """All-reduce payload of one GPT training step under this plan (no sequence parallel).
+
+    Megatron-LM: per block 2 all-reduces of the [b, s, h] activations in forward
+    (after attention and after the MLP, the g operator) and 2 in backward (the
+    input gradients of QKV and of the MLP's up projection, the f operator); plus
+    the vocab-parallel embedding's forward all-reduce and the LM head's input
+    gradient. loss_parallel's reductions are [b, s]-sized and counted apart."""
+    return (4 * layers + 2) * batch * seq * hidden * elem
+
+
 def apply_tensor_parallel(
     model: nn.Module, tp_mesh: DeviceMesh, *, sequence_parallel: bool
 ) -> nn.Module:
