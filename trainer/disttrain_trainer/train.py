@@ -23,9 +23,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor.parallel import loss_parallel
 
 from . import checkpoint as ckpt
 from . import parallel
+from . import sharded_checkpoint as sharded_ckpt
 from .config import ConfigError, TrainerConfig
 from .data import Dataset, GlobalBatchSampler, load_dataset
 from .dist_env import DistContext, cleanup, init_distributed
@@ -42,10 +44,11 @@ def check_supported(cfg: TrainerConfig) -> None:
     spec = cfg.spec
     if spec.mode not in parallel.IMPLEMENTED:
         raise parallel.ModeNotImplemented(spec.mode)
-    parts = cfg.world_size * spec.training.grad_accumulation
+    dp = parallel.data_shard(cfg, 0)[1]
+    parts = dp * spec.training.grad_accumulation
     if spec.data.batch_size % parts:
         raise ConfigError(
-            f"data.batchSize {spec.data.batch_size} must be divisible by world size {cfg.world_size} x "
+            f"data.batchSize {spec.data.batch_size} must be divisible by data-parallel degree {dp} x "
             f"training.gradAccumulation {spec.training.grad_accumulation} = {parts}"
         )
 
@@ -68,7 +71,15 @@ def loss_fn_for(ds: Dataset):  # noqa: ANN201
 
 @torch.no_grad()
 def evaluate(model: nn.Module, ds: Dataset, amp: Amp) -> tuple[str, float]:
-    """Test accuracy (classification) or validation loss (text) of the full held-out set."""
+    """Test accuracy (classification) or validation loss (text) of the full held-out set.
+
+    A sharded model (tensor parallel, FSDP) needs every rank here; its vocabulary-sharded
+    logits go through loss_parallel's cross-entropy (a no-op for plain tensors)."""
+    with loss_parallel():
+        return _evaluate(model, ds, amp)
+
+
+def _evaluate(model: nn.Module, ds: Dataset, amp: Amp) -> tuple[str, float]:
     was_training = model.training
     model.eval()
     x_all, y_all = ds.test_batches()
@@ -120,7 +131,7 @@ class Run:
     ds: Dataset
     model: nn.Module  # the wrapped (DDP) model
     inner: nn.Module  # the plain module: what checkpoints hold
-    timer: parallel.CommTimer
+    timer: parallel.CommTimer | parallel.ProfiledComm
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     amp: Amp
@@ -151,8 +162,10 @@ class Run:
         }
 
     def restore(self, state: dict[str, Any]) -> None:
-        self.inner.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        """`state` without model and optimizer: sharded_checkpoint.load has restored those."""
+        if "model" in state:
+            self.inner.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if self.amp.scaler is not None and state.get("scaler"):
             self.amp.scaler.load_state_dict(state["scaler"])
@@ -164,6 +177,13 @@ class Run:
 
     def save_checkpoint(self) -> None:
         state = self.state()
+        if parallel.is_sharded(self.inner):  # every rank writes its shards (DCP)
+            extra = {k: v for k, v in state.items() if k not in ("model", "optimizer")}
+            res = sharded_ckpt.save(self.cfg.checkpoint_dir, self.step, model=self.inner, optimizer=self.optimizer,
+                                    extra=extra, keep=self.cfg.spec.checkpoint.keep,
+                                    layout=parallel.layout(self.cfg).describe())  # fmt: skip
+            self.metrics.observe_checkpoint(self.step, res.seconds, res.bytes)
+            return
         if self.ctx.is_main:
             res = ckpt.save(self.cfg.checkpoint_dir, state, self.step, keep=self.cfg.spec.checkpoint.keep,
                             world_size=self.ctx.world_size)  # fmt: skip
@@ -180,12 +200,19 @@ def _resume(run: Run) -> None:
     root = run.cfg.checkpoint_dir
     if run.ctx.is_main:
         ckpt.clean_partial(root)
-        found = ckpt.list_checkpoints(root)
+        found = sharded_ckpt.list_checkpoints(root)
         choice = [found[-1][0] if found else None]
     else:
         choice = [None]
     dist.broadcast_object_list(choice, src=0)
     if choice[0] is None:
+        return
+    path = root / ckpt.name_for(choice[0])
+    if parallel.is_sharded(run.inner) or sharded_ckpt.is_sharded_checkpoint(path):
+        # Either format into whatever layout this run has (resharding: sharded_checkpoint.py).
+        run.restore(sharded_ckpt.load(path, model=run.inner, optimizer=run.optimizer))
+        if run.ctx.is_main:
+            print(f"disttrain-trainer: resumed from step {run.step} ({path})", flush=True)
         return
     # Every rank reads the same step (the checkpoint volume is shared by contract).
     loaded = ckpt.load_latest(root)
@@ -218,7 +245,9 @@ def _replica_divergence(model: nn.Module) -> float:
 def _loop(run: Run) -> dict[str, Any]:
     spec, ctx = run.cfg.spec, run.ctx
     tr = spec.training
-    step_fn = parallel.train_step_for(spec.mode)
+    step_fn = parallel.train_step_for(spec.mode, run.timer)
+    dp = parallel.data_shard(run.cfg, ctx.rank)[1]  # ranks of one tensor group share their samples
+    sharded = parallel.is_sharded(run.inner)
     loss_fn = loss_fn_for(run.ds)
     last_loss = float("nan")
     eval_result: tuple[str, float] | None = None
@@ -250,27 +279,30 @@ def _loop(run: Run) -> dict[str, Any]:
         run.metrics.observe_step(stats, log=log)
         run.totals["step"] += step_s
         run.totals["comm"] += stats.comm_s
-        run.totals["samples"] += res.samples * ctx.world_size
+        run.totals["samples"] += res.samples * dp
         if log and ctx.is_main:
             print(f"step {run.step}/{tr.steps} loss {res.loss:.4f} lr {stats.lr:.4g} "
-                  f"samples/s {res.samples * ctx.world_size / step_s:.0f} comm {stats.comm_fraction:.0%}", flush=True)  # fmt: skip
+                  f"samples/s {res.samples * dp / step_s:.0f} comm {stats.comm_fraction:.0%}", flush=True)  # fmt: skip
         if (
             tr.eval_interval_steps
             and run.step % tr.eval_interval_steps == 0
             and run.step < tr.steps
-            and ctx.is_main
+            and (ctx.is_main or sharded)
         ):
             eval_result = evaluate(run.inner, run.ds, run.amp)
-            run.metrics.observe_eval(run.step, *eval_result)
+            if ctx.is_main:
+                run.metrics.observe_eval(run.step, *eval_result)
         if run.step % spec.checkpoint.interval_steps == 0 or run.step == tr.steps:
             run.save_checkpoint()
     train_s = time.perf_counter() - start
     loss_t = torch.tensor([last_loss], dtype=torch.float64, device=ctx.device)
     dist.all_reduce(loss_t)  # the mean over ranks = the loss of the global batch
-    divergence = _replica_divergence(run.model)
-    if ctx.is_main:
+    # Sharded parameters differ between ranks by design; replicas are compared in ddp only.
+    divergence = None if sharded else _replica_divergence(run.model)
+    if ctx.is_main or sharded:
         eval_result = evaluate(run.inner, run.ds, run.amp)
-        run.metrics.observe_eval(run.step, *eval_result)
+        if ctx.is_main:
+            run.metrics.observe_eval(run.step, *eval_result)
     summary: dict[str, Any] = {
         "steps": run.step,
         "final_loss": float(loss_t) / ctx.world_size,
@@ -278,6 +310,8 @@ def _loop(run: Run) -> dict[str, Any]:
         "restart_attempt": run.cfg.restart_attempt,
         "world_size": ctx.world_size,
         "mode": spec.mode,
+        "layout": parallel.layout(run.cfg).describe(),
+        "data_strategy": spec.parallelism.data_strategy,
         "device": ctx.device.type,
         "backend": ctx.backend,
         "precision": tr.precision,
@@ -313,18 +347,16 @@ def run(cfg: TrainerConfig, *, metrics: Metrics | None = None) -> dict[str, Any]
         amp = make_amp(spec.training.precision, ctx.device)
         inner = build_model(spec, ds)
         wrapped, timer = parallel.apply(inner, mesh=ctx, cfg=cfg)
-        torch.manual_seed(
-            spec.data.seed * 1000 + ctx.rank
-        )  # per-rank streams (dropout), after identical init
-        np.random.seed(spec.data.seed * 1000 + ctx.rank)
-        random.seed(spec.data.seed * 1000 + ctx.rank)
+        stream = parallel.seed_rank(cfg, ctx.rank)  # per-rank streams (dropout), after identical init
+        torch.manual_seed(spec.data.seed * 1000 + stream)
+        np.random.seed(spec.data.seed * 1000 + stream)
+        random.seed(spec.data.seed * 1000 + stream)
         optimizer = build_optimizer(inner.parameters(), spec.optimizer, spec.data.batch_size)
         scheduler = build_scheduler(
             optimizer, spec.optimizer, spec.data.batch_size, spec.training.steps
         )
-        sampler = GlobalBatchSampler(
-            ds.num_train, spec.data.batch_size, spec.data.seed, ctx.rank, ctx.world_size
-        )
+        dp_rank, dp = parallel.data_shard(cfg, ctx.rank)
+        sampler = GlobalBatchSampler(ds.num_train, spec.data.batch_size, spec.data.seed, dp_rank, dp)
         r = Run(cfg=cfg, ctx=ctx, ds=ds, model=wrapped, inner=inner, timer=timer, optimizer=optimizer,
                 scheduler=scheduler, amp=amp, sampler=sampler, metrics=m)  # fmt: skip
         _resume(r)
