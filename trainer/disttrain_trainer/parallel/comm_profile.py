@@ -7,10 +7,12 @@ mesh mode runs under `torch.profiler` and is read back from its events:
   busy    = the union of the intervals in which the backend ran a collective:
             gloo records `gloo:<collective>` on its worker threads from start to
             completion; on CUDA the NCCL kernels (`nccl...`) on the device;
-  exposed = the part of busy during which the step could not go on:
-            CPU/gloo: the main thread was inside a communication call
-            (`_c10d_functional::wait_tensor`, `c10d::*`, `FSDP::*`: issuing,
-            waiting, copying in or out) while a collective ran;
+  exposed = the part of busy that no computation overlaps:
+            CPU/gloo: no operator (`aten::*`) ran on the training thread, which
+            was waiting (`wait_tensor`, FSDP's waits, DDP's reducer finalising),
+            issuing, or between operators. The last part makes it an upper bound:
+            Python overhead between operators while a collective runs counts as
+            exposed;
             CUDA: NCCL kernel time not overlapped by any other kernel;
   bytes   = each collective's input payload on this rank (shape x dtype size as
             the profiler recorded them): what Megatron's formula counts. A ring
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,7 +37,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 STEP_ANNOTATION = "disttrain:step"
 COLLECTIVE_PREFIXES = ("gloo:", "nccl")
-WAIT_PREFIXES = ("_c10d_functional::wait_tensor", "c10d::", "FSDP::")
+COMPUTE_PREFIX = "aten::"
 DTYPE_BYTES = {
     "float": 4, "double": 8, "c10::BFloat16": 2, "c10::Half": 2, "long int": 8, "int": 4,
     "short int": 2, "signed char": 1, "unsigned char": 1, "bool": 1,
@@ -93,7 +96,7 @@ def analyse(events: Iterable[Any]) -> CommSample:
     events = list(events)
     step = [e for e in events if e.name() == STEP_ANNOTATION]
     main_thread = step[0].start_thread_id() if step else None
-    busy, waits, kernels = [], [], []
+    busy, compute, kernels = [], [], []
     by_kind: dict[str, tuple[int, int]] = {}
     for ev in events:
         name = ev.name()
@@ -106,13 +109,11 @@ def analyse(events: Iterable[Any]) -> CommSample:
             by_kind[kind] = (count + 1, nbytes + _payload(ev))
         elif on_device:
             kernels.append(span)
-        elif ev.start_thread_id() == main_thread and name.startswith(WAIT_PREFIXES):
-            waits.append(span)
+        elif ev.start_thread_id() == main_thread and name.startswith(COMPUTE_PREFIX):
+            compute.append(span)
     busy_m = merge(busy)
-    if any(ev.device_type() == torch.autograd.DeviceType.CUDA for ev in events):
-        exposed = total(busy_m) - total(intersect(busy_m, merge(kernels)))
-    else:
-        exposed = total(intersect(busy_m, merge(waits)))
+    on_gpu = any(ev.device_type() == torch.autograd.DeviceType.CUDA for ev in events)
+    exposed = total(busy_m) - total(intersect(busy_m, merge(kernels if on_gpu else compute)))
     return CommSample(busy_s=total(busy_m), exposed_s=exposed,
                       bytes=sum(b for _, b in by_kind.values()), by_kind=by_kind)  # fmt: skip
 
@@ -121,6 +122,9 @@ class ProfiledComm:
     """The communication timer of mesh modes: same `take()` as data parallel's CommTimer."""
 
     def __init__(self) -> None:
+        # Kineto logs two lines per profiled step at a level above ERROR ("USDT");
+        # 6 silences them. Read at the first profiler start, so setting it here works.
+        os.environ.setdefault("KINETO_LOG_LEVEL", "6")
         self.last = CommSample()  # the step profiled last, not yet taken
         self.taken = CommSample()  # the sample the last take() returned
 
