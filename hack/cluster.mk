@@ -26,9 +26,10 @@ wheelhouse: $(STAMP) ## build/wheels: dependency wheels (torch pinned) + the pro
 	PYTHONPATH=hack $(PY) -c 'from localcluster import images; images.wheelhouse()'
 
 # For users with Docker: a kind cluster with the same images (loaded, no registry).
-kind-up: wheelhouse ## kind cluster "disttrain" (1 control plane + 2 workers) with the images loaded
+kind-up: wheelhouse ## kind cluster "disttrain" (1 control plane + 2 workers): images loaded, checkpoint hostPath mounted
 	docker build --target trainer -t disttrain-trainer:dev .
 	docker build --target operator -t disttrain-operator:dev .
+	mkdir -p /var/lib/disttrain/checkpoints && chmod 1777 /var/lib/disttrain/checkpoints
 	kind get clusters | grep -qx $(KIND_NAME) || kind create cluster --name $(KIND_NAME) --config hack/kind.yaml
 	kind load docker-image --name $(KIND_NAME) disttrain-trainer:dev disttrain-operator:dev
 	mkdir -p $(HOME)/.cache/disttrain

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Install the Debian packages the local cluster needs, only those missing.
+# prometheus: the e2e Prometheus test and promtool; npm + unzip: hack/install-helm.sh.
 # Idempotent; needs root. Adds a bookworm deb-src line so `apt-get source kubernetes` works.
 set -euo pipefail
 PKGS=(etcd-server containerd runc containernetworking-plugins iptables conntrack dnsmasq-base
       buildah umoci debootstrap golang-go golang-github-modern-go-reflect2-dev dpkg-dev
-      build-essential rsync iproute2 util-linux procps kmod psmisc ca-certificates openssl busybox-static)
+      build-essential rsync iproute2 util-linux procps kmod psmisc ca-certificates openssl busybox-static
+      prometheus npm unzip)
+# `install-deps.sh PKG...` installs only those (e.g. the unit tier's prometheus for promtool).
+if [ $# -gt 0 ]; then PKGS=("$@"); fi
 if [ "$(id -u)" != 0 ]; then echo "install-deps: needs root (run as root or with sudo)" >&2; exit 1; fi
 missing=()
 for p in "${PKGS[@]}"; do

@@ -15,6 +15,7 @@ ENV_LOCAL_RANK = "LOCAL_RANK"
 ENV_NODE_RANK = "NODE_RANK"  # = worker pod index
 ENV_NPROC_PER_NODE = "NPROC_PER_NODE"
 ENV_JOB = "DISTTRAIN_JOB"
+ENV_NAMESPACE = "DISTTRAIN_NAMESPACE"  # the job's namespace, a label of every metric series
 ENV_CONFIG = "DISTTRAIN_CONFIG"  # path of the spec rendered as JSON
 ENV_RESTART_ATTEMPT = "DISTTRAIN_RESTART_ATTEMPT"
 # Optional overrides (defaults come from the spec):
@@ -23,6 +24,9 @@ ENV_RUN_DIR = "DISTTRAIN_RUN_DIR"  # JSON-lines metrics logs, summary.json, plot
 ENV_METRICS_PORT = "DISTTRAIN_METRICS_PORT"  # base port; rank serves base + LOCAL_RANK; 0 = off
 ENV_TERMINATION_LOG = "DISTTRAIN_TERMINATION_LOG"  # rank 0 writes its summary JSON here
 ENV_DEVICE = "DISTTRAIN_DEVICE"  # force "cpu" or "cuda"
+# "true": a pod that asks for GPUs but sees none trains on CPU (with a warning) instead of
+# failing with exit 2; the operator sets it for every job when its own setting allows it.
+ENV_ALLOW_CPU_FALLBACK = "DISTTRAIN_ALLOW_CPU_FALLBACK"
 
 DEFAULT_MASTER_PORT = 29500
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"

@@ -45,6 +45,8 @@ PRINTER_COLUMNS = [
     {"name": "Workers", "type": "integer", "jsonPath": ".status.replicas", "description": "Current gang size (pods)."},
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "Job phase."},
     {"name": "Step", "type": "integer", "jsonPath": ".status.step", "description": "Latest training step."},
+    {"name": "Comm", "type": "number", "jsonPath": ".status.commFraction",
+     "description": "Communication seconds / step seconds of rank 0."},
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "description": "Gang restarts."},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]

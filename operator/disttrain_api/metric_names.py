@@ -1,7 +1,8 @@
-"""Names of the Prometheus series that cross the trainer/operator boundary.
+"""Names of the Prometheus series and labels that cross the trainer/operator boundary.
 
 The trainer exports them (trainer `metrics.py`), the operator scrapes rank 0 for
-progress, and the dashboards query them: one definition for all three.
+progress, and the dashboards (charts/disttrain/dashboards/) query them: one
+definition for all three.
 """
 
 from __future__ import annotations
@@ -10,6 +11,36 @@ PREFIX = "disttrain_"
 
 STEP = PREFIX + "step"
 LAST_CHECKPOINT_STEP = PREFIX + "last_checkpoint_step"
+# Histogram of step wall time: its _sum is the denominator of the communication fraction.
+STEP_SECONDS = PREFIX + "step_seconds"
+STEP_SECONDS_SUM = STEP_SECONDS + "_sum"
+# Communication time the step waits for (the numerator of the communication fraction).
+COMM_SECONDS_TOTAL = PREFIX + "communication_seconds_total"
 
-# Series the operator reads from rank 0's /metrics for status.step / status.lastCheckpointStep.
-PROGRESS_SERIES = (STEP, LAST_CHECKPOINT_STEP)
+# Federated mode (the aggregator's series; the dashboard's federated row reads them).
+FEDERATED_ROUND = PREFIX + "federated_round"  # gauge: rounds completed
+FEDERATED_CLIENTS = PREFIX + "federated_clients"  # gauge: client updates aggregated in the last round
+
+# Series the operator reads from rank 0's /metrics for status.step / lastCheckpointStep / commFraction.
+PROGRESS_SERIES = (STEP, LAST_CHECKPOINT_STEP, COMM_SECONDS_TOTAL, STEP_SECONDS_SUM)
+
+# Labels of every trainer series. Not `job`/`instance`: Prometheus attaches those to every
+# scraped target, and a series' own `job` would be renamed `exported_job` (or, with
+# honor_labels, would replace the scrape job). `namespace` equals the pod's namespace, so a
+# scrape config or PodMonitor that adds a `namespace` target label agrees with it.
+LABEL_JOB = "dtjob"
+LABEL_NAMESPACE = "namespace"
+LABEL_RANK = "rank"
+LABEL_MODE = "mode"
+SERIES_LABELS = (LABEL_JOB, LABEL_NAMESPACE, LABEL_RANK, LABEL_MODE)
+# A target label the scrape config adds from the pod label disttrain.dev/restart-attempt (the
+# chart's PodMonitor and README scrape config): the dashboard counts gang restarts with it.
+LABEL_RESTART_ATTEMPT = "restart_attempt"
+
+
+def comm_fraction(progress: dict[str, float]) -> float | None:
+    """Communication seconds / step seconds from one scrape (None before the first step)."""
+    comm, step = progress.get(COMM_SECONDS_TOTAL), progress.get(STEP_SECONDS_SUM)
+    if comm is None or not step:
+        return None
+    return round(min(max(comm / step, 0.0), 1.0), 4)

@@ -94,6 +94,13 @@ class Workers:
         desc="Pod-spec overrides merged into every worker pod: nodeSelector, tolerations, affinity, "
         "priorityClassName, env, volumes, ...",
     )
+    allow_cpu_fallback: bool = fld(
+        False,
+        json="allowCPUFallback",
+        desc="With resources.gpus > 0, train on CPU when a pod sees no CUDA device instead of failing "
+        "(exit 2, TrainerConfigError). The operator setting DISTTRAIN_OPERATOR_ALLOW_CPU_FALLBACK allows it "
+        "for every job.",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -314,6 +321,12 @@ class JobStatus:
         desc="spec.workers.replicas the operator last applied; a change of it resizes the gang within spec.elastic.",
     )
     step: int = fld(0, minimum=0, desc="Latest training step reported by rank 0.")
+    comm_fraction: float | None = fld(
+        None,
+        minimum=0.0,
+        json="commFraction",
+        desc="Rank 0's communication seconds / step seconds since its start (the trainer's summary when finished).",
+    )
     last_checkpoint_step: int = fld(0, minimum=0, desc="Step of the newest complete checkpoint.")
     start_time: Time | None = fld(None, desc="When the first gang was created.")
     completion_time: Time | None = fld(None, desc="When the job succeeded or failed.")

@@ -272,6 +272,8 @@ def decide(obs: Observed) -> Plan:
     if all(p.phase == "Succeeded" for p in current):
         result = parse_summary(gang[0].message) if 0 in gang else None
         msg = "training finished"
+        if result and isinstance(result.get("device"), str):
+            msg += f" on {result['device']}"
         if result and "test_accuracy" in result:
             msg += f": test accuracy {result['test_accuracy']:.4f}"
         if result is not None:
@@ -279,6 +281,8 @@ def decide(obs: Observed) -> Plan:
             for key, target in (("steps", "step"),):
                 if isinstance(result.get(key), int | float):
                     st[target] = int(result[key])
+            if isinstance(result.get("comm_fraction"), int | float):
+                st["commFraction"] = round(float(result["comm_fraction"]), 4)
         b.condition("Succeeded", True, "Completed", msg)
         b.condition("Running", False, "Completed", msg)
         b.phase(SUCCEEDED, msg)
@@ -311,6 +315,8 @@ def decide(obs: Observed) -> Plan:
                 st["step"] = int(obs.progress[names.STEP])
             if names.LAST_CHECKPOINT_STEP in obs.progress:
                 st["lastCheckpointStep"] = int(obs.progress[names.LAST_CHECKPOINT_STEP])
+            if (frac := names.comm_fraction(obs.progress)) is not None:
+                st["commFraction"] = frac
         return finish()
 
     stuck = next((p for p in current if p.phase == "Pending" and p.reason and p.message), None)

@@ -161,6 +161,8 @@ def _apply(
             attempt=int(new.get("attempt") or 0),
             replicas=int(new.get("replicas") or plan.spec.workers.replicas),
             termination_grace_s=settings.termination_grace_s,
+            gpu=settings.gpu,
+            allow_cpu_fallback=settings.allow_cpu_fallback,
         )
         children = topology.build_children(plan.spec, ctx)
         for obj in children.all():

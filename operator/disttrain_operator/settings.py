@@ -6,12 +6,25 @@ changing its command line.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 ENV_PREFIX = "DISTTRAIN_OPERATOR_"
 DEFAULT_IMAGE = "disttrain-trainer:dev"
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuPods:
+    """What a worker pod asking for GPUs gets besides its nvidia.com/gpu limit: where GPU nodes
+    are and how to run on them (the Helm chart's trainer.gpu values). The job's own
+    workers.template wins over these."""
+
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    runtime_class_name: str = ""  # e.g. "nvidia" where the NVIDIA runtime is not the default
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -32,6 +45,10 @@ class OperatorSettings:
     # Pod termination grace: trainers checkpoint periodically, nothing to flush on SIGTERM.
     termination_grace_s: int = 5
     scrape_timeout_s: float = 1.5
+    gpu: GpuPods = field(default_factory=GpuPods)
+    # Every job may train on CPU when its GPUs are missing (passed to pods as
+    # DISTTRAIN_ALLOW_CPU_FALLBACK); on for clusters that advertise GPUs they lack.
+    allow_cpu_fallback: bool = False
     extra: Mapping[str, str] = field(default_factory=dict)
 
     def watch_namespaces(self) -> list[str]:
@@ -74,6 +91,18 @@ def from_env(environ: Mapping[str, str] | None = None, **overrides: object) -> O
         except ValueError:
             raise ValueError(f"{ENV_PREFIX}{name}={raw!r} is not a number; set it to e.g. {default}") from None
 
+    def json_value(name: str, kind: type, example: str) -> Any:
+        raw = get(name)
+        if raw is None or raw.strip() == "":
+            return kind()
+        try:
+            value = json.loads(raw)
+        except ValueError as e:
+            raise ValueError(f"{ENV_PREFIX}{name} is not JSON ({e}); set it to e.g. {example}") from None
+        if not isinstance(value, kind):
+            raise ValueError(f"{ENV_PREFIX}{name} must be a JSON {kind.__name__}, e.g. {example}")
+        return value
+
     ns = get("NAMESPACE")
     values: dict[str, object] = {
         "namespaces": tuple(n.strip() for n in ns.split(",") if n.strip()) if ns else (),
@@ -85,6 +114,12 @@ def from_env(environ: Mapping[str, str] | None = None, **overrides: object) -> O
         "poll_interval_s": number("POLL_INTERVAL", 3.0, float),
         "force_delete_after_s": number("FORCE_DELETE_AFTER", 30.0, float),
         "node_lost_after_s": number("NODE_LOST_AFTER", 15.0, float),
+        "gpu": GpuPods(
+            node_selector=json_value("GPU_NODE_SELECTOR", dict, '{"nvidia.com/gpu.present": "true"}'),
+            tolerations=tuple(json_value("GPU_TOLERATIONS", list, '[{"key": "gpu", "operator": "Exists"}]')),
+            runtime_class_name=get("GPU_RUNTIME_CLASS") or "",
+        ),
+        "allow_cpu_fallback": _env_bool(get("ALLOW_CPU_FALLBACK"), False),
     }
     for key, value in overrides.items():
         if value is not None:

@@ -99,7 +99,7 @@ def test_metrics_endpoint_and_time_decomposition(trainer, make_digits_spec) -> N
             )
             for name in SERIES:
                 assert f"{name}{{" in text, f"{name} missing from rank {rank}'s /metrics"
-            assert 'job="metrics-job"' in text and 'mode="data"' in text
+            assert 'dtjob="metrics-job"' in text and 'mode="data"' in text
             assert value(text, "disttrain_step", rank) == 60
             assert value(text, "disttrain_last_checkpoint_step", rank) == 60
             assert value(text, "disttrain_step_seconds_count", rank) == 60

@@ -111,7 +111,10 @@ class OperatorProcess:
         for ns in self.namespaces:
             args += ["--namespace", ns]
         self.fh = open(self.log, "ab")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(args, env=self.kubectl.env, stdout=self.fh, stderr=subprocess.STDOUT)
+        # The local cluster and kind advertise nvidia.com/gpu without GPUs behind it: let GPU
+        # jobs train on CPU there instead of failing with "no CUDA device" (exit 2).
+        env = {**self.kubectl.env, "DISTTRAIN_OPERATOR_ALLOW_CPU_FALLBACK": "true"}
+        self.proc = subprocess.Popen(args, env=env, stdout=self.fh, stderr=subprocess.STDOUT)
 
     def kill(self) -> None:
         """SIGKILL: no chance to clean up, like a crashed operator pod."""

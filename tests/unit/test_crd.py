@@ -67,6 +67,7 @@ def test_crd_metadata(committed: dict[str, Any]) -> None:
         ("Workers", "integer", ".status.replicas"),
         ("Phase", "string", ".status.phase"),
         ("Step", "integer", ".status.step"),
+        ("Comm", "number", ".status.commFraction"),
         ("Restarts", "integer", ".status.restarts"),
         ("Age", "date", ".metadata.creationTimestamp"),
     ]

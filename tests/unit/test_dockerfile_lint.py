@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -30,3 +31,24 @@ def test_dockerfile_shape():
         assert needle in text, f"Dockerfile lost {needle!r}"
     operator_stage = text.split("AS operator", 1)[1]
     assert "torch" not in operator_stage.replace("no torch", ""), "the operator image must not install torch"
+
+
+def test_cuda_build_args():
+    # One Dockerfile, two images: the default CPU trainer (wheelhouse torch) and a CUDA trainer
+    # (TORCH_INDEX_URL, optionally a CUDA BASE_IMAGE); hadolint above lints both paths.
+    text = (ROOT / "Dockerfile").read_text()
+    trainer = text.split("AS trainer", 1)[1].split("AS operator", 1)[0]
+    for needle in ('ARG TORCH_INDEX_URL=""', "ARG TORCH_VERSION=2.13.0", '--index-url "${TORCH_INDEX_URL}"',
+                   "NVIDIA_DRIVER_CAPABILITIES=compute,utility"):
+        assert needle in trainer, f"trainer stage lost {needle!r}"
+    assert 'ARG APT_PACKAGES=""' in text.split("AS trainer", 1)[0]
+    pinned = next(line for line in (ROOT / "pyproject.toml").read_text().splitlines() if '"torch==' in line)
+    assert "torch==2.13.0" in pinned, "TORCH_VERSION's default must be pyproject.toml's torch pin"
+
+
+def test_readme_build_commands_use_existing_build_args():
+    args = set(re.findall(r"^ARG (\w+)", (ROOT / "Dockerfile").read_text(), re.M))
+    readme = (ROOT / "README.md").read_text()
+    used = set(re.findall(r"--build-arg (\w+)=", readme))
+    assert {"TORCH_INDEX_URL"} <= used, "README must document the CUDA image build"
+    assert used <= args, f"README names build-args the Dockerfile lacks: {sorted(used - args)}"

@@ -39,6 +39,10 @@ class TrainerConfig:
     termination_log: Path | None
     device: str | None  # "cpu" | "cuda" | None (auto)
     restart_attempt: int = 0
+    namespace: str = "default"  # the job's namespace (a metrics label)
+    # Train on CPU when GPUs were asked for but none is visible (spec.workers.allowCPUFallback
+    # or the operator's DISTTRAIN_ALLOW_CPU_FALLBACK); otherwise that is a config error.
+    allow_cpu_fallback: bool = False
 
     def for_local_rank(self, local_rank: int) -> TrainerConfig:
         """The config of local rank i in a pod that runs NPROC_PER_NODE processes."""
@@ -142,6 +146,9 @@ def load_config(environ: Mapping[str, str] | None = None) -> TrainerConfig:
         termination_log=Path(term) if term else _default_termination_log(),
         device=device,
         restart_attempt=_int(env, C.ENV_RESTART_ATTEMPT, 0),
+        namespace=env.get(C.ENV_NAMESPACE) or "default",
+        allow_cpu_fallback=spec.workers.allow_cpu_fallback
+        or (env.get(C.ENV_ALLOW_CPU_FALLBACK) or "").strip().lower() in ("1", "true", "yes", "on"),
     )
 
 

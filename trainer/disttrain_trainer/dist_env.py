@@ -1,6 +1,7 @@
 """Process-group setup: wait for the master's DNS name, pick the backend and device.
 
-NCCL when CUDA is usable, gloo otherwise — the CPU fallback is automatic. In a
+NCCL when CUDA is usable, gloo otherwise. A job that asked for GPUs and sees none
+fails (exit 2) unless CPU fallback is allowed; without GPUs asked for, CPU is normal. In a
 pod with procsPerWorker > 1 the launcher sets no RANK; `spawn_local_ranks`
 starts one process per local rank with RANK = NODE_RANK * NPROC_PER_NODE + i.
 """
@@ -11,6 +12,7 @@ import datetime as dt
 import os
 import socket
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +61,19 @@ def pick_device(cfg: TrainerConfig) -> torch.device:
     want = cfg.device
     if want == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"{C.ENV_DEVICE}=cuda but CUDA is not available in this process")
+    gpus = cfg.spec.workers.resources.gpus
+    if want is None and gpus > 0 and not torch.cuda.is_available():
+        # A GPU job that silently trains on CPU looks healthy and is 10-100x slower: refuse,
+        # unless the job or the operator allowed the fallback (clusters with advertised but
+        # absent GPUs, such as the local cluster and kind).
+        why = (f"spec.workers.resources.gpus={gpus} but this process sees no CUDA device "
+               f"(torch {torch.__version__}, built for CUDA {torch.version.cuda or 'none'})")
+        if not cfg.allow_cpu_fallback:
+            raise ConfigError(
+                f"{why}; run a CUDA trainer image on nodes with the NVIDIA device plugin, or set "
+                f"spec.workers.allowCPUFallback: true (or {C.ENV_ALLOW_CPU_FALLBACK}=true) to train on CPU"
+            )
+        warnings.warn(f"{why}; training on CPU (CPU fallback allowed)", stacklevel=2)
     if want == "cuda" or (want is None and torch.cuda.is_available()):
         index = cfg.local_rank % max(torch.cuda.device_count(), 1)
         torch.cuda.set_device(index)

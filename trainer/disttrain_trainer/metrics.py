@@ -1,7 +1,7 @@
 """Per-rank training metrics: Prometheus /metrics and a JSON-lines log with the same figures.
 
-Series (prefix disttrain_, labels job/rank/mode): step time histogram; compute,
-communication and data-loading seconds as counters (_total) and per-step
+Series (prefix disttrain_, labels dtjob/namespace/rank/mode: metric_names.SERIES_LABELS):
+step time histogram; compute, communication and data-loading seconds as counters (_total) and per-step
 gauges; samples/s; loss; step; last checkpoint step; checkpoint seconds and
 bytes; communication fraction (comm / step time), the headline number of the
 scaling problem. Each rank uses its own CollectorRegistry so several ranks can
@@ -63,11 +63,13 @@ class Metrics:
         port: int,
         run_dir: Path | None,
         enabled: bool = True,
+        namespace: str = "default",
     ):
         self.enabled = enabled
         self.registry = CollectorRegistry()
-        labels = ("job", "rank", "mode")
-        self._values = {"job": job, "rank": str(rank), "mode": mode}
+        labels = names.SERIES_LABELS
+        self._values = {names.LABEL_JOB: job, names.LABEL_NAMESPACE: namespace, names.LABEL_RANK: str(rank),
+                        names.LABEL_MODE: mode}  # fmt: skip
         r = self.registry
 
         def gauge(name: str, doc: str) -> Any:

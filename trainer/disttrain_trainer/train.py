@@ -334,7 +334,8 @@ def run(cfg: TrainerConfig, *, metrics: Metrics | None = None) -> dict[str, Any]
     ctx = init_distributed(cfg)
     own_metrics = metrics is None
     m = metrics or Metrics(
-        job=cfg.job, rank=ctx.rank, mode=spec.mode, port=cfg.metrics_port, run_dir=cfg.run_dir
+        job=cfg.job, rank=ctx.rank, mode=spec.mode, port=cfg.metrics_port, run_dir=cfg.run_dir,
+        namespace=cfg.namespace,
     )
     try:
         if (

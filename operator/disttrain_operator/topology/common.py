@@ -16,6 +16,8 @@ from typing import Any
 from disttrain_api import constants as c
 from disttrain_api.model import API_VERSION, KIND, JobSpec, to_json
 
+from ..settings import GpuPods
+
 CONTAINER = "trainer"
 RUN_DIR = "/run/disttrain"
 DIST_PORT_NAME = "dist"
@@ -35,6 +37,8 @@ class BuildContext:
     attempt: int = 0
     replicas: int  # current gang size (spec.workers.replicas unless elastic shrank it)
     termination_grace_s: int = 5
+    gpu: GpuPods = field(default_factory=GpuPods)  # placement of pods that ask for GPUs
+    allow_cpu_fallback: bool = False  # the operator's setting, passed to every pod
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -185,6 +189,7 @@ def contract_env(
         c.ENV_NODE_RANK: str(node_rank),
         c.ENV_NPROC_PER_NODE: str(nproc),
         c.ENV_JOB: ctx.name,
+        c.ENV_NAMESPACE: ctx.namespace,
         c.ENV_CONFIG: f"{c.CONFIG_MOUNT_DIR}/{c.CONFIG_FILENAME}",
         c.ENV_RESTART_ATTEMPT: str(ctx.attempt),
         c.ENV_CHECKPOINT_DIR: spec.checkpoint.path,
@@ -192,6 +197,8 @@ def contract_env(
         c.ENV_METRICS_PORT: str(spec.metrics.port),
         c.ENV_TERMINATION_LOG: c.DEFAULT_TERMINATION_LOG,
     }
+    if ctx.allow_cpu_fallback:
+        env[c.ENV_ALLOW_CPU_FALLBACK] = "true"
     if nproc == 1:
         # One process per pod: the pod is the rank. With nproc > 1 the trainer spawns
         # local ranks itself and derives RANK = NODE_RANK * NPROC_PER_NODE + LOCAL_RANK.
@@ -276,8 +283,14 @@ def build_pod(
         {"name": "run", "emptyDir": {}},
     ]
     tolerations: list[dict[str, Any]] = []
+    gpu_placement: dict[str, Any] = {}
     if spec.workers.resources.gpus > 0:
         tolerations.append({"key": c.GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
+        tolerations.extend(dict(t) for t in ctx.gpu.tolerations)
+        if ctx.gpu.node_selector:
+            gpu_placement["nodeSelector"] = dict(ctx.gpu.node_selector)
+        if ctx.gpu.runtime_class_name:
+            gpu_placement["runtimeClassName"] = ctx.gpu.runtime_class_name
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",  # the operator restarts whole gangs, never single ranks
         "terminationGracePeriodSeconds": ctx.termination_grace_s,
@@ -293,6 +306,7 @@ def build_pod(
         "containers": [container, *user_containers],
         "volumes": _merge_named(volumes, list(template.pop("volumes", []) or [])),
         "tolerations": tolerations + list(template.pop("tolerations", []) or []),
+        **gpu_placement,
     }
     if hostname:
         pod_spec["hostname"] = hostname
