@@ -165,3 +165,9 @@ def run_gloo(fn: Any, world: int, *args: Any) -> None:
 @pytest.fixture
 def gloo():  # noqa: ANN201
     return run_gloo
+
+
+@pytest.fixture(scope="module")
+def module_trainer(tmp_path_factory: pytest.TempPathFactory) -> TrainerLauncher:
+    """One launcher for a whole test module: runs shared by several tests (e.g. one reference run)."""
+    return TrainerLauncher(tmp_path_factory.mktemp("runs"))

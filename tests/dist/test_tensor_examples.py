@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "examples"
-STEPS = 20
+STEPS = 10
 
 
 def _write(tmp: Path, name: str, obj: dict[str, Any]) -> Path:
