@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 EXTRAS ?= operator,trainer,dev
 PYTEST_ARGS ?=
 
-.PHONY: help venv demo test test-unit test-dist test-cluster test-e2e lint manifests bench clean helm unit-prereqs chart-docs
+.PHONY: help venv demo test test-unit test-dist test-cluster test-e2e lint manifests protos bench clean helm unit-prereqs chart-docs
 
 help: ## list targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -60,6 +60,10 @@ unit-prereqs: helm
 
 chart-docs: $(STAMP) ## regenerate the values table of charts/disttrain/README.md
 	$(PY) hack/chart_docs.py
+
+PROTO := trainer/disttrain_trainer/tensor_transport/protos/tensor_transport.proto
+protos: $(STAMP) ## regenerate the committed gRPC stubs from the .proto (tests/unit/test_federated_protos.py checks drift)
+	$(PY) -m grpc_tools.protoc -I trainer --python_out=trainer --pyi_out=trainer --grpc_python_out=trainer $(PROTO)
 
 bench: $(STAMP) ## run the benchmarks (see benchmarks/README.md)
 	$(PY) benchmarks/ddp_sync.py

@@ -49,7 +49,17 @@ GPU_RESOURCE = "nvidia.com/gpu"
 # Federated / parameter-server topologies: which side a pod plays and where the
 # gRPC service (aggregator or parameter server) listens, as host:port.
 ENV_ROLE = "DISTTRAIN_ROLE"
-ENV_SERVER_ADDR = "DISTTRAIN_SERVER_ADDR"
+ENV_SERVER_ADDR = "DISTTRAIN_SERVER_ADDR"  # paramserver: every shard's host:port, comma-separated, shard 0 first
+# Federated channel security, mounted from Secrets by the operator:
+# a folder with ca.crt / tls.crt / tls.key (clients read only ca.crt), and the
+# file holding the key that per-client tokens are derived from (HMAC).
+ENV_FED_TLS_DIR = "DISTTRAIN_FED_TLS_DIR"
+ENV_FED_TOKEN_KEY_FILE = "DISTTRAIN_FED_TOKEN_KEY_FILE"
+# Name the server certificate is issued for, when clients dial it by another name (an IP).
+ENV_FED_TLS_SERVER_NAME = "DISTTRAIN_FED_TLS_SERVER_NAME"
+FED_TLS_MOUNT_DIR = "/etc/disttrain/federated-tls"
+FED_TOKEN_MOUNT_DIR = "/etc/disttrain/federated-token"
+FED_TOKEN_SECRET_KEY = "token-key"
 LABEL_MODE = "disttrain.dev/mode"
 # Mesh layout of a gang, for humans (kubectl describe): "dp=2,pp=2,tp=1".
 ANNOTATION_MESH = "disttrain.dev/mesh"

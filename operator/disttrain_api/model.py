@@ -57,7 +57,7 @@ Optim = Literal["sgd", "adam", "adamw"]
 ScaleRule = Literal["none", "linear", "sqrt"]
 Decay = Literal["none", "cosine", "linear", "step"]
 DataName = Literal["digits", "pytext", "synthetic"]
-FedStrategy = Literal["fedavg", "fedprox"]
+FedStrategy = Literal["fedavg", "fedprox", "fedadam"]
 FedCompression = Literal["none", "int8", "topk"]
 FedPartitionKind = Literal["iid", "dirichlet"]
 CleanPodPolicy = Literal["Running", "All", "None"]
@@ -202,10 +202,23 @@ class FedPartition:
 class FederatedSpec:
     clients: int = fld(10, minimum=1, desc="Simulated clients, spread over the worker pods.")
     clients_per_round: int = fld(5, minimum=1, desc="Clients sampled per round (<= clients).")
+    min_answered_clients: int = fld(
+        2, minimum=1,
+        desc="A round aggregates only when at least this many sampled clients answered in time; "
+        "otherwise it is retried with a new sample (<= clientsPerRound).",
+    )
     rounds: int = fld(30, minimum=1, desc="Federated rounds.")
     local_epochs: int = fld(1, minimum=1, desc="Local epochs per client per round.")
-    strategy: FedStrategy = fld("fedavg", desc="fedavg or fedprox.")
+    strategy: FedStrategy = fld(
+        "fedavg", desc="fedavg (sample-weighted mean), fedprox (proximal term on the clients) or "
+        "fedadam (Adam on the server over the mean update).",
+    )
     proximal_mu: float = fld(0.01, minimum=0.0, desc="FedProx proximal term.")
+    server_learning_rate: float = fld(
+        1.0, minimum=0.0, exclusive_minimum=True,
+        desc="Server step on the mean update: fedavg/fedprox move by lr x mean (1.0 = plain "
+        "averaging); fedadam uses it as Adam's step size (0.01-0.1 is typical).",
+    )
     compression: FedCompression = fld("none", desc="Update compression: none, int8 or topk.")
     topk_ratio: float = fld(0.01, minimum=0.0, maximum=1.0, exclusive_minimum=True, desc="Kept fraction with topk.")
     secure_aggregation: bool = fld(False, desc="Pairwise-masked updates: the aggregator sees only the sum.")
@@ -213,12 +226,32 @@ class FederatedSpec:
     max_update_norm: float = fld(1000.0, minimum=0.0, exclusive_minimum=True, desc="Updates above this L2 norm are rejected.")
     port: int = fld(50051, minimum=1, maximum=65535, desc="Aggregator gRPC port.")
     partition: FedPartition = fld(factory=FedPartition, desc="How the data is split over clients.")
+    tls: bool = fld(True, desc="TLS on the aggregator channel in the cluster; clients verify the server against the CA.")
+    tls_secret_name: str | None = fld(
+        None, pattern=DNS_LABEL_PATTERN,
+        desc="Secret (ca.crt, tls.crt, tls.key) for the aggregator; unset: the operator creates a "
+        "self-signed CA and server certificate.",
+    )
+    token_secret_name: str | None = fld(
+        None, pattern=DNS_LABEL_PATTERN,
+        desc="Secret with key 'token-key': per-client tokens are HMAC(key, client id); unset: the "
+        "operator creates one.",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
 class ParamServerSpec:
-    max_staleness: int = fld(4, minimum=0, desc="Bound on how many versions a pushed gradient may lag.")
-    port: int = fld(50052, minimum=1, maximum=65535, desc="Parameter-server gRPC port.")
+    max_staleness: int = fld(
+        4, minimum=0,
+        desc="A pushed gradient computed on parameters more than this many updates behind its shard's "
+        "is rejected (the worker pulls and goes on); within the bound the step is lr / max(1, staleness).",
+    )
+    shards: int = fld(
+        1, minimum=1, maximum=64,
+        desc="Server replicas; parameters are split over them by tensor (largest first onto the least "
+        "loaded), so no single server carries all the traffic.",
+    )
+    port: int = fld(50052, minimum=1, maximum=65535, desc="Parameter-server gRPC port (every shard).")
 
 
 @dataclass(frozen=True, kw_only=True)

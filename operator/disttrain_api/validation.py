@@ -162,12 +162,38 @@ def _mode_blocks(spec: JobSpec, c: _Checker) -> None:
             "spec.paramServer",
             f"only allowed in mode paramserver (mode is {spec.mode}); remove it or set spec.mode: paramserver",
         )
+    if spec.mode == "paramserver" and c.ok("spec.workers.procsPerWorker") and spec.workers.procs_per_worker != 1:
+        # Each worker is one process that talks to the servers on its own; there is nothing to share in a pod.
+        c.add(
+            "spec.workers.procsPerWorker",
+            f"must be 1 in mode paramserver (got {spec.workers.procs_per_worker}); raise workers.replicas instead",
+        )
     fed = spec.federated
     if fed is not None and c.ok("spec.federated.clients", "spec.federated.clientsPerRound"):
         if fed.clients_per_round > fed.clients:
             c.add(
                 "spec.federated.clientsPerRound",
                 f"{fed.clients_per_round} must be <= federated.clients {fed.clients}",
+            )
+    if fed is not None and c.ok("spec.federated.minAnsweredClients", "spec.federated.clientsPerRound"):
+        if fed.min_answered_clients > fed.clients_per_round:
+            c.add(
+                "spec.federated.minAnsweredClients",
+                f"{fed.min_answered_clients} must be <= federated.clientsPerRound {fed.clients_per_round}",
+            )
+    if fed is not None and fed.secure_aggregation and c.ok("spec.federated.secureAggregation"):
+        if fed.compression != "none" and c.ok("spec.federated.compression"):
+            c.add(
+                "spec.federated.compression",
+                f"{fed.compression} cannot be combined with secureAggregation: masked sums need dense "
+                "fixed-point updates; set compression: none",
+            )
+        # Bonawitz et al.: the masks of a dropped client are recovered from t shares, and with
+        # fewer than 2 clients answering the "sum" would be one client's update in the clear.
+        if c.ok("spec.federated.minAnsweredClients") and fed.min_answered_clients < 2:
+            c.add(
+                "spec.federated.minAnsweredClients",
+                f"{fed.min_answered_clients} must be >= 2 with secureAggregation (a sum of one update reveals it)",
             )
 
 

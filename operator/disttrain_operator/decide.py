@@ -29,6 +29,8 @@ TERMINAL = (SUCCEEDED, FAILED)
 IMMUTABLE_FIELDS = ("mode", "model", "parallelism")
 # Exit code 2 is the trainer's "configuration error / mode not implemented": retrying cannot help.
 PERMANENT_EXIT_CODES = exitcodes.PERMANENT
+# Modes without gang restart: a failed worker pod is replaced alone (its Deployment restarts a server).
+SOLO_REPLACE_MODES = ("paramserver",)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -255,6 +257,10 @@ def decide(obs: Observed) -> Plan:
     if reasons:
         permanent = [p for p in current if p.exit_code in PERMANENT_EXIT_CODES]
         limit = spec.run_policy.backoff_limit
+        if spec.mode in SOLO_REPLACE_MODES and not permanent and (
+            restarts < limit or not any(not p.deleting and _failure(p, obs.node_lost_after_s) for p in current)
+        ):  # below the limit, or only finishing replacements already counted
+            return _replace_alone(b, st, finish, current, missing, restarts, obs)
         if permanent or restarts >= limit:
             why = "TrainerConfigError" if permanent else "BackoffLimitExceeded"
             msg = reasons[0] if permanent else f"{reasons[0]}; {restarts} restarts reached runPolicy.backoffLimit={limit}"
@@ -332,6 +338,21 @@ def decide(obs: Observed) -> Plan:
 def _stuck(pods: list[PodView], obs: Observed) -> list[str]:
     """Pods Terminating for too long (their node is gone and cannot confirm): force-delete."""
     return [p.name for p in pods if p.deleting and p.deleting_for_s >= obs.force_delete_after_s]
+
+
+def _replace_alone(b: _Builder, st: dict[str, Any], finish: Any, current: list[PodView], missing: list[int],
+                   restarts: int, obs: Observed) -> Plan:  # fmt: skip
+    """Modes whose workers never wait for each other (paramserver): only the failed pods are
+    replaced, in the same attempt, while the others keep training. A failed pod is deleted (one
+    restart counted); once gone it is missing and created again with the others left as they are."""
+    failed = [p for p in current if not p.deleting and _failure(p, obs.node_lost_after_s)]
+    if failed:
+        st["restarts"] = restarts + len(failed)
+        for p in failed:
+            b.events.append(("Warning", "WorkerReplaced",
+                             f"{_failure(p, obs.node_lost_after_s)}; replacing only this pod"))  # fmt: skip
+    return finish(delete_pods=[p.name for p in failed], force_delete_pods=_stuck(failed, obs),
+                  create=bool(missing) and not failed)  # fmt: skip
 
 
 def _restart(

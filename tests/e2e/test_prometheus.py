@@ -146,7 +146,7 @@ def test_prometheus_scrapes_workers_and_agrees_with_the_trainer(
 
     # 3. Every dashboard query is valid PromQL and returns data for this job.
     dash = dashboard.load()
-    federated = (names.FEDERATED_ROUND, names.FEDERATED_CLIENTS)
+    federated = (names.FED_ROUND, names.FED_CLIENTS_ANSWERED + "_total")
     for title, expr in dashboard.queries(dash, namespace=namespace, job=name, rate_interval="30s", range_="5m"):
         result = prometheus.query(expr, at=during)
         if any(f in expr for f in federated):

@@ -29,6 +29,16 @@ def main() -> int:
         return EXIT_FAILED
     try:
         cfg = load_config()
+        if cfg.spec.mode == "federated":  # aggregator or client process, by DISTTRAIN_ROLE
+            from .federated import run as run_federated  # noqa: PLC0415
+
+            run_federated(cfg)
+            return EXIT_OK
+        if cfg.spec.mode == "paramserver":  # server shard or worker process, by DISTTRAIN_ROLE
+            from .paramserver import run as run_paramserver  # noqa: PLC0415
+
+            run_paramserver(cfg)
+            return EXIT_OK
         check_supported(cfg)
         if cfg.rank is None and cfg.nproc_per_node > 1:
             from .dist_env import spawn_local_ranks  # noqa: PLC0415

@@ -1,5 +1,6 @@
 """mode: paramserver — asynchronous Downpour SGD: a parameter-server Deployment +
-gRPC Service holding the parameters, and worker pods that pull/push to it."""
+gRPC Service per shard (paramServer.shards) holding the parameters, and worker pods
+that pull/push to them."""
 
 from __future__ import annotations
 
@@ -13,5 +14,6 @@ from .served import build_served
 def build(spec: JobSpec, ctx: BuildContext) -> Children:
     ps = spec.param_server or ParamServerSpec()
     return build_served(
-        spec, ctx, server_role=c.ROLE_SERVER, client_role=c.ROLE_WORKER, port_name="grpc", port=ps.port
+        spec, ctx, server_role=c.ROLE_SERVER, client_role=c.ROLE_WORKER, port_name="grpc", port=ps.port,
+        servers=ps.shards,
     )

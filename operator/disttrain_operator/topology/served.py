@@ -27,9 +27,16 @@ def build_served(
     client_role: str,
     port_name: str,
     port: int,
+    servers: int = 1,
 ) -> Children:
-    svc_name = server_name(ctx.name, server_role)
-    server_addr = f"{common.service_fqdn(svc_name, ctx.namespace)}:{port}"
+    """`servers` > 1 (parameter-server shards): one Deployment + Service per server, named
+    `<job>-<role>-<i>` and selected by replica index; every pod gets all the addresses,
+    comma-separated, shard 0 first, and a server finds its own index in NODE_RANK."""
+    base = server_name(ctx.name, server_role)
+    names = [base] if servers == 1 else [f"{base}-{i}" for i in range(servers)]
+    addrs = [f"{common.service_fqdn(n, ctx.namespace)}:{port}" for n in names]
+    server_addr = ",".join(addrs)
+    master_addr = addrs[0].rsplit(":", 1)[0]
     world = ctx.replicas * spec.workers.procs_per_worker
 
     # The server needs no accelerator: it averages / holds parameters on CPU.
@@ -37,35 +44,43 @@ def build_served(
         spec,
         workers=dataclasses.replace(spec.workers, resources=dataclasses.replace(spec.workers.resources, gpus=0)),
     )
-    server_env = common.contract_env(
-        server_spec, ctx, node_rank=0, world_size=world, master_addr=server_addr.rsplit(":", 1)[0],
-        extra={c.ENV_ROLE: server_role, c.ENV_SERVER_ADDR: server_addr},
-    )
-    server_pod = common.build_pod(
-        server_spec, ctx, role=server_role, index=0, env=server_env, ports=[(port_name, port)]
-    )
-    labels = {c.LABEL_JOB: ctx.name, c.LABEL_ROLE: server_role}
-    template_meta = {k: v for k, v in server_pod["metadata"].items() if k in ("labels", "annotations")}
-    template_meta["labels"] = {**template_meta["labels"], c.LABEL_MODE: spec.mode}
-    pod_spec = copy.deepcopy(server_pod["spec"])
-    pod_spec["restartPolicy"] = "Always"  # a Deployment's pods always restart
-    deployment = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": common.metadata(ctx, svc_name, {**labels, c.LABEL_MODE: spec.mode}),
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": labels},
-            # Recreate: two servers would split the clients between two models.
-            "strategy": {"type": "Recreate"},
-            "template": {"metadata": template_meta, "spec": pod_spec},
-        },
-    }
+    deployments: list[dict[str, Any]] = []
+    services: list[dict[str, Any]] = []
+    for index, svc_name in enumerate(names):
+        server_env = common.contract_env(
+            server_spec, ctx, node_rank=index, world_size=world, master_addr=master_addr,
+            extra={c.ENV_ROLE: server_role, c.ENV_SERVER_ADDR: server_addr},
+        )
+        server_pod = common.build_pod(
+            server_spec, ctx, role=server_role, index=index, env=server_env, ports=[(port_name, port)]
+        )
+        labels = {c.LABEL_JOB: ctx.name, c.LABEL_ROLE: server_role}
+        if servers > 1:  # each Deployment and Service must select its own shard's pod only
+            labels[c.LABEL_REPLICA_INDEX] = str(index)
+        template_meta = {k: v for k, v in server_pod["metadata"].items() if k in ("labels", "annotations")}
+        template_meta["labels"] = {**template_meta["labels"], c.LABEL_MODE: spec.mode}
+        pod_spec = copy.deepcopy(server_pod["spec"])
+        pod_spec["restartPolicy"] = "Always"  # a Deployment's pods always restart
+        deployments.append({
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": common.metadata(ctx, svc_name, {**labels, c.LABEL_MODE: spec.mode}),
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": labels},
+                # Recreate: two servers would split the clients between two models.
+                "strategy": {"type": "Recreate"},
+                "template": {"metadata": template_meta, "spec": pod_spec},
+            },
+        })  # fmt: skip
+        svc = common.build_cluster_service(ctx, svc_name, server_role, port_name, port)
+        svc["spec"]["selector"] = dict(labels)
+        services.append(svc)
 
     pods: list[dict[str, Any]] = []
     for index in range(ctx.replicas):
         env = common.contract_env(
-            spec, ctx, node_rank=index, world_size=world, master_addr=server_addr.rsplit(":", 1)[0],
+            spec, ctx, node_rank=index, world_size=world, master_addr=master_addr,
             extra={c.ENV_ROLE: client_role, c.ENV_SERVER_ADDR: server_addr},
         )
         pod = common.build_pod(
@@ -81,10 +96,7 @@ def build_served(
         pods.append(pod)
     return Children(
         config_maps=[common.build_config_map(spec, ctx)],
-        services=[
-            common.build_cluster_service(ctx, svc_name, server_role, port_name, port),
-            common.build_headless_service(ctx, client_role, [("metrics", spec.metrics.port)]),
-        ],
-        deployments=[deployment],
+        services=[*services, common.build_headless_service(ctx, client_role, [("metrics", spec.metrics.port)])],
+        deployments=deployments,
         pods=pods,
     )

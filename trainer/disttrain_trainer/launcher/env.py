@@ -190,5 +190,43 @@ def process_env(
     return env
 
 
+def federated_envs(
+    envs: Sequence[tuple[Slot, dict[str, str]]], *, server_port: int, metrics_port: int
+) -> list[tuple[Slot, dict[str, str]]]:
+    """Mode federated: every gang process is a client process; one more, the aggregator, gets
+    rank = world size (its log is rank{W}.log) and the env of rank 0 with its own role and port,
+    as the operator's aggregator Deployment would."""
+    addr = f"{LOCALHOST}:{server_port}"
+    out = [(s, {**e, C.ENV_ROLE: C.ROLE_CLIENT, C.ENV_SERVER_ADDR: addr}) for s, e in envs]
+    if not envs:
+        return out
+    first_slot, first = envs[0]
+    agg = Slot(rank=len(envs), local_rank=0, node_rank=first_slot.node_rank)
+    agg_env = {**first, C.ENV_ROLE: C.ROLE_AGGREGATOR, C.ENV_SERVER_ADDR: addr,
+               C.ENV_METRICS_PORT: str(metrics_port)}  # fmt: skip
+    return [(agg, agg_env), *out]
+
+
+def paramserver_envs(
+    envs: Sequence[tuple[Slot, dict[str, str]]], *, server_ports: Sequence[int], metrics_ports: Sequence[int]
+) -> list[tuple[Slot, dict[str, str]]]:
+    """Mode paramserver: every gang process is a worker; one server process per shard joins, with
+    rank = world size + shard (its log is rank{W+i}.log), NODE_RANK = its shard index and the env of
+    rank 0 with its own role and metrics port, as the operator's server Deployment would give it.
+    Everyone gets the list of shard addresses, shard 0 first."""
+    addrs = ",".join(f"{LOCALHOST}:{p}" for p in server_ports)
+    out = [(s, {**e, C.ENV_ROLE: C.ROLE_WORKER, C.ENV_SERVER_ADDR: addrs}) for s, e in envs]
+    if not envs:
+        return out
+    first_slot, first = envs[0]
+    servers = [
+        (Slot(rank=len(envs) + i, local_rank=0, node_rank=i),
+         {**first, C.ENV_ROLE: C.ROLE_SERVER, C.ENV_SERVER_ADDR: addrs, C.ENV_NODE_RANK: str(i),
+          C.ENV_METRICS_PORT: str(metrics_ports[i])})
+        for i in range(len(server_ports))
+    ]  # fmt: skip
+    return [*servers, *out]
+
+
 def trainer_command(python: str, extra: Sequence[str] = ()) -> list[str]:
     return [python, "-m", "disttrain_trainer", *extra]

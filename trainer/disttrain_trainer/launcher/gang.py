@@ -78,6 +78,29 @@ class _Member:
     proc: subprocess.Popen[bytes]
     log: Path
     log_offset: int  # where this attempt's output starts in the (appended) log
+    command: Sequence[str] = ()
+    env: dict[str, str] | None = None
+    cwd: Path | None = None
+    replacements: int = 0
+
+
+def _spawn(command: Sequence[str], env: dict[str, str], cwd: Path | None, path: Path,
+           banner: str) -> tuple[subprocess.Popen[bytes], int]:  # fmt: skip
+    with path.open("ab") as log:
+        log.write(f"=== disttrain local: {banner} ===\n".encode())
+        log.flush()
+        offset = log.tell()
+        proc = subprocess.Popen(
+            list(command),
+            env=env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+    return proc, offset
 
 
 class Gang:
@@ -86,6 +109,8 @@ class Gang:
     def __init__(self, members: list[_Member], attempt: int):
         self._members = members
         self.attempt = attempt
+        self.lost: dict[int, Failure] = {}  # optional ranks that failed (see poll)
+        self.run_dir: Path | None = None
 
     @classmethod
     def start(
@@ -102,29 +127,29 @@ class Gang:
         try:
             for slot, env in envs:
                 path = log_path(run_dir, slot.rank)
-                with path.open("ab") as log:
-                    log.write(
-                        f"=== disttrain local: attempt {attempt}, rank {slot.rank} ===\n".encode()
-                    )
-                    log.flush()
-                    offset = log.tell()
-                    proc = subprocess.Popen(
-                        list(command),
-                        env=env,
-                        cwd=cwd,
-                        stdin=subprocess.DEVNULL,
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        start_new_session=True,
-                        preexec_fn=_die_with_parent,
-                    )
-                members.append(_Member(slot=slot, proc=proc, log=path, log_offset=offset))
+                proc, offset = _spawn(command, env, cwd, path, f"attempt {attempt}, rank {slot.rank}")
+                members.append(_Member(slot=slot, proc=proc, log=path, log_offset=offset,
+                                       command=tuple(command), env=env, cwd=cwd))  # fmt: skip
         except BaseException:
             Gang(members, attempt).stop(grace_s=0)
             raise
         gang = cls(members, attempt)
+        gang.run_dir = run_dir
         gang._write_pids(run_dir)
         return gang
+
+    def replace(self, rank: int) -> int:
+        """Start the exited process of `rank` again with the same environment, alone (modes
+        without gang restart: a parameter-server worker or shard); returns the new pid."""
+        m = next(m for m in self._members if m.slot.rank == rank)
+        if m.proc.poll() is None or m.env is None:
+            raise ValueError(f"rank {rank} is still running or was not started by this gang")
+        m.replacements += 1
+        m.proc, m.log_offset = _spawn(m.command, m.env, m.cwd, m.log,
+                                      f"attempt {self.attempt}, rank {rank}, replacement {m.replacements}")  # fmt: skip
+        if self.run_dir is not None:
+            self._write_pids(self.run_dir)
+        return m.proc.pid
 
     def _write_pids(self, run_dir: Path) -> None:
         # Tests and operators of a local run find the processes here (e.g. to kill rank 1).
@@ -140,9 +165,20 @@ class Gang:
     def pids(self) -> dict[int, int]:
         return {m.slot.rank: m.proc.pid for m in self._members}
 
-    def poll(self) -> Failure | bool:
-        """False while running, True when every process exited 0, a Failure otherwise."""
+    def poll(self, optional: frozenset[int] = frozenset()) -> Failure | bool:
+        """False while running, True when every process exited 0, a Failure otherwise.
+
+        Ranks in `optional` (federated clients) may fail without failing the gang: their
+        failures collect in `lost`, and the gang succeeds when all other ranks exited 0.
+        """
         codes = [(m, m.proc.poll()) for m in self._members]
+        for m, rc in codes:
+            if m.slot.rank in optional and rc is not None and rc != 0 and m.slot.rank not in self.lost:
+                self.lost[m.slot.rank] = Failure(
+                    rank=m.slot.rank, pid=m.proc.pid, returncode=rc, log=m.log,
+                    log_tail=tuple(tail_lines(m.log, 8, since=m.log_offset)),
+                )  # fmt: skip
+        codes = [(m, rc) for m, rc in codes if m.slot.rank not in optional]
         failed = [(m, rc) for m, rc in codes if rc is not None and rc != 0]
         if failed:
             # A killed process takes its peers down with connection errors a moment

@@ -143,7 +143,13 @@ def run_local(job: api.DistTrainJob, options: LocalOptions) -> LocalResult:
     history = read_jsonl(rank0_log)  # earlier runs' records: the plot covers the whole training
     tail = JsonlTail(rank0_log)
     tail.read_new()  # the progress bar shows only this run
-    printer = ProgressPrinter(out, total=spec.training.steps) if options.progress else None
+    federated = spec.mode == "federated" and spec.federated is not None
+    # A federated job counts rounds where the other modes count steps.
+    total_steps = spec.federated.rounds if federated and spec.federated else spec.training.steps
+    # Paramserver: one server process per shard joins the workers; nobody waits for a peer, so a
+    # failed process (worker or shard) is replaced alone, never the gang.
+    shards = spec.param_server.shards if spec.mode == "paramserver" and spec.param_server else 0
+    printer = ProgressPrinter(out, total=total_steps) if options.progress else None
     print(
         f"disttrain local: {name}: {spec.world_size} processes ({spec.workers.replicas} x "
         f"{spec.workers.procs_per_worker}) on {plan.device}, run dir {run_dir}",
@@ -174,8 +180,17 @@ def run_local(job: api.DistTrainJob, options: LocalOptions) -> LocalResult:
                 device=plan,
                 threads=threads,
             )
-            ports = envmod.metrics_ports(options.metrics_port, spec.world_size)
+            ports = envmod.metrics_ports(options.metrics_port, spec.world_size + int(federated) + shards)
             envs = [(s, envmod.process_env(base_env, gang_env, s, ports[s.rank])) for s in slots]
+            # Federated: an aggregator process joins; a dead client is not restarted, the rounds
+            # go on without it (the aggregator drops stragglers).
+            optional: frozenset[int] = frozenset()
+            if federated:
+                envs = envmod.federated_envs(envs, server_port=envmod.reserve_ports(1)[0], metrics_port=ports[-1])
+                optional = frozenset(s.rank for s in slots)
+            if shards:
+                envs = envmod.paramserver_envs(envs, server_ports=envmod.reserve_ports(shards),
+                                               metrics_ports=ports[spec.world_size:])  # fmt: skip
             gang = Gang.start(
                 command=envmod.trainer_command(options.python),
                 envs=envs,
@@ -183,6 +198,7 @@ def run_local(job: api.DistTrainJob, options: LocalOptions) -> LocalResult:
                 attempt=attempt,
             )
             outcome: Failure | bool = False
+            noted: set[int] = set()
             stepped = False  # has this attempt logged a step yet
             while outcome is False:
                 time.sleep(options.poll_interval_s)
@@ -196,12 +212,23 @@ def run_local(job: api.DistTrainJob, options: LocalOptions) -> LocalResult:
                     printer.status(
                         f"starting {spec.world_size} processes (attempt {attempt}) ... {elapsed:.0f} s"
                     )
-                outcome = gang.poll()
+                outcome = gang.poll(optional)
+                if (shards and isinstance(outcome, Failure) and outcome.returncode != EXIT_CONFIG
+                        and restarts < spec.run_policy.backoff_limit):  # fmt: skip
+                    restarts += 1
+                    _note(printer, out, f"{outcome.reason}: replacing only that process "
+                                        f"(restart {restarts}/{spec.run_policy.backoff_limit})")  # fmt: skip
+                    gang.replace(outcome.rank)
+                    outcome = False
+                for lost in [f for r, f in gang.lost.items() if r not in noted]:
+                    noted.add(lost.rank)
+                    _note(printer, out, f"client process lost, the rounds go on without it: {lost.reason}")
                 if outcome is False and deadline and time.monotonic() - started > deadline:
                     break
             records.extend(tail.read_new())
             if outcome is True:
                 status, code = "Succeeded", 0
+                gang.stop(options.grace_s)  # federated clients that outlived the aggregator
                 break
             gang.stop(options.grace_s)
             if outcome is False:
@@ -247,7 +274,7 @@ def run_local(job: api.DistTrainJob, options: LocalOptions) -> LocalResult:
         reason=reason,
         trainer=report.load_trainer_summary(run_dir) if status == "Succeeded" else None,
         records=all_records,
-        total_steps=spec.training.steps,
+        total_steps=total_steps,
         wall_s=time.monotonic() - started,
         restarts=restarts,
         world_size=spec.world_size,

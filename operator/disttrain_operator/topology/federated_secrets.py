@@ -1,0 +1,92 @@
+"""Secrets of a federated job: a self-signed CA + aggregator certificate, and the token key.
+
+Pure builders (no API calls). The reconciler creates each Secret once, when the
+user named none (spec.federated.tlsSecretName / tokenSecretName), and never
+rebuilds it: a new CA or key on every reconcile would cut off running clients.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import secrets
+from typing import Any
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from disttrain_api import constants as c
+from disttrain_api.model import FederatedSpec
+
+from .common import BuildContext, metadata
+
+CA_FILE, CERT_FILE, KEY_FILE = "ca.crt", "tls.crt", "tls.key"  # the kubernetes.io/tls layout + ca.crt
+VALID_DAYS = 365
+
+
+def tls_secret_name(job: str, fed: FederatedSpec) -> str:
+    return fed.tls_secret_name or f"{job}-federated-tls"
+
+
+def token_secret_name(job: str, fed: FederatedSpec) -> str:
+    return fed.token_secret_name or f"{job}-federated-token"
+
+
+def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+
+
+def self_signed_server_cert(
+    dns_names: list[str], *, now: dt.datetime | None = None, days: int = VALID_DAYS
+) -> tuple[bytes, bytes, bytes]:
+    """(CA certificate, server certificate, server key), PEM. The CA key is discarded: nothing else is signed."""
+    now = now or dt.datetime.now(dt.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"disttrain federated CA {dns_names[0]}")])
+    ca = (
+        x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
+        .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
+                                     key_encipherment=False, data_encipherment=False, key_agreement=False,
+                                     encipher_only=False, decipher_only=False), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )  # fmt: skip
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, dns_names[0])]))
+        .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=days))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in dns_names]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )  # fmt: skip
+    pem = serialization.Encoding.PEM
+    return ca.public_bytes(pem), cert.public_bytes(pem), _pem_key(key)
+
+
+def aggregator_dns_names(job: str, namespace: str, service: str) -> list[str]:
+    return [f"{service}.{namespace}.svc.cluster.local", f"{service}.{namespace}.svc", f"{service}.{namespace}", service]
+
+
+def _secret(ctx: BuildContext, name: str, data: dict[str, bytes], type_: str = "Opaque") -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": metadata(ctx, name, {c.LABEL_JOB: ctx.name}),
+        "type": type_,
+        "data": {k: base64.b64encode(v).decode() for k, v in data.items()},
+    }
+
+
+def build_tls_secret(ctx: BuildContext, fed: FederatedSpec, service: str) -> dict[str, Any]:
+    ca, cert, key = self_signed_server_cert(aggregator_dns_names(ctx.name, ctx.namespace, service))
+    return _secret(ctx, tls_secret_name(ctx.name, fed), {CA_FILE: ca, CERT_FILE: cert, KEY_FILE: key})
+
+
+def build_token_secret(ctx: BuildContext, fed: FederatedSpec) -> dict[str, Any]:
+    return _secret(ctx, token_secret_name(ctx.name, fed), {c.FED_TOKEN_SECRET_KEY: secrets.token_hex(32).encode()})

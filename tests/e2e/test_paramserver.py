@@ -1,0 +1,66 @@
+"""Mode paramserver on a real cluster: the example Succeeds with >= 0.95; a killed worker pod is
+replaced alone (same attempt, no gang restart) and the job still Succeeds.
+
+Written against tests/e2e/conftest.py (host-process operator, per-test namespace); the server
+shards are Deployments, the workers dial them by their Service names.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+import yaml
+
+from .conftest import CHECKPOINT_HOSTPATH, ROOT, Kubectl, OperatorProcess  # type: ignore[import-not-found]
+from .test_operator import kill_worker  # type: ignore[import-not-found]
+
+pytestmark = pytest.mark.timeout(900)
+
+
+def example(name: str, ns: str) -> dict[str, Any]:
+    obj = yaml.safe_load((ROOT / "manifests" / "examples" / "paramserver.yaml").read_text())
+    obj["metadata"] = {"name": name, "namespace": ns}
+    obj["spec"]["workers"]["resources"]["cpu"] = "500m"
+    obj["spec"]["checkpoint"]["volume"] = {"hostPath": {"path": CHECKPOINT_HOSTPATH, "type": "Directory"}}
+    return obj
+
+
+def test_paramserver_example_succeeds(kubectl: Kubectl, operator: OperatorProcess, namespace: str) -> None:
+    name = f"ps-{uuid.uuid4().hex[:5]}"
+    kubectl.apply(example(name, namespace))
+    deps = kubectl.wait_for("the shard Deployments", lambda: [d["metadata"]["name"] for d in kubectl.json(
+        "get", "deployments", "-n", namespace, "-l", f"disttrain.dev/job-name={name}")["items"]], timeout=120)
+    assert sorted(deps) == [f"{name}-server-0", f"{name}-server-1"]
+    job = kubectl.wait_phase(namespace, name, ("Succeeded", "Failed"), timeout=600)
+    status = job["status"]
+    assert status["phase"] == "Succeeded", status
+    assert status["result"]["testAccuracy"] >= 0.95, status["result"]
+    assert status["result"]["mode"] == "paramserver" and status["restarts"] == 0
+
+
+def test_paramserver_killed_worker_is_replaced_alone(
+    request: pytest.FixtureRequest, kubectl: Kubectl, operator: OperatorProcess, namespace: str
+) -> None:
+    name = f"ps-kill-{uuid.uuid4().hex[:5]}"
+    obj = example(name, namespace)
+    obj["spec"]["training"]["steps"] = 1500
+    kubectl.apply(obj)
+    kubectl.wait_phase(namespace, name, ("Running",), timeout=300)
+    kubectl.wait_for("training progress", lambda: int((kubectl.job(namespace, name).get("status") or {})
+                                                       .get("step") or 0) >= 50, timeout=300, interval=1.0)
+    others = {p["metadata"]["name"]: p["metadata"]["uid"] for p in kubectl.pods(namespace, name)
+              if p["metadata"]["name"] != f"{name}-worker-2"}
+    kill_worker(request, kubectl, namespace, f"{name}-worker-2")
+    kubectl.wait_for("restarts == 1", lambda: int((kubectl.job(namespace, name).get("status") or {})
+                                                   .get("restarts") or 0) >= 1, timeout=120, interval=1.0)
+    events = kubectl.json("get", "events", "-n", namespace, "--field-selector", f"involvedObject.name={name}")
+    assert any(e["reason"] == "WorkerReplaced" for e in events["items"])
+    job = kubectl.wait_phase(namespace, name, ("Succeeded", "Failed"), timeout=800)
+    assert job["status"]["phase"] == "Succeeded", job["status"]
+    assert job["status"]["attempt"] == 0  # no gang restart
+    now = {p["metadata"]["name"]: p["metadata"]["uid"] for p in kubectl.pods(namespace, name)}
+    for pod, uid in others.items():  # every other pod (workers and servers) is the one that started
+        if pod in now:
+            assert now[pod] == uid, pod

@@ -1,0 +1,113 @@
+"""Every kind of bad call or update is refused with a reason and a counter; the global model
+stays untouched. A real aggregator on 127.0.0.1, a raw gRPC client sending what a broken or
+hostile client would."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+import torch
+from disttrain_api.model import parse_spec
+from disttrain_trainer.federated import inprocess
+from disttrain_trainer.federated.aggregator import Aggregator
+from disttrain_trainer.federated.fedmetrics import FedMetrics
+from disttrain_trainer.tensor_transport import auth, codec
+from disttrain_trainer.tensor_transport.channel import aio_channel
+from disttrain_trainer.tensor_transport.protos import tensor_transport_pb2 as pb
+from disttrain_trainer.tensor_transport.protos import tensor_transport_pb2_grpc as pbg
+
+CID = "client-0"
+MODEL = {"w": torch.zeros(4, 3), "b": torch.zeros(3)}
+
+
+def _push_chunks(tensors, *, round_no: int, attempt: int, n: float = 10.0, kind: str = "update"):  # noqa: ANN001, ANN202
+    header = codec.make_header(kind=kind, round=round_no, tensors=tensors,
+                               scalars={"attempt": attempt, "num_samples": n})  # fmt: skip
+    return list(codec.encode(header, tensors))
+
+
+def _good(scale: float = 0.1) -> list[tuple[str, torch.Tensor]]:
+    return [("w", torch.full((4, 3), scale)), ("b", torch.full((3,), scale))]
+
+
+async def _scenario() -> tuple[Aggregator, dict[str, str]]:
+    spec = parse_spec({"mode": "federated", "federated": {
+        "clients": 1, "clientsPerRound": 1, "minAnsweredClients": 1, "rounds": 2,
+        "roundTimeoutSeconds": 60, "maxUpdateNorm": 5.0}})  # fmt: skip
+    key = auth.new_key()
+    metrics = FedMetrics(job="t", process="aggregator", port=0, log_path=None)
+    agg = Aggregator(fed=spec.federated, seed=0, model=MODEL, key=key, metrics=metrics, log=lambda s: None)
+    server, port = await inprocess.start_server(agg)
+    rounds = asyncio.create_task(agg.run())
+    replies: dict[str, str] = {}
+    channel = aio_channel(f"127.0.0.1:{port}", None)
+    stub = pbg.FederatedStub(channel)
+    md = auth.metadata_for(key, CID)
+    try:
+        for label, metadata in [("no token", ((auth.CLIENT_KEY, CID),)),
+                                ("wrong token", auth.metadata_for(auth.new_key(), CID)),
+                                ("unknown client", auth.metadata_for(key, "client-9"))]:  # fmt: skip
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await stub.Join(pb.JoinRequest(client_ids=[CID]), metadata=metadata)
+            assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            replies[label] = e.value.details()
+        await stub.Join(pb.JoinRequest(client_ids=[CID]), metadata=md)
+        task = codec.decode_all([c async for c in stub.GetTask(pb.TaskRequest(client_id=CID), metadata=md)], 1 << 20)
+        r, a = task.header.round, int(task.header.scalars["attempt"])
+        bad = {
+            "wrong shape": _push_chunks([("w", torch.zeros(3, 4)), ("b", torch.zeros(3))], round_no=r, attempt=a),
+            "wrong dtype": _push_chunks([("w", torch.zeros(4, 3, dtype=torch.int32)), ("b", torch.zeros(3))],
+                                        round_no=r, attempt=a),
+            "NaN": _push_chunks([("w", torch.full((4, 3), float("nan"))), ("b", torch.zeros(3))], round_no=r, attempt=a),
+            "Inf": _push_chunks([("w", torch.full((4, 3), float("inf"))), ("b", torch.zeros(3))], round_no=r, attempt=a),
+            "norm": _push_chunks(_good(scale=10.0), round_no=r, attempt=a),
+            "too large": _push_chunks([("w", torch.zeros(400, 3)), ("b", torch.zeros(3))], round_no=r, attempt=a),
+            "future round": _push_chunks(_good(), round_no=r + 1, attempt=a),
+            "negative samples": _push_chunks(_good(), round_no=r, attempt=a, n=-5),
+        }  # fmt: skip
+        for label, chunks in bad.items():
+            reply = await stub.PushUpdate(iter(chunks), metadata=md)
+            assert not reply.accepted, label
+            replies[label] = reply.reason
+            assert torch.equal(agg.model["w"], MODEL["w"]) and agg.round == 0, label
+        good = _push_chunks(_good(), round_no=r, attempt=a)
+        assert (await stub.PushUpdate(iter(good), metadata=md)).accepted
+        while agg.round < 1:
+            await asyncio.sleep(0.01)
+        after_one = {n: t.clone() for n, t in agg.model.items()}
+        replay = await stub.PushUpdate(iter(good), metadata=md)  # round 1 again, during round 2
+        assert not replay.accepted
+        replies["replay"] = replay.reason
+        assert all(torch.equal(after_one[n], agg.model[n]) for n in MODEL)
+        task = codec.decode_all([c async for c in stub.GetTask(pb.TaskRequest(client_id=CID), metadata=md)], 1 << 20)
+        assert (await stub.PushUpdate(iter(_push_chunks(_good(), round_no=task.header.round,
+                                                        attempt=int(task.header.scalars["attempt"]))),
+                                      metadata=md)).accepted  # fmt: skip
+        await asyncio.wait_for(rounds, 10)
+    finally:
+        await channel.close()
+        await server.stop(0)
+    return agg, replies
+
+
+def test_each_bad_input_is_refused_with_a_reason_and_counted() -> None:
+    agg, replies = asyncio.run(_scenario())
+    assert "no bearer token" in replies["no token"]
+    assert "wrong token" in replies["wrong token"]
+    assert "unknown client" in replies["unknown client"]
+    assert replies["wrong shape"].startswith("bad_shape")
+    assert replies["wrong dtype"].startswith("bad_dtype")
+    assert replies["NaN"].startswith("non_finite") and replies["Inf"].startswith("non_finite")
+    assert replies["norm"].startswith("norm") and "maxUpdateNorm" in replies["norm"]
+    assert replies["too large"].startswith("too_large")
+    assert replies["future round"].startswith("stale") and replies["replay"].startswith("stale")
+    assert replies["negative samples"].startswith("bad_samples")
+    m = agg.metrics
+    counts = {r: m.rejected_count(r) for r in ("auth", "bad_shape", "bad_dtype", "non_finite", "norm",
+                                               "too_large", "stale", "bad_samples")}  # fmt: skip
+    assert counts == {"auth": 3, "bad_shape": 1, "bad_dtype": 1, "non_finite": 2, "norm": 1, "too_large": 1,
+                      "stale": 2, "bad_samples": 1}  # fmt: skip
+    # Only the two good updates moved the model: FedAvg of one client, server lr 1.
+    assert torch.allclose(agg.model["w"], torch.full((4, 3), 0.2)) and agg.round == 2

@@ -1,0 +1,159 @@
+"""Round state machine against real gRPC on 127.0.0.1: secure aggregation with a client that
+drops out mid-round, an aggregator restart that resumes from its checkpoint while clients
+reconnect, and TLS with the operator's self-signed certificate."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from pathlib import Path
+
+import grpc
+import pytest
+import torch
+from disttrain_api.model import parse_spec
+from disttrain_operator.topology.federated_secrets import self_signed_server_cert
+from disttrain_trainer.config import config_for
+from disttrain_trainer.data import load_dataset
+from disttrain_trainer.federated import inprocess
+from disttrain_trainer.federated.aggregator import Aggregator
+from disttrain_trainer.federated.client import ClientRunner, train_local
+from disttrain_trainer.federated.entry import client_states, make_evaluator
+from disttrain_trainer.federated.fedmetrics import FedMetrics
+from disttrain_trainer.federated.settings import client_ids
+from disttrain_trainer.tensor_transport import auth
+from disttrain_trainer.tensor_transport.channel import Tls, aio_channel
+from disttrain_trainer.tensor_transport.protos import tensor_transport_pb2 as pb
+from disttrain_trainer.tensor_transport.protos import tensor_transport_pb2_grpc as pbg
+
+
+def _spec(**fed: object):  # noqa: ANN202
+    return parse_spec({
+        "mode": "federated", "model": {"name": "mlp", "hidden": 32, "layers": 1},
+        "data": {"name": "digits", "batchSize": 32}, "optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.9},
+        "federated": {"clients": 5, "clientsPerRound": 5, "minAnsweredClients": 3, "rounds": 2,
+                      "roundTimeoutSeconds": 30, "partition": {"kind": "iid"}, **fed},
+    })  # fmt: skip
+
+
+def _setup(spec, tmp_path: Path):  # noqa: ANN001, ANN202
+    torch.set_num_threads(1)
+    ds = load_dataset(spec)
+    cfg = config_for(spec, run_dir=tmp_path / "run", checkpoint_root=tmp_path / "ckpt")
+    states = client_states(cfg, ds, client_ids(spec.federated.clients))
+    return ds, cfg, [states[0::2], states[1::2]]
+
+
+def test_secure_round_survives_a_client_that_drops_after_sharing_keys(tmp_path: Path) -> None:
+    # The timeout is generous so the first attempt closes with the dropout on a loaded machine.
+    spec = _spec(secureAggregation=True, rounds=1, roundTimeoutSeconds=20)
+    ds, cfg, groups = _setup(spec, tmp_path)
+    evaluate = make_evaluator(cfg, ds)
+    before = evaluate(inprocess.build_model(spec, ds).state_dict())
+    run = asyncio.run(inprocess.run_job(spec, ds, groups, key=auth.new_key(), evaluate=evaluate,
+                                        faults={"client-3": "drop_after_share"}))  # fmt: skip
+    h = run.aggregator.history
+    assert [(r["round"], r["clients_answered"], r["clients_dropped"], r["unmasked_dropped"]) for r in h] == [(1, 4, 1, 1)]
+    # The survivors' FedAvg, computed here without any masking: had the dropped client's pairwise
+    # masks stayed in the sum, the aggregate would be noise.
+    init = inprocess.build_model(spec, ds).state_dict()
+    survivors = [st for g in groups for st in g if st.cid != "client-3"]
+    results = [train_local(inprocess.build_model(spec, ds), init, st, spec, round_no=1) for st in survivors]
+    total = sum(r.num_samples for r in results)
+    for name, _ in results[0].update:
+        mean = sum(dict(r.update)[name] * r.num_samples for r in results) / total
+        assert torch.allclose(run.aggregator.model[name], init[name] + mean, atol=1e-5), name
+    assert h[-1]["test_accuracy"] > before
+
+
+def test_plain_and_secure_aggregation_give_the_same_model(tmp_path: Path) -> None:
+    models = []
+    for secure in (False, True):
+        spec = _spec(secureAggregation=secure, rounds=1)
+        ds, _, groups = _setup(spec, tmp_path)
+        run = asyncio.run(inprocess.run_job(spec, ds, groups, key=auth.new_key()))
+        models.append(run.aggregator.model)
+    for n, t in models[0].items():
+        # Fixed point with 20 fraction bits on n x update: ~1e-6 / n per weight.
+        assert torch.allclose(t, models[1][n], atol=1e-5), n
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def _restart_scenario(spec, ds, groups, ckpt: Path) -> tuple[Aggregator, Aggregator, list]:  # noqa: ANN001
+    key, port = auth.new_key(), _free_port()
+
+    def make() -> Aggregator:
+        agg = Aggregator(fed=spec.federated, seed=0, model=inprocess.build_model(spec, ds).state_dict(), key=key,
+                         metrics=FedMetrics(job="t", process="aggregator", port=0, log_path=None),
+                         checkpoint_dir=ckpt, log=lambda s: None)  # fmt: skip
+        agg.restore()
+        return agg
+
+    first = make()
+    server, _ = await inprocess.start_server(first, port=port)
+    playing = asyncio.create_task(first.run())
+    channels = [aio_channel(f"127.0.0.1:{port}", None) for _ in groups]
+    runners = [ClientRunner(spec=spec, channel=ch, key=key, clients=g, make_model=lambda: inprocess.build_model(spec, ds),
+                            patience_s=60.0, log=lambda s: None) for ch, g in zip(channels, groups, strict=True)]  # fmt: skip
+    clients = [asyncio.create_task(r.run()) for r in runners]
+    while first.round < 2:
+        await asyncio.sleep(0.02)
+    # The aggregator dies between rounds: its server goes away mid-conversation.
+    playing.cancel()
+    await server.stop(0)
+    await asyncio.sleep(1.0)  # clients are now retrying with backoff
+    second = make()
+    server, _ = await inprocess.start_server(second, port=port)
+    try:
+        await second.run()
+        await second.wait_clients_told(10.0)
+        results = await asyncio.gather(*clients, return_exceptions=True)
+    finally:
+        for ch in channels:
+            await ch.close()
+        await server.stop(0)
+    return first, second, results
+
+
+def test_restarted_aggregator_resumes_from_its_checkpoint_and_clients_reconnect(tmp_path: Path) -> None:
+    spec = _spec(rounds=4, clientsPerRound=3, minAnsweredClients=2)
+    ds, _, groups = _setup(spec, tmp_path)
+    first, second, results = asyncio.run(_restart_scenario(spec, ds, groups, tmp_path / "ckpt"))
+    assert second.resumed_from is not None and second.resumed_from >= 2
+    assert second.round == 4 and [r["round"] for r in second.history] == [1, 2, 3, 4]
+    assert results == [None, None]  # every client finished cleanly after reconnecting
+
+
+def test_tls_channel_with_the_operators_certificate(tmp_path: Path) -> None:
+    ca, cert, key = self_signed_server_cert(["aggregator.test"])
+    tls_dir = tmp_path / "tls"
+    tls_dir.mkdir()
+    for name, data in (("ca.crt", ca), ("tls.crt", cert), ("tls.key", key)):
+        (tls_dir / name).write_bytes(data)
+    spec = _spec(rounds=1)
+    ds, _, groups = _setup(spec, tmp_path)
+    tls = Tls(dir=tls_dir)
+    run = asyncio.run(inprocess.run_job(spec, ds, groups, key=auth.new_key(), tls=tls,
+                                        tls_server_name="aggregator.test"))  # fmt: skip
+    assert run.aggregator.round == 1
+
+    async def plaintext_to_tls() -> None:
+        agg = Aggregator(fed=spec.federated, seed=0, model={"w": torch.zeros(2)}, key=auth.new_key(),
+                         metrics=FedMetrics(job="t", process="a", port=0, log_path=None), log=lambda s: None)  # fmt: skip
+        server, port = await inprocess.start_server(agg, tls)
+        try:
+            for channel in (aio_channel(f"127.0.0.1:{port}", None),  # no TLS at all
+                            aio_channel(f"127.0.0.1:{port}", tls, "someone-else.test")):  # wrong server name
+                with pytest.raises(grpc.aio.AioRpcError) as e:
+                    await pbg.FederatedStub(channel).Join(pb.JoinRequest(), timeout=5)
+                assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+                await channel.close()
+        finally:
+            await server.stop(0)
+
+    asyncio.run(plaintext_to_tls())

@@ -1,0 +1,241 @@
+"""Client processes: each hosts several simulated clients, each with its own rows of the data.
+
+A client long-polls the aggregator for work; when sampled it receives the
+global model, trains `localEpochs` on its rows (FedProx adds the proximal
+term mu/2 ||w - w_global||^2), and sends the update (local - global):
+compressed, or masked for secure aggregation. Training is serialised per
+process (one model at a time on the process's cores); waiting is asyncio. A
+lost connection (the aggregator restarting) is retried with exponential
+backoff; the client then simply asks for work again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+import zlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import grpc
+import numpy as np
+import torch
+import torch.nn.functional as F
+from disttrain_api.model import JobSpec
+from torch import nn
+
+from ..tensor_transport import auth, codec
+from ..tensor_transport.protos import tensor_transport_pb2 as pb
+from ..tensor_transport.protos import tensor_transport_pb2_grpc as pbg
+from . import compression, secure_client
+
+T = TypeVar("T")
+# The client trusts its aggregator's model stream up to this size (the aggregator is the one that verifies).
+MAX_MODEL_BYTES = 1 << 40
+BACKOFF_FIRST_S = 0.2
+BACKOFF_MAX_S = 5.0
+RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
+             grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)  # fmt: skip
+
+
+class Disconnected(RuntimeError):
+    """The aggregator stayed unreachable longer than the client's patience."""
+
+
+@dataclass
+class ClientState:
+    cid: str
+    x: torch.Tensor  # this client's training rows, loaded once
+    y: torch.Tensor
+    residual: dict[str, torch.Tensor] = field(default_factory=dict)  # topk error feedback
+    rounds: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class LocalResult:
+    update: list[tuple[str, torch.Tensor]]
+    num_samples: int
+    loss: float
+    compute_s: float
+    data_s: float
+
+
+def train_local(
+    model: nn.Module,
+    global_state: dict[str, torch.Tensor],
+    state: ClientState,
+    spec: JobSpec,
+    *,
+    round_no: int,
+    fault: str | None = None,
+) -> LocalResult:
+    fed = spec.federated
+    assert fed is not None
+    model.load_state_dict(global_state, strict=True)
+    model.train()
+    o = spec.optimizer
+    params = [p for p in model.parameters() if p.requires_grad]
+    if o.name == "sgd":
+        opt: torch.optim.Optimizer = torch.optim.SGD(params, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay)
+    elif o.name == "adam":
+        opt = torch.optim.Adam(params, lr=o.lr, weight_decay=o.weight_decay)
+    else:
+        opt = torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay)
+    anchor = [p.detach().clone() for p in params] if fed.strategy == "fedprox" else None
+    # A fresh, reproducible order per (client, round): reruns of a round see the same batches.
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{spec.data.seed}:{state.cid}:{round_no}".encode()))
+    n = len(state.y)
+    bs = spec.data.batch_size
+    compute_s = data_s = 0.0
+    losses: list[float] = []
+    seen = 0
+    for _ in range(fed.local_epochs):
+        t = time.perf_counter()
+        perm = torch.randperm(n, generator=gen)
+        batches = [perm[i : i + bs] for i in range(0, n, bs)]
+        data_s += time.perf_counter() - t
+        for idx in batches:
+            t0 = time.perf_counter()
+            xb, yb = state.x[idx], state.y[idx]
+            t1 = time.perf_counter()
+            loss = F.cross_entropy(model(xb).float(), yb)
+            if anchor is not None:
+                prox = sum(((p - a) ** 2).sum() for p, a in zip(params, anchor, strict=True))
+                loss = loss + fed.proximal_mu / 2 * prox
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            losses.append(float(loss.detach()))
+            seen += len(idx)
+            data_s += t1 - t0
+            compute_s += time.perf_counter() - t1
+    t = time.perf_counter()
+    local = model.state_dict()
+    update = [(k, (local[k] - g).float()) for k, g in global_state.items() if g.is_floating_point()]
+    if fault == "nan":
+        update[0][1].view(-1)[0] = float("nan")
+    compute_s += time.perf_counter() - t
+    return LocalResult(update=update, num_samples=n, loss=float(np.mean(losses)) if losses else math.nan,
+                       compute_s=compute_s, data_s=data_s)  # fmt: skip
+
+
+class ClientRunner:
+    """Runs the simulated clients of one process against one aggregator channel."""
+
+    def __init__(
+        self,
+        *,
+        spec: JobSpec,
+        channel: grpc.aio.Channel,
+        key: bytes,
+        clients: list[ClientState],
+        make_model: Callable[[], nn.Module],
+        metrics: Any = None,  # FedMetrics
+        patience_s: float = 300.0,
+        faults: dict[str, str] | None = None,  # test hooks: client id -> "drop_after_share" | "nan"
+        log: Callable[[str], None] = lambda s: print(s, flush=True),
+    ):
+        self.spec = spec
+        self.fed = spec.federated
+        self.stub = pbg.FederatedStub(channel)
+        self.key = key
+        self.clients = clients
+        self.make_model = make_model
+        self.metrics = metrics
+        self.patience_s = patience_s
+        self.faults = faults or {}
+        self.log = log
+        self._train_lock = asyncio.Lock()
+        self._models: list[nn.Module] = []
+        self.pushed: dict[str, int] = {}
+
+    def md(self, cid: str) -> tuple[tuple[str, str], ...]:
+        return auth.metadata_for(self.key, cid)
+
+    async def retry(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        delay, start = BACKOFF_FIRST_S, time.monotonic()
+        while True:
+            try:
+                return await call()
+            except grpc.aio.AioRpcError as e:
+                if e.code() not in RETRYABLE:
+                    raise
+                if time.monotonic() - start > self.patience_s:
+                    raise Disconnected(f"{what}: aggregator unreachable for {self.patience_s:.0f} s: {e.details()}") from None
+                await asyncio.sleep(delay)
+                delay = min(BACKOFF_MAX_S, delay * 2)
+
+    async def run(self) -> None:
+        await asyncio.gather(*(self._client_loop(c) for c in self.clients))
+
+    async def _get_task(self, cid: str) -> tuple[codec.Received, float]:
+        """The task and the seconds its bytes took (waiting to be sampled is idle, not communication)."""
+
+        async def call() -> tuple[codec.Received, float]:
+            stream = self.stub.GetTask(pb.TaskRequest(client_id=cid), metadata=self.md(cid))
+            d = codec.Decoder(max_bytes=MAX_MODEL_BYTES)
+            first: float | None = None
+            async for chunk in stream:
+                first = first if first is not None else time.perf_counter()
+                d.feed(chunk)
+            return d.finish(), time.perf_counter() - (first or time.perf_counter())
+
+        return await self.retry(f"{cid} GetTask", call)
+
+    async def _client_loop(self, st: ClientState) -> None:
+        cid = st.cid
+        await self.retry(f"{cid} Join", lambda: self.stub.Join(pb.JoinRequest(client_ids=[cid]), metadata=self.md(cid)))
+        comm_carry = 0.0  # the previous upload, charged to the next round's report
+        while True:
+            task, t_recv = await self._get_task(cid)
+            if task.header.kind == "done":
+                return
+            round_no = task.header.round
+            attempt = int(task.header.scalars["attempt"])
+            global_state = {n: t.clone() for n, t in task.tensors}
+            if self.metrics is not None:
+                self.metrics.bytes_down.inc(task.wire_bytes)
+            sec = None
+            if self.fed.secure_aggregation:
+                sec = await secure_client.setup(self, cid, round_no, attempt)
+                if sec is None:
+                    continue  # the round was aborted; ask for work again
+                if self.faults.get(cid) == "drop_after_share":
+                    self.log(f"{cid}: test fault: dropping out after sharing keys")
+                    return
+            async with self._train_lock:
+                model = self._models.pop() if self._models else self.make_model()
+                try:
+                    full = {**dict(model.state_dict()), **global_state}
+                    res = await asyncio.to_thread(
+                        train_local, model, full, st, self.spec, round_no=round_no, fault=self.faults.get(cid)
+                    )
+                finally:
+                    self._models.append(model)
+            t1 = time.perf_counter()
+            scalars = {"attempt": attempt, "num_samples": res.num_samples, "compute_s": res.compute_s,
+                       "data_s": res.data_s, "loss": res.loss, "comm_s": comm_carry + t_recv}  # fmt: skip
+            if sec is not None:
+                reply = await secure_client.push_masked(self, sec, res, scalars)
+            else:
+                wire, extra = compression.encode(
+                    self.fed.compression, res.update, topk_ratio=self.fed.topk_ratio, residual=st.residual
+                )
+                header = codec.make_header(kind="update", round=round_no, tensors=wire, scalars={**scalars, **extra})
+                reply = await self.stub.PushUpdate(iter(codec.encode(header, wire)), metadata=self.md(cid))
+                if self.metrics is not None:
+                    self.metrics.bytes_up.inc(header.ByteSize() + sum(t.numel() * t.element_size() for _, t in wire))
+            comm_carry = time.perf_counter() - t1
+            if not reply.accepted:
+                self.log(f"{cid}: round {round_no}: update refused: {reply.reason}")
+            else:
+                self.pushed[cid] = self.pushed.get(cid, 0) + 1
+            if sec is not None and reply.accepted:
+                await secure_client.reveal(self, sec)
+            if self.metrics is not None:
+                self.metrics.client_times(cid, res.compute_s, comm_carry)
+                self.metrics.write({"event": "client_round", "client": cid, "round": round_no,
+                                    "compute_s": res.compute_s, "data_s": res.data_s, "loss": res.loss,
+                                    "accepted": reply.accepted})  # fmt: skip

@@ -1,0 +1,207 @@
+"""`python -m disttrain_trainer` in mode federated: build what a role needs and run it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import torch
+from disttrain_api import constants as C
+
+from ..config import ConfigError, TrainerConfig
+from ..data import Dataset, load_dataset
+from ..models import build_model
+from ..precision import make_amp
+from ..tensor_transport import auth
+from ..tensor_transport.channel import SERVER_OPTIONS, add_port, aio_channel
+from ..tensor_transport.protos import tensor_transport_pb2_grpc as pbg
+from . import partition
+from .aggregator import Aggregator
+from .client import ClientRunner, ClientState
+from .fedmetrics import FedMetrics
+from .settings import FedSettings, hosted_clients, load
+
+AGGREGATOR_LOG = "metrics-rank0.jsonl"  # the launcher follows rank 0's log for progress and the plot
+DONE_LINGER_S = 10.0  # after the last round: time for clients to hear "done"
+KEY_WAIT_S = 120.0
+
+
+def run(cfg: TrainerConfig) -> dict[str, Any] | None:
+    s = load(cfg)
+    if not os.environ.get("OMP_NUM_THREADS"):
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, cfg.world_size + 1)))
+    if s.role == C.ROLE_AGGREGATOR:
+        return run_aggregator(cfg, s)
+    run_clients(cfg, s)
+    return None
+
+
+# ------------------------------------------------------------------ token key
+
+
+def aggregator_key(s: FedSettings) -> bytes:
+    path = s.token_key_file
+    if s.token_key_mounted or path.exists():
+        return _read_key(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(auth.new_key().hex().encode())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return _read_key(path)
+
+
+def client_key(s: FedSettings) -> bytes:
+    end = time.monotonic() + KEY_WAIT_S
+    while not s.token_key_file.exists():
+        if s.token_key_mounted or time.monotonic() > end:
+            raise ConfigError(f"token key {s.token_key_file} not found; mount the token Secret "
+                              f"({C.ENV_FED_TOKEN_KEY_FILE})")  # fmt: skip
+        time.sleep(0.2)
+    return _read_key(s.token_key_file)
+
+
+def _read_key(path: Path) -> bytes:
+    raw = path.read_bytes().strip()
+    if not raw:
+        raise ConfigError(f"token key file {path} is empty")
+    return raw
+
+
+# ------------------------------------------------------------------ aggregator
+
+
+def make_evaluator(cfg: TrainerConfig, ds: Dataset):  # noqa: ANN201
+    from ..train import evaluate  # noqa: PLC0415 - train pulls in torch.distributed; only the aggregator needs it
+
+    model = build_model(cfg.spec, ds)
+    amp = make_amp("fp32", torch.device("cpu"))
+
+    def run_eval(state: dict[str, torch.Tensor]) -> float:
+        model.load_state_dict(state)
+        return evaluate(model, ds, amp)[1]
+
+    return run_eval
+
+
+def listen_address(s: FedSettings) -> str:
+    host = s.server_addr.rsplit(":", 1)[0]
+    # Tests and local runs stay on the loopback; in a pod the Service routes to any address.
+    bind = host if host in ("127.0.0.1", "localhost", "[::1]") else "0.0.0.0"
+    return f"{bind}:{s.port}"
+
+
+async def serve(agg: Aggregator, s: FedSettings, *, linger_s: float = DONE_LINGER_S) -> None:
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    pbg.add_FederatedServicer_to_server(agg, server)
+    add_port(server, listen_address(s), s.tls)
+    await server.start()
+    try:
+        await agg.run()
+        await agg.wait_clients_told(linger_s)
+    finally:
+        await server.stop(grace=1.0)
+
+
+def run_aggregator(cfg: TrainerConfig, s: FedSettings) -> dict[str, Any]:
+    wall0 = time.perf_counter()
+    spec = cfg.spec
+    ds = load_dataset(spec)
+    model = build_model(spec, ds)
+    metrics = FedMetrics(job=cfg.job, process="aggregator", port=cfg.metrics_port, log_path=cfg.run_dir / AGGREGATOR_LOG)
+    try:
+        agg = Aggregator(
+            fed=s.fed, seed=s.seed, model=model.state_dict(), key=aggregator_key(s), metrics=metrics,
+            evaluate=make_evaluator(cfg, ds), checkpoint_dir=cfg.checkpoint_dir,
+            max_samples=float(ds.num_train * s.fed.local_epochs),
+        )  # fmt: skip
+        agg.restore()
+        asyncio.run(serve(agg, s))
+    finally:
+        metrics.close()
+    summary = summarize(agg, wall_s=time.perf_counter() - wall0)
+    from ..train import write_summary  # noqa: PLC0415
+
+    write_summary(cfg, summary)
+    return summary
+
+
+def summarize(agg: Aggregator, *, wall_s: float) -> dict[str, Any]:
+    h = agg.history
+    acc = [r.get("test_accuracy") for r in h]
+    comm = sum(r["comm_s"] for r in h)
+    step = sum(r["step_s"] for r in h)
+    return {
+        "mode": "federated",
+        "steps": agg.round,
+        "rounds": agg.round,
+        "test_accuracy": acc[-1] if acc else None,
+        "accuracy_per_round": acc,
+        "round_s_median": float(np.median([r["step_s"] for r in h])) if h else None,
+        "comm_fraction": comm / step if step > 0 else None,
+        "bytes_up": sum(r["bytes_up"] for r in h),
+        "bytes_down": sum(r["bytes_down"] for r in h),
+        "round_attempts": agg.attempts,
+        "resumed_from_step": agg.resumed_from,
+        "wall_s": wall_s,
+    }
+
+
+# ------------------------------------------------------------------ clients
+
+
+def process_indices(cfg: TrainerConfig) -> list[int]:
+    if cfg.rank is not None:
+        return [cfg.rank]
+    return [cfg.node_rank * cfg.nproc_per_node + i for i in range(cfg.nproc_per_node)]
+
+
+def client_states(cfg: TrainerConfig, ds: Dataset, hosted: list[str]) -> list[ClientState]:
+    fed = cfg.spec.federated
+    assert fed is not None
+    labels = ds.train_y.take(np.arange(ds.num_train)) if ds.train_y is not None else None
+    if fed.partition.kind == "dirichlet" and labels is not None:
+        parts = partition.dirichlet(labels, fed.clients, fed.partition.alpha, cfg.spec.data.seed)
+    else:
+        parts = partition.iid(ds.num_train, fed.clients, cfg.spec.data.seed)
+    out = []
+    for cid in hosted:
+        rows = parts[int(cid.rsplit("-", 1)[1])]
+        x, y = ds.batch(rows)
+        out.append(ClientState(cid=cid, x=torch.from_numpy(np.asarray(x)), y=torch.from_numpy(np.asarray(y))))
+    return out
+
+
+def run_clients(cfg: TrainerConfig, s: FedSettings) -> None:
+    spec = cfg.spec
+    ds = load_dataset(spec)
+    indices = process_indices(cfg)
+    hosted = sorted(c for i in indices for c in hosted_clients(s.fed.clients, i, cfg.world_size))
+    states = client_states(cfg, ds, hosted)
+    key = client_key(s)
+    metrics = FedMetrics(job=cfg.job, process=f"client-rank{indices[0]}", port=cfg.metrics_port,
+                         log_path=cfg.run_dir / f"metrics-client{indices[0]}.jsonl")  # fmt: skip
+    print(f"federated client process {indices}: hosting {', '.join(hosted) or 'no clients'}", flush=True)
+
+    async def main() -> None:
+        channel = aio_channel(s.server_addr, s.tls, s.tls_server_name)
+        try:
+            runner = ClientRunner(spec=spec, channel=channel, key=key, clients=states,
+                                  make_model=lambda: build_model(spec, ds), metrics=metrics,
+                                  patience_s=max(300.0, 5.0 * s.fed.round_timeout_seconds))  # fmt: skip
+            await runner.run()
+        finally:
+            await channel.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        metrics.close()

@@ -1,0 +1,87 @@
+"""Federated series (Prometheus) and the JSON-lines log, for the aggregator and client processes.
+
+The aggregator also exports disttrain_step (= rounds completed) and
+disttrain_last_checkpoint_step, so the operator's progress scrape and the
+launcher's progress bar read a round where other modes have a step.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from disttrain_api import metric_names as names
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+ROUND_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+class FedMetrics:
+    def __init__(self, *, job: str, process: str, port: int, log_path: Path | None):
+        self.registry = r = CollectorRegistry()
+        labels = {names.LABEL_JOB: job, "process": process, names.LABEL_MODE: "federated"}
+        keys = tuple(labels)
+
+        def gauge(name: str, doc: str) -> Any:
+            return Gauge(name, doc, keys, registry=r).labels(**labels)
+
+        def counter(name: str, doc: str) -> Any:
+            return Counter(name, doc, keys, registry=r).labels(**labels)
+
+        self.step = gauge(names.STEP, "Federated rounds completed.")
+        self.last_ckpt = gauge(names.LAST_CHECKPOINT_STEP, "Round of the newest checkpoint.")
+        self.round = gauge(names.FED_ROUND, "Federated rounds completed.")
+        self.round_seconds = Histogram(
+            names.FED_ROUND_SECONDS, "Wall time of one completed round.", keys,
+            buckets=ROUND_BUCKETS, registry=r,
+        ).labels(**labels)  # fmt: skip
+        self.sampled = counter(names.FED_CLIENTS_SAMPLED, "Clients sampled into a round.")
+        self.answered = counter(names.FED_CLIENTS_ANSWERED, "Sampled clients whose update was aggregated.")
+        self.dropped = counter(names.FED_CLIENTS_DROPPED, "Sampled clients that did not answer in time.")
+        self.rejected = Counter(
+            names.FED_UPDATES_REJECTED, "Calls or updates refused, by reason.", (*keys, "reason"), registry=r
+        )
+        self._labels = labels
+        self.retries = counter(names.FED_ROUND_RETRIES, "Rounds retried: fewer than minAnsweredClients answered.")
+        self.bytes_up = counter(names.FED_BYTES_UP, "Bytes of updates on the wire, client to aggregator.")
+        self.bytes_down = counter(names.FED_BYTES_DOWN, "Bytes of global models on the wire, aggregator to client.")
+        self.accuracy = gauge(names.FED_ACCURACY, "Test accuracy of the global model after the last round.")
+        self.client_compute = Counter(
+            names.FED_CLIENT_COMPUTE_SECONDS, "Local training seconds, per client.", (*keys, "client"), registry=r
+        )
+        self.client_comm = Counter(
+            names.FED_CLIENT_COMM_SECONDS, "Seconds receiving the model and sending the update, per client.",
+            (*keys, "client"), registry=r,
+        )  # fmt: skip
+        self._server: Any = None
+        if port:
+            self._server, _ = start_http_server(port, registry=r)
+        self._log = None
+        if log_path is not None:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._log = open(log_path, "a", buffering=1)  # noqa: SIM115
+
+    def reject(self, reason: str) -> None:
+        self.rejected.labels(**self._labels, reason=reason).inc()
+
+    def rejected_count(self, reason: str) -> float:
+        return self.rejected.labels(**self._labels, reason=reason)._value.get()
+
+    def client_times(self, client: str, compute_s: float, comm_s: float) -> None:
+        self.client_compute.labels(**self._labels, client=client).inc(compute_s)
+        self.client_comm.labels(**self._labels, client=client).inc(comm_s)
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self._log is not None:
+            self._log.write(json.dumps({**record, "time": time.time()}) + "\n")
+
+    def close(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None

@@ -1,0 +1,12 @@
+"""Asynchronous data parallel with a parameter server (Downpour SGD; Dean et al. 2012) over gRPC.
+
+`run(cfg)` plays the role DISTTRAIN_ROLE names: a server shard (`server`) holding
+some of the parameters and their optimizer state, or a worker (`worker`) that
+pulls, computes and pushes without waiting for any other worker.
+"""
+
+from __future__ import annotations
+
+from .entry import run
+
+__all__ = ["run"]

@@ -1,0 +1,190 @@
+"""`python -m disttrain_trainer` in mode paramserver: a server shard or a worker, by DISTTRAIN_ROLE."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import grpc
+import torch
+from disttrain_api import constants as C
+
+from ..config import ConfigError, TrainerConfig
+from ..data import load_dataset
+from ..models import build_model
+from ..precision import make_amp
+from ..tensor_transport import frames
+from ..tensor_transport.channel import SERVER_OPTIONS
+from . import service
+from . import shards as shardmap
+from .psmetrics import ServerMetrics, WorkerMetrics
+from .server import Servicer, Shard, ShardConfig
+from .settings import PSSettings, load
+from .worker import Worker
+
+DONE_LINGER_S = 10.0  # after the last update: time for every worker to hear "done"
+
+
+def run(cfg: TrainerConfig) -> dict[str, Any] | None:
+    s = load(cfg)
+    frames.reuse_freed_memory()  # every pull and push moves the model's bytes through fresh buffers
+    if not os.environ.get("OMP_NUM_THREADS"):
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, cfg.world_size + s.shards)))
+    if s.role == C.ROLE_SERVER:
+        return run_server(cfg, s)
+    return run_worker(cfg, s)
+
+
+def check_batch(cfg: TrainerConfig, workers: int) -> int:
+    b = cfg.spec.data.batch_size
+    if b % workers:
+        raise ConfigError(f"data.batchSize {b} must be divisible by the {workers} workers (each pushes b / workers)")
+    return b // workers
+
+
+# ------------------------------------------------------------------ server
+
+
+def shard_config(cfg: TrainerConfig, s: PSSettings, checkpoint_root: Path | None) -> ShardConfig:
+    spec = cfg.spec
+    return ShardConfig(
+        index=s.index, workers=s.workers, steps=spec.training.steps, max_staleness=s.ps.max_staleness,
+        optimizer=spec.optimizer, push_batch=check_batch(cfg, s.workers),
+        checkpoint_dir=checkpoint_root / f"server-{s.index}" if checkpoint_root else None,
+        checkpoint_interval=spec.checkpoint.interval_steps, keep=spec.checkpoint.keep,
+    )  # fmt: skip
+
+
+def shard_tensors(model: torch.nn.Module, s: PSSettings) -> list[tuple[str, torch.Tensor]]:
+    params = dict(model.named_parameters())
+    plan = shardmap.assign({n: p.numel() * p.element_size() for n, p in params.items()}, s.shards)
+    return [(n, params[n].detach()) for n in plan[s.index]]
+
+
+def start_server(shard: Shard, address: str, workers: int) -> tuple[grpc.Server, int]:
+    """A started gRPC server for the shard, and the port it listens on (address may ask for port 0)."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2 * workers + 4), options=SERVER_OPTIONS)
+    sv = Servicer(shard)
+    server.add_generic_rpc_handlers((service.handler(sv.pull, sv.push),))
+    port = server.add_insecure_port(address)
+    if port == 0:
+        raise RuntimeError(f"cannot listen on {address}")
+    server.start()
+    return server, port
+
+
+def run_server(cfg: TrainerConfig, s: PSSettings) -> dict[str, Any]:
+    wall0 = time.perf_counter()
+    spec = cfg.spec
+    ds = load_dataset(spec)
+    model = build_model(spec, ds)
+    metrics = ServerMetrics(job=cfg.job, shard=s.index, port=cfg.metrics_port,
+                            log_path=cfg.run_dir / f"metrics-server{s.index}.jsonl")  # fmt: skip
+    try:
+        shard = Shard(shard_config(cfg, s, cfg.checkpoint_dir), shard_tensors(model, s), metrics)
+        resumed = shard.restore()
+        if resumed is not None:
+            print(f"paramserver shard {s.index}: resumed from version {resumed}", flush=True)
+        server, _ = start_server(shard, s.listen_address(), s.workers)
+        print(f"paramserver shard {s.index}: serving {len(shard.names)} tensors on {s.listen_address()}", flush=True)
+        try:
+            shard.wait_done()
+            shard.save()
+            end = time.monotonic() + DONE_LINGER_S
+            while not shard.all_told() and time.monotonic() < end:
+                time.sleep(0.05)
+        finally:
+            server.stop(grace=1.0).wait()
+    finally:
+        metrics.close()
+    summary = {
+        "shard": s.index, "version": shard.version, "resumedFromVersion": shard.resumed_from,
+        "stats": dict(shard.stats), "wallS": time.perf_counter() - wall0,
+    }  # fmt: skip
+    write_json(cfg.run_dir / f"server{s.index}-summary.json", summary)
+    return summary
+
+
+# ------------------------------------------------------------------ worker
+
+
+def run_worker(cfg: TrainerConfig, s: PSSettings) -> dict[str, Any] | None:
+    from ..train import evaluate, loss_fn_for, write_summary  # noqa: PLC0415 - train imports torch.distributed
+
+    wall0 = time.perf_counter()
+    spec = cfg.spec
+    check_batch(cfg, s.workers)
+    ds = load_dataset(spec)
+    model = build_model(spec, ds)
+    amp = make_amp("fp32", torch.device("cpu"))
+    metrics = WorkerMetrics(job=cfg.job, rank=s.index, port=cfg.metrics_port,
+                            log_path=cfg.run_dir / f"metrics-rank{s.index}.jsonl")  # fmt: skip
+    worker = Worker(spec=spec, index=s.index, workers=s.workers, addrs=s.addrs, model=model, ds=ds,
+                    loss_fn=loss_fn_for(ds), metrics=metrics)  # fmt: skip
+    main = s.index == 0
+    try:
+        t0 = time.perf_counter()
+        worker.run(evaluate=(lambda m: evaluate(m, ds, amp)[1]) if main else None)
+        train_s = time.perf_counter() - t0
+        if not main:
+            return None
+        name, value = evaluate(model, ds, amp)
+        metrics.write({"event": "eval", "step": worker.step, name: value})
+    finally:
+        worker.close()
+        metrics.close()
+    summary = summarize(worker, s, eval_name=name, eval_value=value, train_s=train_s,
+                        wall_s=time.perf_counter() - wall0)  # fmt: skip
+    write_summary(cfg, summary)
+    return summary
+
+
+EVAL_KEYS = {"test_accuracy": "testAccuracy", "val_loss": "valLoss"}
+
+
+def summarize(worker: Worker, s: PSSettings, *, eval_name: str, eval_value: float, train_s: float,
+              wall_s: float) -> dict[str, Any]:  # fmt: skip
+    t = worker.totals
+    stats = worker.server_stats()
+    accepted = stats.get("accepted", 0.0)
+    rejected = {k.split(":", 1)[1]: int(v) for k, v in stats.items() if k.startswith("rejected:")}
+    staleness = {k.split(":", 1)[1]: int(v) for k, v in stats.items() if k.startswith("staleness:")}
+    return {
+        "mode": "paramserver",
+        "steps": worker.step,
+        "workers": s.workers,
+        "shards": s.shards,
+        "maxStaleness": s.ps.max_staleness,
+        EVAL_KEYS.get(eval_name, eval_name): eval_value,
+        "finalLoss": worker.last_loss,
+        "resumedFromStep": worker.resumed_from,
+        "trainS": train_s,
+        "wallS": wall_s,
+        "samplesPerS": t.samples / t.step_s if t.step_s else 0.0,
+        "computeFraction": t.fraction(t.compute_s),
+        "commExposedFraction": t.fraction(t.comm_s),
+        "commBusyFraction": t.fraction(t.comm_s),
+        "commFraction": t.fraction(t.comm_s),
+        "dataFraction": t.fraction(t.data_s),
+        "idleFraction": t.fraction(t.idle_s),
+        "pullSeconds": t.pull_s,
+        "pushSeconds": t.push_s,
+        "pullBytes": t.pull_bytes,
+        "pushBytes": t.push_bytes,
+        "pushesAccepted": int(accepted),
+        "pushesRejected": sum(rejected.values()),
+        "rejectedByReason": rejected,
+        "stalenessHistogram": dict(sorted(staleness.items(), key=lambda kv: int(kv[0]))),
+        "accuracyPerEval": [[step, acc] for step, acc in worker.eval_history],
+    }
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
+    os.replace(tmp, path)
