@@ -3,7 +3,9 @@
 - The checkpoint: rank 0 picks the newest checkpoint that is complete *and
   loads*, then broadcasts its step; every other rank loads exactly that step.
   A corrupt newest checkpoint therefore makes the whole gang fall back to the
-  previous one together.
+  previous one together. When the newest complete one is a sharded (DCP)
+  checkpoint, rank 0 broadcasts its path instead: every rank reads its own
+  shards of it (sharded_checkpoint.py).
 - RNG: every rank's streams (torch, CUDA, numpy, random) are saved; at the same
   world size each rank gets its own back, so dropout continues exactly. At a
   new world size there is no stream to give back, and each rank is seeded from
@@ -28,6 +30,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 
 from . import checkpoint as ckpt
+from . import sharded_checkpoint as sharded_ckpt
 from .dist_env import DistContext
 
 
@@ -55,6 +58,19 @@ def agree_on_checkpoint(root: Path, ctx: DistContext) -> tuple[int, dict[str, An
                 f"loaded ({e}); the checkpoint volume must be shared by all workers"
             ) from None
     return loaded
+
+
+def newest_sharded(root: Path, ctx: DistContext) -> Path | None:
+    """The newest complete checkpoint when it is a sharded (DCP) one, on every rank; None: there is
+    none, or the newest is a full one (then `agree_on_checkpoint`)."""
+    choice: list[Path | None] = [None]
+    if ctx.is_main:
+        ckpt.clean_partial(root)
+        found = sharded_ckpt.list_checkpoints(root)
+        if found and sharded_ckpt.is_sharded_checkpoint(found[-1][1]):
+            choice = [found[-1][1]]
+    dist.broadcast_object_list(choice, src=0)
+    return choice[0]
 
 
 # ----------------------------------------------------------------- RNG streams
