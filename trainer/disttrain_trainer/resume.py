@@ -3,9 +3,9 @@
 - The checkpoint: rank 0 picks the newest checkpoint that is complete *and
   loads*, then broadcasts its step; every other rank loads exactly that step.
   A corrupt newest checkpoint therefore makes the whole gang fall back to the
-  previous one together. When the newest complete one is a sharded (DCP)
-  checkpoint, rank 0 broadcasts its path instead: every rank reads its own
-  shards of it (sharded_checkpoint.py).
+  previous one together. When the caller can take a sharded (DCP) checkpoint
+  and the newest complete one is one, rank 0 names it instead: every rank
+  reads its own shards of it (sharded_checkpoint.py).
 - RNG: every rank's streams (torch, CUDA, numpy, random) are saved; at the same
   world size each rank gets its own back, so dropout continues exactly. At a
   new world size there is no stream to give back, and each rank is seeded from
@@ -38,17 +38,29 @@ class CheckpointNotVisible(RuntimeError):
     """Rank 0 loaded a checkpoint this rank cannot read yet; transient (the shared volume may lag)."""
 
 
-def agree_on_checkpoint(root: Path, ctx: DistContext) -> tuple[int, dict[str, Any]] | None:
-    """The newest checkpoint that rank 0 can load completely, loaded on every rank; None: start fresh."""
-    loaded: tuple[int, dict[str, Any]] | None = None
+def agree_on_checkpoint(
+    root: Path, ctx: DistContext, *, sharded: bool = False
+) -> tuple[int, dict[str, Any] | Path] | None:
+    """The newest checkpoint that rank 0 can load completely, loaded on every rank; None: start fresh.
+
+    With `sharded`, a DCP checkpoint newer than every full one comes back as its path: every
+    rank then reads its own shards of it (sharded_checkpoint.load). One broadcast either way, so
+    every rank issues the same collectives whatever it finds on its volume."""
+    loaded: tuple[int, dict[str, Any] | Path] | None = None
     if ctx.is_main:
         ckpt.clean_partial(root)
-        loaded = ckpt.load_latest(root)
-    choice = [loaded[0] if loaded is not None else None]
+        found = sharded_ckpt.list_checkpoints(root) if sharded else []
+        if found and sharded_ckpt.is_sharded_checkpoint(found[-1][1]):
+            loaded = found[-1]
+        else:
+            loaded = ckpt.load_latest(root)
+    choice = [(loaded[0], isinstance(loaded[1], Path)) if loaded is not None else None]
     dist.broadcast_object_list(choice, src=0)
-    step = choice[0]
-    if step is None:
+    if choice[0] is None:
         return None
+    step, is_dcp = choice[0]
+    if is_dcp:
+        return step, root / ckpt.name_for(step)
     if loaded is None:
         try:
             loaded = step, ckpt.load(root, step)
@@ -58,19 +70,6 @@ def agree_on_checkpoint(root: Path, ctx: DistContext) -> tuple[int, dict[str, An
                 f"loaded ({e}); the checkpoint volume must be shared by all workers"
             ) from None
     return loaded
-
-
-def newest_sharded(root: Path, ctx: DistContext) -> Path | None:
-    """The newest complete checkpoint when it is a sharded (DCP) one, on every rank; None: there is
-    none, or the newest is a full one (then `agree_on_checkpoint`)."""
-    choice: list[Path | None] = [None]
-    if ctx.is_main:
-        ckpt.clean_partial(root)
-        found = sharded_ckpt.list_checkpoints(root)
-        if found and sharded_ckpt.is_sharded_checkpoint(found[-1][1]):
-            choice = [found[-1][1]]
-    dist.broadcast_object_list(choice, src=0)
-    return choice[0]
 
 
 # ----------------------------------------------------------------- RNG streams

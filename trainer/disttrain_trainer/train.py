@@ -243,21 +243,20 @@ def _settle_buckets(run: Run) -> None:
 def _resume(run: Run) -> None:
     """The newest checkpoint of either format into this run's model, whatever layout wrote it."""
     root = run.cfg.checkpoint_dir
-    newest_dcp = resume.newest_sharded(root, run.ctx)
-    if newest_dcp is not None:  # every rank reads the byte ranges its own shards need
-        run.restore(sharded_ckpt.load(newest_dcp, model=run.inner, optimizer=run.optimizer))
+    loaded = resume.agree_on_checkpoint(root, run.ctx, sharded=True)
+    if loaded is None:
+        return
+    saved = loaded[1]
+    if isinstance(saved, Path):  # DCP: every rank reads the byte ranges its own shards need
+        state = sharded_ckpt.load(saved, model=run.inner, optimizer=run.optimizer)
+    elif run.sharded:  # every rank holds the full tensors; each keeps its own shard of them
+        state = sharded_ckpt.load_full(saved, model=run.inner, optimizer=run.optimizer)
     else:
-        loaded = resume.agree_on_checkpoint(root, run.ctx)
-        if loaded is None:
-            return
-        state = loaded[1]
-        if run.sharded:
-            state = sharded_ckpt.load_full(state, model=run.inner, optimizer=run.optimizer)
-        else:
-            hooks = state.get("comm_hook") or []
-            if len(hooks) == run.ctx.world_size and any(h is not None for h in hooks):
-                _settle_buckets(run)
-        run.restore(state)
+        state = saved
+        hooks = state.get("comm_hook") or []
+        if len(hooks) == run.ctx.world_size and any(h is not None for h in hooks):
+            _settle_buckets(run)
+    run.restore(state)
     if run.ctx.is_main:
         print(f"disttrain-trainer: resumed from step {run.step} ({root})", flush=True)
 
