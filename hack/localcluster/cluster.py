@@ -254,7 +254,9 @@ class LocalCluster:
                 except ProcessLookupError:  # exited between the listing and the kill
                     break
                 return pid
-        raise ContainerGone("kill", f"container {cid[:12]} of {namespace}/{pod} has no running task on {n.name}")
+        tasks = " | ".join(line for line in info.splitlines() if line.strip())
+        raise ContainerGone("kill", f"container {cid[:12]} of {namespace}/{pod} has no running task on {n.name} "
+                                    f"(tasks there: {tasks or 'none'})")
 
     def stop_node(self, name: str) -> None:
         """The node dies: kubelet, kube-proxy, containerd, shims and containers are SIGKILLed."""

@@ -30,9 +30,13 @@ def example(name: str, ns: str) -> dict[str, Any]:
 def test_paramserver_example_succeeds(kubectl: Kubectl, operator: OperatorProcess, namespace: str) -> None:
     name = f"ps-{uuid.uuid4().hex[:5]}"
     kubectl.apply(example(name, namespace))
-    deps = kubectl.wait_for("the shard Deployments", lambda: [d["metadata"]["name"] for d in kubectl.json(
-        "get", "deployments", "-n", namespace, "-l", f"disttrain.dev/job-name={name}")["items"]], timeout=120)
-    assert sorted(deps) == [f"{name}-server-0", f"{name}-server-1"]
+    def deployments() -> list[str]:
+        return sorted(d["metadata"]["name"] for d in kubectl.json(
+            "get", "deployments", "-n", namespace, "-l", f"disttrain.dev/job-name={name}")["items"])  # fmt: skip
+
+    # The operator creates the shards one after the other: wait for both, then check the names.
+    kubectl.wait_for("both shard Deployments", lambda: len(deployments()) >= 2, timeout=120)
+    assert deployments() == [f"{name}-server-0", f"{name}-server-1"]
     job = kubectl.wait_phase(namespace, name, ("Succeeded", "Failed"), timeout=600)
     status = job["status"]
     assert status["phase"] == "Succeeded", status

@@ -227,3 +227,17 @@ def test_servers_keep_serving_until_stopped_clients_do_not(mode: str) -> None:
     for dep in children.deployments:
         assert env_of(dep["spec"]["template"])[c.ENV_SERVE_UNTIL_STOPPED] == "1"
     assert all(c.ENV_SERVE_UNTIL_STOPPED not in env_of(p) for p in children.pods)
+
+
+def test_federated_certificate_for_names_longer_than_a_common_name() -> None:
+    import base64
+
+    from cryptography import x509
+    from disttrain_operator.topology.federated_secrets import CERT_FILE
+
+    name, ns = "j" * 50, "n" * 50  # legal names whose Service FQDN is far longer than 64 characters
+    children = build_children(spec(mode="federated"), ctx(name=name, namespace=ns))
+    tls = next(s for s in children.secrets if s["metadata"]["name"].endswith("-federated-tls"))
+    cert = x509.load_pem_x509_certificate(base64.b64decode(tls["data"][CERT_FILE]))
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+    assert f"{name}-aggregator.{ns}.svc.cluster.local" in sans

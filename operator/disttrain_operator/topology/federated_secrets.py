@@ -23,6 +23,11 @@ from .common import BuildContext, metadata
 
 CA_FILE, CERT_FILE, KEY_FILE = "ca.crt", "tls.crt", "tls.key"  # the kubernetes.io/tls layout + ca.crt
 VALID_DAYS = 365
+CN_MAX = 64  # X.509 upper bound of a common name (RFC 5280); the SANs carry the full DNS names
+
+
+def _common_name(text: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, text[:CN_MAX])])
 
 
 def tls_secret_name(job: str, fed: FederatedSpec) -> str:
@@ -40,10 +45,14 @@ def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
 def self_signed_server_cert(
     dns_names: list[str], *, now: dt.datetime | None = None, days: int = VALID_DAYS
 ) -> tuple[bytes, bytes, bytes]:
-    """(CA certificate, server certificate, server key), PEM. The CA key is discarded: nothing else is signed."""
+    """(CA certificate, server certificate, server key), PEM. The CA key is discarded: nothing else is signed.
+
+    Names: the shortest DNS name (the Service's) in the common names, cut to 64 characters
+    (a job and namespace of legal lengths make a longer FQDN); clients verify the SANs."""
     now = now or dt.datetime.now(dt.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"disttrain federated CA {dns_names[0]}")])
+    short = min(dns_names, key=len)
+    ca_name = _common_name(f"disttrain CA {short}")
     ca = (
         x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
         .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
@@ -57,7 +66,7 @@ def self_signed_server_cert(
     key = ec.generate_private_key(ec.SECP256R1())
     cert = (
         x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, dns_names[0])]))
+        .subject_name(_common_name(short))
         .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
         .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=days))
         .add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in dns_names]), critical=False)
