@@ -52,6 +52,7 @@ Schedule = Literal[
     "Naive", "GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", "PipeDream"
 ]
 Partition = Literal["uniform", "params", "profile"]
+DataStrategy = Literal["ddp", "fsdp"]
 Precision = Literal["fp32", "bf16", "fp16"]
 Compression = Literal["none", "fp16", "powersgd"]
 Optim = Literal["sgd", "adam", "adamw"]
@@ -123,6 +124,17 @@ class Parallelism:
         "profile",
         desc="How blocks are split into stages: uniform (equal block counts), params (equal parameter counts) "
         "or profile (measured time and activation size, balanced by dynamic programming).",
+    )
+    data_strategy: DataStrategy = fld(
+        "ddp",
+        desc="The data dimension: ddp (every rank holds whole replicas and all-reduces gradients) or fsdp "
+        "(FSDP2 fully_shard: parameters, gradients and optimizer state sharded ZeRO-3 style; modes data and "
+        "hybrid with pipeline 1).",
+    )
+    sequence_parallel: bool = fld(
+        False,
+        desc="With tensor > 1: shard layer norms, dropout and the residual stream along the sequence "
+        "(Korthikanti et al. 2022), turning each all-reduce into a reduce-scatter + all-gather.",
     )
 
 

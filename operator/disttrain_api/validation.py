@@ -99,6 +99,39 @@ def _mode_degrees(spec: JobSpec, c: _Checker, degrees_fit: bool) -> None:
                 f"mode hybrid needs at least two of the tensor ({tp}), pipeline ({pp}) and data ({dp}) degrees > 1; "
                 "for one kind of parallelism use mode tensor, pipeline or data",
             )
+        elif tp > 1 and pp > 1:
+            # The pipeline engine moves plain tensors between whole-block stages; tensor-parallel
+            # blocks hold DTensors sharded over another mesh dimension, which it cannot split.
+            c.add(
+                "spec.parallelism",
+                f"mode hybrid runs data x tensor (pipeline 1) or data x pipeline (tensor 1), not both: "
+                f"parallelism.tensor {tp} with parallelism.pipeline {pp} is not supported; set one of them to 1",
+            )
+
+
+def _strategies(spec: JobSpec, c: _Checker) -> None:
+    par = spec.parallelism
+    if c.ok("spec.mode", "spec.parallelism.dataStrategy") and par.data_strategy == "fsdp":
+        if spec.mode not in ("data", "hybrid"):
+            c.add(
+                "spec.parallelism.dataStrategy",
+                f"fsdp shards over the data dimension; mode {spec.mode} has none (use mode data or hybrid)",
+            )
+        elif c.ok("spec.parallelism.pipeline") and par.pipeline > 1:
+            # Pipeline stages average whole-stage gradients over the replicas themselves.
+            c.add(
+                "spec.parallelism.dataStrategy",
+                f"fsdp is not supported with parallelism.pipeline {par.pipeline} (stages keep whole replicas); "
+                "use ddp, or pipeline 1",
+            )
+    if c.ok("spec.parallelism.sequenceParallel", "spec.parallelism.tensor") and par.sequence_parallel:
+        if par.tensor < 2:
+            c.add("spec.parallelism.sequenceParallel", "needs parallelism.tensor > 1 (it splits the tensor-parallel regions' sequence)")
+        elif c.ok("spec.model.blockSize") and spec.model.block_size % par.tensor:
+            c.add(
+                "spec.parallelism.sequenceParallel",
+                f"model.blockSize {spec.model.block_size} is not divisible by parallelism.tensor {par.tensor}",
+            )
 
 
 def _schedule(spec: JobSpec, c: _Checker) -> None:
@@ -313,6 +346,7 @@ def validate_spec(spec: JobSpec, *, skip: Iterable[FieldError] = ()) -> list[Fie
     """
     c = _Checker(skip)
     _size_dependent(spec, c)
+    _strategies(spec, c)
     _mode_blocks(spec, c)
     _elastic(spec, c)
     _devices(spec, c)

@@ -137,3 +137,37 @@ def digits_spec(**over: Any) -> dict[str, Any]:
 @pytest.fixture
 def make_digits_spec():  # noqa: ANN201
     return digits_spec
+
+
+def _gloo_entry(rank: int, world: int, port: int, fn: Any, args: tuple[Any, ...]) -> None:
+    import torch  # noqa: PLC0415 - the trainer-process tests above never import torch here
+    import torch.distributed as dist  # noqa: PLC0415
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        fn(*args)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_gloo(fn: Any, world: int, *args: Any) -> None:
+    """Run fn(*args) in `world` fresh gloo processes; raises if any of them fails.
+
+    fork, not spawn: the workers are functions of test modules, which a spawned
+    child could not import (pytest's importlib mode)."""
+    import torch.multiprocessing as mp  # noqa: PLC0415
+
+    mp.start_processes(_gloo_entry, args=(world, free_port(), fn, args), nprocs=world, join=True,
+                       start_method="fork")  # fmt: skip
+
+
+@pytest.fixture
+def gloo():  # noqa: ANN201
+    return run_gloo
+
+
+@pytest.fixture(scope="module")
+def module_trainer(tmp_path_factory: pytest.TempPathFactory) -> TrainerLauncher:
+    """One launcher for a whole test module: runs shared by several tests (e.g. one reference run)."""
+    return TrainerLauncher(tmp_path_factory.mktemp("runs"))

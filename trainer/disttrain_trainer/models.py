@@ -82,18 +82,22 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         if dim % heads:
             raise ConfigError(f"model.hidden {dim} must be divisible by model.heads {heads}")
-        self.heads, self.dropout = heads, dropout
+        self.head_dim, self.dropout = dim // heads, dropout
+        # Output features are grouped per head as [q | k | v] of that head, so a
+        # column-parallel split of the fused projection gives each tensor-parallel
+        # rank whole heads (parallel/tensor.py); forward infers the local head count.
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, c = x.shape
-        q, k, v = self.qkv(x).split(c, dim=2)
-        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        b, t, _ = x.shape
+        hd = self.head_dim
+        qkv = self.qkv(x).view(b, t, -1, 3 * hd).transpose(1, 2)
+        q, k, v = qkv.split(hd, dim=3)
         y = F.scaled_dot_product_attention(
             q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
         )
-        return self.proj(y.transpose(1, 2).contiguous().view(b, t, c))
+        return self.proj(y.transpose(1, 2).reshape(b, t, -1))
 
 
 class Block(nn.Module):

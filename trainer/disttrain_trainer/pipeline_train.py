@@ -53,7 +53,12 @@ from .train import SUMMARY_EVAL_KEY, evaluate, loss_fn_for
 def check_pipeline_supported(cfg: TrainerConfig) -> None:
     spec = cfg.spec
     if spec.parallelism.tensor != 1:
-        raise ConfigError("mode hybrid with parallelism.tensor > 1 is not implemented yet; use tensor 1")
+        raise ConfigError(
+            f"parallelism.tensor {spec.parallelism.tensor} with parallelism.pipeline {spec.parallelism.pipeline} "
+            "is not supported: a pipeline runs with tensor 1 (and tensor parallelism with pipeline 1)"
+        )
+    if spec.parallelism.data_strategy != "ddp":
+        raise ConfigError("parallelism.dataStrategy fsdp is not supported with a pipeline; use ddp")
     if spec.training.grad_accumulation != 1:
         raise ConfigError("training.gradAccumulation must be 1 with a pipeline: use parallelism.microbatches")
     if spec.training.precision != "fp32":

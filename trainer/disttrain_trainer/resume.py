@@ -3,7 +3,9 @@
 - The checkpoint: rank 0 picks the newest checkpoint that is complete *and
   loads*, then broadcasts its step; every other rank loads exactly that step.
   A corrupt newest checkpoint therefore makes the whole gang fall back to the
-  previous one together.
+  previous one together. When the caller can take a sharded (DCP) checkpoint
+  and the newest complete one is one, rank 0 names it instead: every rank
+  reads its own shards of it (sharded_checkpoint.py).
 - RNG: every rank's streams (torch, CUDA, numpy, random) are saved; at the same
   world size each rank gets its own back, so dropout continues exactly. At a
   new world size there is no stream to give back, and each rank is seeded from
@@ -28,6 +30,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 
 from . import checkpoint as ckpt
+from . import sharded_checkpoint as sharded_ckpt
 from .dist_env import DistContext
 
 
@@ -35,17 +38,29 @@ class CheckpointNotVisible(RuntimeError):
     """Rank 0 loaded a checkpoint this rank cannot read yet; transient (the shared volume may lag)."""
 
 
-def agree_on_checkpoint(root: Path, ctx: DistContext) -> tuple[int, dict[str, Any]] | None:
-    """The newest checkpoint that rank 0 can load completely, loaded on every rank; None: start fresh."""
-    loaded: tuple[int, dict[str, Any]] | None = None
+def agree_on_checkpoint(
+    root: Path, ctx: DistContext, *, sharded: bool = False
+) -> tuple[int, dict[str, Any] | Path] | None:
+    """The newest checkpoint that rank 0 can load completely, loaded on every rank; None: start fresh.
+
+    With `sharded`, a DCP checkpoint newer than every full one comes back as its path: every
+    rank then reads its own shards of it (sharded_checkpoint.load). One broadcast either way, so
+    every rank issues the same collectives whatever it finds on its volume."""
+    loaded: tuple[int, dict[str, Any] | Path] | None = None
     if ctx.is_main:
         ckpt.clean_partial(root)
-        loaded = ckpt.load_latest(root)
-    choice = [loaded[0] if loaded is not None else None]
+        found = sharded_ckpt.list_checkpoints(root) if sharded else []
+        if found and sharded_ckpt.is_sharded_checkpoint(found[-1][1]):
+            loaded = found[-1]
+        else:
+            loaded = ckpt.load_latest(root)
+    choice = [(loaded[0], isinstance(loaded[1], Path)) if loaded is not None else None]
     dist.broadcast_object_list(choice, src=0)
-    step = choice[0]
-    if step is None:
+    if choice[0] is None:
         return None
+    step, is_dcp = choice[0]
+    if is_dcp:
+        return step, root / ckpt.name_for(step)
     if loaded is None:
         try:
             loaded = step, ckpt.load(root, step)

@@ -1,12 +1,18 @@
-"""The training loop: data -> forward/backward (DDP all-reduce) -> optimizer, with metrics and checkpoints.
+"""The training loop of data, tensor and hybrid without a pipeline: data -> forward/backward -> optimizer,
+with metrics and checkpoints (pipeline layouts: pipeline_train.py).
 
 Time per step is split four ways and measured, not estimated (see disttrain_api.metric_names):
   data          = fetching this rank's rows from the shards and moving them to the device;
-  comm exposed  = the step waiting on gradient communication nothing overlapped (DDP's reducer timer);
+  comm exposed  = the step waiting on communication nothing overlapped (DDP's reducer timer; for a
+                  sharded model, the profiler's collective events: parallel/comm_profile.py);
   compute       = the forward/backward/optimizer window minus the exposed communication;
   idle          = waiting while rank 0 evaluates or snapshots a checkpoint alone (timed up to a barrier).
 Busy communication (a collective in flight, overlapped or not) is reported beside them.
 The loop keeps the device unsynchronised: the loss stays a tensor until a log interval.
+
+A sharded model (tensor parallel, FSDP: DTensor parameters) needs every rank in each forward, so
+every rank evaluates it, and its checkpoints are DCP ones that every rank writes its shards of
+(sharded_checkpoint.py); either format resumes into either kind of model.
 """
 
 from __future__ import annotations
@@ -23,9 +29,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor.parallel import loss_parallel
 
 from . import checkpoint as ckpt
 from . import parallel, resume
+from . import sharded_checkpoint as sharded_ckpt
 from .config import SUMMARY_FILE, ConfigError, TrainerConfig, finished_path
 from .data import Dataset, GlobalBatchSampler, load_dataset
 from .dist_env import DistContext, cleanup, finish, init_distributed
@@ -44,15 +52,16 @@ def check_supported(cfg: TrainerConfig) -> None:
     spec = cfg.spec
     if spec.mode not in parallel.IMPLEMENTED:
         raise parallel.ModeNotImplemented(spec.mode)
-    if spec.mode in parallel.PIPELINE_MODES:
+    if parallel.runs_pipeline(spec):
         from .pipeline_train import check_pipeline_supported  # noqa: PLC0415 - it imports this module
 
         check_pipeline_supported(cfg)
         return
-    parts = cfg.world_size * spec.training.grad_accumulation
+    dp = parallel.data_shard(cfg, 0)[1]  # also checks that the degrees fit this world size
+    parts = dp * spec.training.grad_accumulation
     if spec.data.batch_size % parts:
         raise ConfigError(
-            f"data.batchSize {spec.data.batch_size} must be divisible by world size {cfg.world_size} x "
+            f"data.batchSize {spec.data.batch_size} must be divisible by data-parallel degree {dp} x "
             f"training.gradAccumulation {spec.training.grad_accumulation} = {parts}"
         )
     resolve(spec.model.name)  # a `module:factory` that does not import fails before any rendezvous
@@ -76,7 +85,15 @@ def loss_fn_for(ds: Dataset):  # noqa: ANN201
 
 @torch.no_grad()
 def evaluate(model: nn.Module, ds: Dataset, amp: Amp) -> tuple[str, float]:
-    """Test accuracy (classification) or validation loss (text) of the full held-out set."""
+    """Test accuracy (classification) or validation loss (text) of the full held-out set.
+
+    A sharded model needs every rank here; its vocabulary-sharded logits go through
+    loss_parallel's cross-entropy (a no-op for plain tensors)."""
+    with loss_parallel():
+        return _evaluate(model, ds, amp)
+
+
+def _evaluate(model: nn.Module, ds: Dataset, amp: Amp) -> tuple[str, float]:
     was_training = model.training
     model.eval()
     x_all, y_all = ds.test_batches()
@@ -103,9 +120,9 @@ class Run:
     cfg: TrainerConfig
     ctx: DistContext
     ds: Dataset
-    model: nn.Module  # the wrapped (DDP) model
-    inner: nn.Module  # the plain module: what checkpoints hold
-    comm: parallel.CommClock | None  # None: nothing to time (or metrics off)
+    model: nn.Module  # the wrapped model (DDP, or the sharded module itself)
+    inner: nn.Module  # the module whose state checkpoints hold (sharded in place on a mesh)
+    comm: parallel.CommClock | parallel.ProfiledComm | None  # None: nothing to time (or metrics off)
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     amp: Amp
@@ -119,15 +136,21 @@ class Run:
     totals: Tally = field(default_factory=Tally)
     saver: ckpt.AsyncSaver | None = None  # rank 0's background checkpoint writer
 
+    @property
+    def sharded(self) -> bool:
+        return parallel.is_sharded(self.inner)
+
     def state(self) -> dict[str, Any]:
+        """Everything a resume needs; a sharded model's model and optimizer go to DCP instead."""
         # Per-rank parts: RNG streams (dropout) and the comm hook's error feedback (PowerSGD).
         per_rank: list[Any] = [None] * self.ctx.world_size
         dist.all_gather_object(per_rank, (resume.rng_state(), resume.hook_state(self.comm_hook_state)))
+        weights = {} if self.sharded else {"model": self.inner.state_dict(), "optimizer": self.optimizer.state_dict()}
         return {
             "step": self.step,
             "world_size": self.ctx.world_size,
-            "model": self.inner.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "layout": parallel.layout(self.cfg).describe(),
+            **weights,
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.amp.scaler.state_dict() if self.amp.scaler is not None else None,
             "sampler": self.sampler.state_dict(),
@@ -141,20 +164,26 @@ class Run:
         }
 
     def restore(self, state: dict[str, Any]) -> None:
-        self.inner.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        """`state` without model and optimizer: sharded_checkpoint has restored those."""
+        if "model" in state:
+            self.inner.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if self.amp.scaler is not None and state.get("scaler"):
             self.amp.scaler.load_state_dict(state["scaler"])
         self.sampler.load_state_dict(state["sampler"])
         self.step = self.resumed_from = int(state["step"])
         self.summary = state.get("summary")
-        if len(state["rng"]) == self.ctx.world_size:  # same gang shape: each rank continues its own streams
+        layout = parallel.layout(self.cfg).describe()
+        # Checkpoints without a layout were written by data parallel over their whole world.
+        saved_layout = state.get("layout", f"dp={len(state['rng'])},pp=1,tp=1")
+        if len(state["rng"]) == self.ctx.world_size and saved_layout == layout:
+            # Same gang shape: each rank continues its own streams.
             resume.set_rng_state(state["rng"][self.ctx.rank])
             hooks = state.get("comm_hook") or [None] * self.ctx.world_size
             resume.load_hook_state(self.comm_hook_state, hooks[self.ctx.rank], self.ctx.device)
         else:  # resharded: no saved stream belongs to this rank; error feedback starts empty
-            resume.seed_rank(self.cfg.spec.data.seed, self.step, self.ctx.rank)
+            resume.seed_rank(self.cfg.spec.data.seed, self.step, parallel.rng_stream(self.cfg, self.ctx.rank))
 
     @property
     def comm_hook_state(self) -> Any:
@@ -164,8 +193,15 @@ class Run:
         """Snapshot the state; rank 0 hands it to the background writer (at most one write in flight).
 
         The collective RNG gather runs on every rank; only rank 0 then copies the state, so the
-        caller times this (with a barrier after it) as idle time, not as communication."""
+        caller times this (with a barrier after it) as idle time, not as communication.
+        A sharded model's checkpoint is written by every rank, synchronously (DCP)."""
         state = self.state()
+        if self.sharded:
+            res = sharded_ckpt.save(self.cfg.checkpoint_dir, self.step, model=self.inner, optimizer=self.optimizer,
+                                    extra=state, keep=self.cfg.spec.checkpoint.keep,
+                                    layout=parallel.layout(self.cfg).describe())  # fmt: skip
+            self.metrics.observe_checkpoint(self.step, res.seconds, res.bytes)
+            return
         if self.ctx.is_main:
             if self.saver is None:
                 self.saver = ckpt.AsyncSaver(self.cfg.checkpoint_dir, keep=self.cfg.spec.checkpoint.keep,
@@ -205,14 +241,22 @@ def _settle_buckets(run: Run) -> None:
 
 
 def _resume(run: Run) -> None:
+    """The newest checkpoint of either format into this run's model, whatever layout wrote it."""
     root = run.cfg.checkpoint_dir
-    loaded = resume.agree_on_checkpoint(root, run.ctx)
+    loaded = resume.agree_on_checkpoint(root, run.ctx, sharded=True)
     if loaded is None:
         return
-    hooks = loaded[1].get("comm_hook") or []
-    if len(hooks) == run.ctx.world_size and any(h is not None for h in hooks):
-        _settle_buckets(run)
-    run.restore(loaded[1])
+    saved = loaded[1]
+    if isinstance(saved, Path):  # DCP: every rank reads the byte ranges its own shards need
+        state = sharded_ckpt.load(saved, model=run.inner, optimizer=run.optimizer)
+    elif run.sharded:  # every rank holds the full tensors; each keeps its own shard of them
+        state = sharded_ckpt.load_full(saved, model=run.inner, optimizer=run.optimizer)
+    else:
+        state = saved
+        hooks = state.get("comm_hook") or []
+        if len(hooks) == run.ctx.world_size and any(h is not None for h in hooks):
+            _settle_buckets(run)
+    run.restore(state)
     if run.ctx.is_main:
         print(f"disttrain-trainer: resumed from step {run.step} ({root})", flush=True)
 
@@ -235,26 +279,40 @@ def _replica_divergence(model: nn.Module) -> float:
     return float((hi - lo).max())
 
 
-def _rank0_alone(run: Run, *, evaluate_now: bool, checkpoint_now: bool) -> tuple[str, float] | None:
-    """Evaluation and the checkpoint snapshot: rank 0 works alone, the others wait at the barrier."""
-    result = None
-    if evaluate_now and run.ctx.is_main:
-        result = evaluate(run.inner, run.ds, run.amp)
-        run.metrics.observe_eval(run.step, *result)
+def _between_steps(run: Run, *, evaluate_now: bool, checkpoint_now: bool) -> tuple[str, float] | None:
+    """Evaluation and the checkpoint snapshot: rank 0 works alone, the others wait at the barrier
+    (a sharded model is evaluated and saved by every rank together)."""
+    result = _evaluate_run(run) if evaluate_now else None
     if checkpoint_now:
         run.save_checkpoint()
     dist.barrier()  # the wait ends here, as idle time, not inside the next step's all-reduce
     return result
 
 
+def _evaluate_run(run: Run) -> tuple[str, float] | None:
+    """Evaluate on rank 0, or on every rank for a sharded model; rank 0 records it and returns it."""
+    if not (run.ctx.is_main or run.sharded):
+        return None
+    result = evaluate(run.inner, run.ds, run.amp)
+    if not run.ctx.is_main:
+        return None
+    run.metrics.observe_eval(run.step, *result)
+    return result
+
+
 def _loop(run: Run) -> dict[str, Any]:
     spec, ctx, metrics = run.cfg.spec, run.ctx, run.metrics
     tr = spec.training
-    step_fn = parallel.train_step_for(spec.mode)
-    loss_fn = loss_fn_for(run.ds)
     comm = run.comm if metrics.enabled else None
+    step_fn = parallel.train_step_for(run.model, comm)
+    loss_fn = loss_fn_for(run.ds)
     cuda = ctx.device.type == "cuda"
-    grad_bytes = parallel.data.gradient_bytes(run.inner)
+    layout = parallel.layout(run.cfg)
+    dp = layout.dp  # ranks of one tensor-parallel group share their samples
+    if run.sharded:
+        grad_bytes = parallel.hybrid.data_gradient_bytes(run.inner, layout)
+    else:
+        grad_bytes = parallel.data.gradient_bytes(run.inner)
     ckpt_every, eval_every, log_every = spec.checkpoint.interval_steps, tr.eval_interval_steps, tr.log_interval_steps
     no_comm = parallel.CommTimes(busy_s=0.0, exposed_s=0.0)
     interval = Tally()
@@ -281,14 +339,14 @@ def _loop(run: Run) -> dict[str, Any]:
             checkpoint_now = run.step % ckpt_every == 0 and run.step < tr.steps  # the final one: `run`, with the summary
             if evaluate_now or checkpoint_now:
                 ti = time.perf_counter()
-                eval_result = _rank0_alone(run, evaluate_now=evaluate_now, checkpoint_now=checkpoint_now) or eval_result
+                eval_result = _between_steps(run, evaluate_now=evaluate_now, checkpoint_now=checkpoint_now) or eval_result
                 idle = time.perf_counter() - ti
             end = time.perf_counter()
             metrics.observe_step_time(end - t0)
             interval.add_step(t0=t0, t1=t1, t2=t2, end=end, exposed_s=c.exposed_s, busy_s=c.busy_s,
                               idle_s=idle, samples=res.samples)  # fmt: skip
             if run.step % log_every == 0 or run.step == tr.steps:
-                _log_interval(run, interval, losses, grad_bytes)
+                _log_interval(run, interval, losses, grad_bytes, dp)
                 run.totals.merge(interval)
                 interval, losses = Tally(), []
         train_s = time.perf_counter() - start
@@ -297,10 +355,9 @@ def _loop(run: Run) -> dict[str, Any]:
     loss_t = torch.tensor([float(last_loss) if last_loss is not None else float("nan")],
                           dtype=torch.float64, device=ctx.device)  # fmt: skip
     dist.all_reduce(loss_t)  # the mean over ranks = the loss of the global batch
-    divergence = _replica_divergence(run.model)
-    if ctx.is_main:
-        eval_result = evaluate(run.inner, run.ds, run.amp)
-        run.metrics.observe_eval(run.step, *eval_result)
+    # Sharded parameters differ between ranks by design; replicas are compared in ddp only.
+    divergence = None if run.sharded else _replica_divergence(run.model)
+    eval_result = _evaluate_run(run)
     t = run.totals
     # camelCase like the rest of the API: this dict becomes the job's status.result.
     summary: dict[str, Any] = {
@@ -310,11 +367,13 @@ def _loop(run: Run) -> dict[str, Any]:
         "restartAttempt": run.cfg.restart_attempt,
         "worldSize": ctx.world_size,
         "mode": spec.mode,
+        "layout": layout.describe(),
+        "dataStrategy": spec.parallelism.data_strategy,
         "device": ctx.device.type,
         "backend": ctx.backend,
         "precision": tr.precision,
         "trainS": train_s,
-        "samplesPerS": t.samples * ctx.world_size / t.step_s if t.step_s else 0.0,
+        "samplesPerS": t.samples * dp / t.step_s if t.step_s else 0.0,
         # Fractions of step time; busy overlaps compute, the other three add up with compute.
         "commExposedFraction": t.fraction(t.exposed_s),
         "commFraction": t.fraction(t.exposed_s),  # = exposed: what status.commFraction shows
@@ -329,16 +388,20 @@ def _loop(run: Run) -> dict[str, Any]:
     return summary
 
 
-def _log_interval(run: Run, interval: Tally, losses: list[torch.Tensor], grad_bytes: int) -> None:
+def _log_interval(run: Run, interval: Tally, losses: list[torch.Tensor], grad_bytes: int, dp: int) -> None:
     """Once per log interval: the one host sync for the loss, the metrics, the progress line."""
     loss = float(torch.stack(losses).mean()) if losses else float("nan")
     lr = run.scheduler.get_last_lr()[0]
-    run.metrics.observe_interval(step=run.step, loss=loss, lr=lr, tally=interval, gradient_bytes=grad_bytes)
+    extra = None
+    if isinstance(run.comm, parallel.ProfiledComm):  # every collective's payload, tensor-parallel ones too
+        extra = {"comm_bytes": run.comm.taken.bytes}
+    run.metrics.observe_interval(step=run.step, loss=loss, lr=lr, tally=interval, gradient_bytes=grad_bytes,
+                                 extra=extra)  # fmt: skip
     run.report_checkpoints()
     if run.ctx.is_main:
         rec = interval.record()
         print(f"step {run.step}/{run.cfg.spec.training.steps} loss {loss:.4f} lr {lr:.4g} "
-              f"samples/s {rec['samples_per_s'] * run.ctx.world_size:.0f} "
+              f"samples/s {rec['samples_per_s'] * dp:.0f} "
               f"comm exposed {rec['comm_exposed_fraction']:.0%} busy {rec['comm_busy_fraction']:.0%}", flush=True)  # fmt: skip
 
 
@@ -365,7 +428,7 @@ def run(cfg: TrainerConfig, *, metrics: Metrics | None = None) -> dict[str, Any]
             ds = load_dataset(spec)
         amp = make_amp(spec.training.precision, ctx.device)
         inner = build_model(spec, ds)
-        if spec.mode in parallel.PIPELINE_MODES:
+        if parallel.runs_pipeline(spec):
             from . import pipeline_train  # noqa: PLC0415 - it imports this module
 
             prun = pipeline_train.setup(cfg, ctx, ds, inner, m)
@@ -376,15 +439,16 @@ def run(cfg: TrainerConfig, *, metrics: Metrics | None = None) -> dict[str, Any]
             finished = True
             return summary
         wrapped = parallel.apply(inner, mesh=ctx, cfg=cfg)
-        resume.seed_rank(spec.data.seed, 0, ctx.rank)  # per-rank streams (dropout), after identical init
+        # Per-rank streams (dropout), after identical init; one stream per tensor-parallel group.
+        resume.seed_rank(spec.data.seed, 0, parallel.rng_stream(cfg, ctx.rank))
         optimizer = build_optimizer(inner.parameters(), spec.optimizer, spec.data.batch_size)
         scheduler = build_scheduler(
             optimizer, spec.optimizer, spec.data.batch_size, spec.training.steps
         )
-        sampler = GlobalBatchSampler(
-            ds.num_train, spec.data.batch_size, spec.data.seed, ctx.rank, ctx.world_size
-        )
-        r = Run(cfg=cfg, ctx=ctx, ds=ds, model=wrapped, inner=inner, comm=parallel.comm_clock_for(wrapped) if m.enabled else None, optimizer=optimizer,
+        dp_rank, dp = parallel.data_shard(cfg, ctx.rank)
+        sampler = GlobalBatchSampler(ds.num_train, spec.data.batch_size, spec.data.seed, dp_rank, dp)
+        comm = parallel.comm_clock_for(wrapped) if m.enabled else None
+        r = Run(cfg=cfg, ctx=ctx, ds=ds, model=wrapped, inner=inner, comm=comm, optimizer=optimizer,
                 scheduler=scheduler, amp=amp, sampler=sampler, metrics=m)  # fmt: skip
         _resume(r)
         if r.summary is not None and r.step >= spec.training.steps:
