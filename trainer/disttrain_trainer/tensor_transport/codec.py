@@ -78,15 +78,13 @@ def make_header(
     return h
 
 
-def encode(
-    header: pb.StreamHeader,
-    tensors: Sequence[tuple[str, torch.Tensor]],
-    chunk_bytes: int = CHUNK_BYTES,
-) -> Iterator[pb.Chunk]:
-    """Chunks of at most `chunk_bytes` payload; the header rides on the first one."""
-    first = True
+def payload_chunks(tensors: Sequence[tuple[str, torch.Tensor]], chunk_bytes: int) -> Iterator[list[memoryview]]:
+    """The tensors' raw bytes cut into chunks of `chunk_bytes` (the last one shorter), each as
+    the views it is made of, without copying; one empty chunk when there are no bytes at all
+    (the stream still carries its header)."""
     pending: list[memoryview] = []
     size = 0
+    emitted = False
     for _, t in tensors:
         view = _raw(t)
         pos = 0
@@ -96,10 +94,20 @@ def encode(
             size += take
             pos += take
             if size == chunk_bytes:
-                yield pb.Chunk(header=header if first else None, data=b"".join(pending))
-                first, pending, size = False, [], 0
-    if pending or first:
-        yield pb.Chunk(header=header if first else None, data=b"".join(pending))
+                yield pending
+                pending, size, emitted = [], 0, True
+    if pending or not emitted:
+        yield pending
+
+
+def encode(
+    header: pb.StreamHeader,
+    tensors: Sequence[tuple[str, torch.Tensor]],
+    chunk_bytes: int = CHUNK_BYTES,
+) -> Iterator[pb.Chunk]:
+    """Chunks of at most `chunk_bytes` payload; the header rides on the first one."""
+    for i, parts in enumerate(payload_chunks(tensors, chunk_bytes)):
+        yield pb.Chunk(header=header if i == 0 else None, data=b"".join(parts))
 
 
 @dataclass

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import torch
 
-from .codec import CHUNK_BYTES, DTYPES, Received, StreamError, _raw, nbytes_of
+from .codec import CHUNK_BYTES, DTYPES, Received, StreamError, nbytes_of, payload_chunks
 from .protos import tensor_transport_pb2 as pb
 
 HEADER_TAG, DATA_TAG = 0x0A, 0x12
@@ -72,28 +72,11 @@ def encode(header: pb.StreamHeader, tensors: Sequence[tuple[str, torch.Tensor]],
     """Serialised `Chunk`s of at most `chunk_bytes` payload; the header rides on the first one."""
     head = header.SerializeToString()
     first: list[bytes | memoryview] = [bytes([HEADER_TAG]), _varint(len(head)), head]
-    pending: list[bytes | memoryview] = []
-    size = 0
-
-    def frame() -> bytes:
-        nonlocal first
-        parts = [*first, bytes([DATA_TAG]), _varint(size), *pending] if size else [*first]
+    for parts in payload_chunks(tensors, chunk_bytes):
+        size = sum(len(v) for v in parts)
+        data = [bytes([DATA_TAG]), _varint(size), *parts] if size else []
+        yield b"".join([*first, *data])
         first = []
-        return b"".join(parts)
-
-    for _, t in tensors:
-        view = _raw(t)
-        pos = 0
-        while pos < len(view):
-            take = min(chunk_bytes - size, len(view) - pos)
-            pending.append(view[pos : pos + take])
-            size += take
-            pos += take
-            if size == chunk_bytes:
-                yield frame()
-                pending, size = [], 0
-    if size or first:
-        yield frame()
 
 
 def split(frame: bytes) -> tuple[pb.StreamHeader | None, memoryview]:
