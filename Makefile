@@ -71,10 +71,10 @@ bench: $(STAMP) ## run the benchmarks (see benchmarks/README.md)
 clean: ## remove the venv and caches
 	rm -rf $(VENV) .pytest_cache build *.egg-info
 
-# The local cluster (issue: Local cluster): cluster-up, cluster-down, images, kind-up.
+# The local cluster: cluster-up, cluster-down, images, kind-up.
 include hack/cluster.mk
 
-# ---- operator on the local cluster (issue 5; owned by the operator) ----------
+# ---- operator on the local cluster ------------------------------------------
 DEMO_JOB := digits-ddp
 DEMO_KUBECONFIG = $${KUBECONFIG:-$${DISTTRAIN_CACHE:-$$HOME/.cache/disttrain}/cluster/kubeconfig}
 .PHONY: demo-cluster demo-cluster-down bench-operator

@@ -56,7 +56,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             raise pytest.UsageError(f"no tests collected in tier(s) {', '.join(empty)} (tests/<tier>/)")
 
 
-# ---- local cluster fixtures (owned by hack/, issue 4) --------------------------------------
+# ---- local cluster fixtures (hack/localcluster) ----------------------------------------------
 # `local_cluster`: the project's own multi-node cluster (hack/localcluster). Reuses one that is
 # already up (bringing its images up to date), else starts one and stops it at session end.
 # `kubeconfig`: $KUBECONFIG when set (any cluster, e.g. kind), else the local cluster's.

@@ -232,8 +232,11 @@ def digits_manifest(name: str, ns: str, **over: Any) -> dict[str, Any]:
 
 
 def events(kubectl: Kubectl, ns: str, name: str) -> list[dict[str, Any]]:
-    """The job's Events, oldest first."""
-    items = kubectl.json("get", "events", "-n", ns, "--field-selector", f"involvedObject.name={name}")["items"]
+    """The job's Events, oldest first. Only those about the DistTrainJob itself: its headless
+    Service and Endpoints share its name, and the endpoints controller's own Events about
+    them (e.g. a retried FailedToUpdateEndpoint after a node stops) are not the operator's."""
+    selector = f"involvedObject.name={name},involvedObject.kind=DistTrainJob"
+    items = kubectl.json("get", "events", "-n", ns, "--field-selector", selector)["items"]
     return sorted(items, key=lambda e: (e.get("firstTimestamp") or e.get("eventTime") or "", e["metadata"]["name"]))
 
 

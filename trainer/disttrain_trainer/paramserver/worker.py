@@ -50,6 +50,11 @@ class ShardView:
     incarnation: str = ""
     scalars: dict[str, float] = field(default_factory=dict)
 
+    @property
+    def done(self) -> bool:
+        """The shard said every worker is through: its parameters are final."""
+        return self.scalars.get("done", 0.0) >= 1.0
+
 
 class Worker:
     def __init__(self, *, spec: JobSpec, index: int, workers: int, addrs: tuple[str, ...], model: nn.Module,
@@ -96,6 +101,11 @@ class Worker:
 
     def pull(self, tally: WorkerTally) -> None:
         for s in self.shards:
+            if s.done:
+                # Final: nothing changes there any more. A shard
+                # leaves once it has told every worker, so asking it again could wait for a
+                # server that is gone while another shard still has to say "done".
+                continue
             t0, idle0 = time.perf_counter(), tally.idle_s
             # The bytes land in the model's own parameters: no copy after the transport's one.
             got: Pulled = self._retrying(
@@ -129,7 +139,7 @@ class Worker:
 
     @property
     def done(self) -> bool:
-        return all(s.scalars.get("done", 0.0) >= 1.0 for s in self.shards)
+        return all(s.done for s in self.shards)
 
     def server_steps(self) -> int:
         return int(min(s.scalars.get("workerSteps", 0.0) for s in self.shards))
