@@ -15,12 +15,14 @@ from disttrain_api.exitcodes import FAILED as EXIT_FAILED
 from disttrain_api.exitcodes import INTERRUPTED as EXIT_INTERRUPTED
 from disttrain_api.exitcodes import OK as EXIT_OK
 
-# The error that ended the run, kept until the process leaves (exit_process). Its traceback
-# holds the run's model: freeing a DDP model tears down its gloo process group, whose
-# destructor joins gloo's worker threads while holding the GIL, and a worker still releasing
-# a tensor that Python created waits for the GIL: the rank would hang instead of exiting
-# FAILED (and its peers with it, until their collective timeout).
-_failure: list[BaseException] = []
+
+def _keep_until_exit(error: BaseException) -> None:
+    """The error's traceback holds the run's model: it must outlive the process group (dist_env)."""
+    try:
+        from .dist_env import keep_until_exit  # noqa: PLC0415
+    except ImportError:
+        return  # torch missing: no process group was ever created
+    keep_until_exit(error)
 
 
 def main() -> int:
@@ -59,11 +61,11 @@ def main() -> int:
         print(f"disttrain-trainer: {e}", file=sys.stderr)
         return EXIT_CONFIG
     except KeyboardInterrupt as e:
-        _failure.append(e)
+        _keep_until_exit(e)
         print("disttrain-trainer: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as e:  # noqa: BLE001 - the one-line reason for the pod status; the traceback goes before it
-        _failure.append(e)
+        _keep_until_exit(e)
         traceback.print_exc()
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         print(f"disttrain-trainer: {type(e).__name__}: {msg}", file=sys.stderr)

@@ -125,6 +125,21 @@ def init_distributed(cfg: TrainerConfig) -> DistContext:
     )
 
 
+# Objects that hold a process group (a DDP model's Reducer, a pipeline schedule, a device mesh,
+# the error whose traceback holds them), kept until exit_process. Freeing the last of them
+# runs the gloo process group's destructor, which joins gloo's worker threads while holding
+# the GIL; a worker that is just dropping a finished collective (the final barrier's) must
+# decref a Python-created tensor and waits for that GIL: the rank hangs after its work is
+# done (measured: about one run in a hundred under load, the main thread in
+# ~ProcessGroupGloo from ~Reducer, the worker in gil_scoped_acquire).
+_kept_until_exit: list[object] = []
+
+
+def keep_until_exit(obj: object) -> None:
+    """Keep `obj` alive until the process leaves: see `_kept_until_exit`."""
+    _kept_until_exit.append(obj)
+
+
 def finish() -> None:
     """Leave the gang together after a successful run, then tear the process group down.
 

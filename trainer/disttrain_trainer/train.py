@@ -36,7 +36,7 @@ from . import parallel, resume
 from . import sharded_checkpoint as sharded_ckpt
 from .config import SUMMARY_FILE, ConfigError, TrainerConfig, finished_path
 from .data import Dataset, GlobalBatchSampler, load_dataset
-from .dist_env import DistContext, cleanup, finish, init_distributed
+from .dist_env import DistContext, cleanup, finish, init_distributed, keep_until_exit
 from .metrics import Metrics, Tally
 from .models import build_model, resolve
 from .optim import build_optimizer, build_scheduler
@@ -432,6 +432,7 @@ def run(cfg: TrainerConfig, *, metrics: Metrics | None = None) -> dict[str, Any]
             from . import pipeline_train  # noqa: PLC0415 - it imports this module
 
             prun = pipeline_train.setup(cfg, ctx, ds, inner, m)
+            keep_until_exit(prun)
             summary = pipeline_train.run_to_end(prun, amp, wall0)
             if ctx.is_main:
                 write_summary(cfg, summary)
@@ -450,6 +451,7 @@ def run(cfg: TrainerConfig, *, metrics: Metrics | None = None) -> dict[str, Any]
         comm = parallel.comm_clock_for(wrapped) if m.enabled else None
         r = Run(cfg=cfg, ctx=ctx, ds=ds, model=wrapped, inner=inner, comm=comm, optimizer=optimizer,
                 scheduler=scheduler, amp=amp, sampler=sampler, metrics=m)  # fmt: skip
+        keep_until_exit(r)
         _resume(r)
         if r.summary is not None and r.step >= spec.training.steps:
             summary = r.summary  # a finished run resumed: nothing to train, its figures stand
