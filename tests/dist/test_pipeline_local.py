@@ -1,0 +1,94 @@
+"""Every pipeline schedule through `disttrain local`, and the pipeline example against one process.
+
+`disttrain local` is the path a user takes on a laptop: the manifest is validated, the launcher
+starts one trainer process per rank with the operator's env contract, and the run ends with a
+summary and a checkpoint. Each schedule runs a few steps of a small MLP on digits; the pipeline
+example (a GPT on text, profile partition) is shortened and compared with the same model trained
+in one process (validation loss within 2%).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "examples"
+STEPS = 6
+CATEGORIES = ("computeFraction", "commExposedFraction", "dataFraction", "idleFraction")
+
+# schedule -> (microbatches, virtual stages per rank)
+SCHEDULES = {
+    "Naive": (1, 1),
+    "GPipe": (4, 1),
+    "1F1B": (4, 1),
+    "Interleaved1F1B": (4, 2),
+    "InterleavedZeroBubble": (4, 2),
+    "ZBVZeroBubble": (4, 2),
+    "PipeDream": (4, 1),
+}
+
+
+def _local(manifest: dict[str, Any], tmp: Path, name: str) -> dict[str, Any]:
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    run_dir = tmp / name
+    result = subprocess.run([sys.executable, "-m", "disttrain_operator", "local", str(path), "--run-dir", str(run_dir),
+                             "--no-progress", "--metrics-port", "0"], capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert result.returncode == 0 and "Succeeded" in result.stdout, (result.stdout + result.stderr)[-4000:]
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def _schedule_job(schedule: str) -> dict[str, Any]:
+    microbatches, virtual = SCHEDULES[schedule]
+    return {
+        "apiVersion": "disttrain.dev/v1alpha1",
+        "kind": "DistTrainJob",
+        "metadata": {"name": f"sched-{schedule.lower()}"},
+        "spec": {
+            "mode": "pipeline",
+            "workers": {"replicas": 2},
+            "parallelism": {"pipeline": 2, "schedule": schedule, "microbatches": microbatches,
+                            "virtualStages": virtual, "partition": "params"},
+            # 2 stages x 2 virtual stages need at least 4 blocks: stem, 4 hidden blocks, head.
+            "model": {"name": "mlp", "hidden": 32, "layers": 5},
+            "data": {"name": "digits", "batchSize": 32, "seed": 0, "shards": 2},
+            "optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.9, "scaleLR": "none", "decay": "none"},
+            "training": {"steps": STEPS, "logIntervalSteps": 2},
+            "checkpoint": {"intervalSteps": 3, "keep": 2},
+        },
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+def test_every_schedule_runs_through_disttrain_local(tmp_path: Path, schedule: str) -> None:
+    summary = _local(_schedule_job(schedule), tmp_path, "run")
+    assert summary["mode"] == "pipeline" and summary["steps"] == STEPS
+    pipe = summary["pipeline"]
+    assert pipe["schedule"] == schedule and pipe["stages"] == 2
+    assert [s["stage"] for s in pipe["perStage"]] == [0, 1]
+    # The same time categories as every mode: fractions of step time that add up to one.
+    assert abs(sum(summary[k] for k in CATEGORIES) - 1.0) < 1e-6, summary
+    assert 0.0 < summary["testAccuracy"] <= 1.0
+    checkpoints = sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("*/step-*"))
+    assert checkpoints and checkpoints[-1] == f"step-{STEPS:08d}", checkpoints
+
+
+def test_pipeline_example_is_within_2_percent_of_one_process(tmp_path: Path) -> None:
+    obj = yaml.safe_load((EXAMPLES / "pipeline.yaml").read_text())
+    spec = obj["spec"]
+    spec["training"].update(steps=10, evalIntervalSteps=10)
+    spec["checkpoint"]["intervalSteps"] = 10
+    parallel = _local(obj, tmp_path, "parallel")
+    assert parallel["pipeline"]["plan"]["method"] == "profile"
+    spec["mode"] = "data"
+    spec["workers"].update(replicas=1, procsPerWorker=1)
+    spec["parallelism"] = {"pipeline": 1}
+    single = _local(obj, tmp_path, "single")
+    assert parallel["steps"] == single["steps"] == 10 and parallel["worldSize"] == 2
+    assert abs(parallel["valLoss"] - single["valLoss"]) <= 0.02 * single["valLoss"], (parallel, single)
