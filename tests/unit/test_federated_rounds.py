@@ -19,7 +19,7 @@ from disttrain_trainer.federated import inprocess
 from disttrain_trainer.federated.aggregator import Aggregator
 from disttrain_trainer.federated.client import ClientRunner, train_local
 from disttrain_trainer.federated.entry import client_states, make_evaluator
-from disttrain_trainer.federated.fedmetrics import FedMetrics
+from disttrain_trainer.federated.fedmetrics import AGGREGATOR, FedMetrics
 from disttrain_trainer.federated.settings import client_ids
 from disttrain_trainer.tensor_transport import auth
 from disttrain_trainer.tensor_transport.channel import Tls, aio_channel
@@ -76,6 +76,30 @@ def test_plain_and_secure_aggregation_give_the_same_model(tmp_path: Path) -> Non
     for n, t in models[0].items():
         # Fixed point with 20 fraction bits on n x update: ~1e-6 / n per weight.
         assert torch.allclose(t, models[1][n], atol=1e-5), n
+
+
+def test_rounds_report_the_time_categories_of_every_mode(tmp_path: Path) -> None:
+    """A round is federated mode's step: its record, the summary and the Prometheus series split
+    it like every mode's step (compute + exposed communication + data + idle = the round)."""
+    spec = _spec(rounds=2)
+    ds, _, groups = _setup(spec, tmp_path)
+    metrics = FedMetrics(job="t", process=AGGREGATOR, port=0, log_path=None)
+    run = asyncio.run(inprocess.run_job(spec, ds, groups, key=auth.new_key(), metrics=metrics))
+    for r in run.aggregator.history:
+        parts = r["compute_s"] + r["comm_exposed_s"] + r["data_s"] + r["idle_s"]
+        assert r["compute_s"] > 0 and r["comm_exposed_s"] > 0 and abs(parts - r["step_s"]) < 1e-9, r
+        assert r["comm_busy_s"] == r["comm_exposed_s"]  # nothing overlaps a client's transfers
+    summary = run.aggregator.summary()
+    keys = ("computeFraction", "commExposedFraction", "dataFraction", "idleFraction")
+    assert abs(sum(summary[k] for k in keys) - 1.0) < 1e-9, summary
+    assert summary["commFraction"] == summary["commExposedFraction"] > 0
+    value = metrics.registry.get_sample_value
+    labels = metrics.labels
+    assert value("disttrain_step_seconds_count", labels) == 2
+    step_sum = value("disttrain_step_seconds_sum", labels)
+    series = ("compute", "comm_exposed", "data", "idle")
+    total = sum(value(f"disttrain_{n}_seconds_total", labels) for n in series)
+    assert step_sum > 0 and abs(total - step_sum) < 1e-6
 
 
 def _free_port() -> int:
@@ -148,7 +172,7 @@ def test_tls_channel_with_the_operators_certificate(tmp_path: Path) -> None:
 
     async def plaintext_to_tls() -> None:
         agg = Aggregator(fed=spec.federated, seed=0, model={"w": torch.zeros(2)}, key=auth.new_key(),
-                         metrics=FedMetrics(job="t", process="a", port=0, log_path=None), log=lambda s: None)  # fmt: skip
+                         metrics=FedMetrics(job="t", process=AGGREGATOR, port=0, log_path=None), log=lambda s: None)  # fmt: skip
         server, port = await inprocess.start_server(agg, tls)
         try:
             for channel in (aio_channel(f"127.0.0.1:{port}", None),  # no TLS at all

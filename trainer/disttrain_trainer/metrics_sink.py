@@ -1,4 +1,5 @@
-"""One process's Prometheus registry, its optional /metrics server and its JSON-lines log.
+"""One process's Prometheus registry, its optional /metrics server and its JSON-lines log,
+and the time categories every mode exports under the same names.
 
 The federated and parameter-server processes (aggregator, clients, server shards,
 workers) each own one; the data/pipeline trainer keeps its own `metrics.Metrics`.
@@ -11,7 +12,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from disttrain_api import metric_names as names
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
 class MetricsSink:
@@ -46,3 +50,47 @@ class MetricsSink:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+
+class StepTimeSeries:
+    """Where a step's wall time went, in the series every mode exports (disttrain_api.metric_names):
+    the step-time histogram and the compute, data, exposed and busy communication and idle
+    counters, so one dashboard reads every mode. A mode whose "step" is a round or an
+    iteration (federated, parameter server) observes one of those per step."""
+
+    def __init__(self, sink: MetricsSink, *, step_doc: str):
+        n = names
+        self.step_time = Histogram(n.STEP_SECONDS, step_doc, tuple(sink.labels), buckets=STEP_BUCKETS,
+                                   registry=sink.registry).labels(**sink.labels)  # fmt: skip
+        self.compute = sink.counter(n.COMPUTE_SECONDS, "Step time computing (not data, not exposed communication, not idle).")
+        self.data = sink.counter(n.DATA_SECONDS, "Time spent loading and moving batches.")
+        self.idle = sink.counter(n.IDLE_SECONDS, "Time waiting while another process works alone.")
+        self.exposed = sink.counter(n.COMM_EXPOSED_SECONDS, "Time the step waited on communication nothing overlapped.")
+        self.busy = sink.counter(n.COMM_BUSY_SECONDS, "Time communication was in flight (overlapped or not).")
+
+    def observe(self, *, step_s: float, compute_s: float, data_s: float, exposed_s: float, busy_s: float,
+                idle_s: float) -> None:  # fmt: skip
+        self.step_time.observe(step_s)
+        self.compute.inc(compute_s)
+        self.data.inc(data_s)
+        self.idle.inc(idle_s)
+        self.exposed.inc(exposed_s)
+        self.busy.inc(busy_s)
+
+
+def time_fractions(*, step_s: float, compute_s: float, data_s: float, exposed_s: float, busy_s: float,
+                   idle_s: float) -> dict[str, float]:  # fmt: skip
+    """The summary's fractions of step time, in the API's camelCase, as every mode reports them:
+    compute + exposed communication + data + idle = 1; busy communication overlaps compute."""
+
+    def frac(seconds: float) -> float:
+        return seconds / step_s if step_s > 0 else 0.0
+
+    return {
+        "computeFraction": frac(compute_s),
+        "commExposedFraction": frac(exposed_s),
+        "commFraction": frac(exposed_s),  # = exposed: what status.commFraction shows
+        "commBusyFraction": frac(busy_s),
+        "dataFraction": frac(data_s),
+        "idleFraction": frac(idle_s),
+    }

@@ -26,6 +26,7 @@ import torch
 from disttrain_api.model import FederatedSpec
 
 from .. import checkpoint as ckpt
+from ..metrics_sink import time_fractions
 from ..tensor_transport import auth, codec
 from ..tensor_transport.protos import tensor_transport_pb2 as pb
 from ..tensor_transport.protos import tensor_transport_pb2_grpc as pbg
@@ -268,8 +269,10 @@ class Aggregator(SecureStages, pbg.FederatedServicer):
         """The run's summary in the keys every mode reports (a round counts as a step)."""
         h = self.history
         acc = [r.get("test_accuracy") for r in h]
-        comm = sum(r["comm_s"] for r in h)
-        step = sum(r["step_s"] for r in h)
+
+        def total(key: str) -> float:
+            return sum(float(r.get(key) or 0.0) for r in h)
+
         return {
             "mode": "federated",
             "steps": self.round,
@@ -277,7 +280,8 @@ class Aggregator(SecureStages, pbg.FederatedServicer):
             "testAccuracy": acc[-1] if acc else None,
             "accuracyPerRound": acc,
             "roundSMedian": float(np.median([r["step_s"] for r in h])) if h else None,
-            "commFraction": comm / step if step > 0 else None,
+            **time_fractions(step_s=total("step_s"), compute_s=total("compute_s"), data_s=total("data_s"),
+                             exposed_s=total("comm_exposed_s"), busy_s=total("comm_busy_s"), idle_s=total("idle_s")),
             "bytesUp": sum(r["bytes_up"] for r in h),
             "bytesDown": sum(r["bytes_down"] for r in h),
             "roundAttempts": self.attempts,
@@ -314,15 +318,23 @@ class Aggregator(SecureStages, pbg.FederatedServicer):
             vals = [d[c] for c in answered if c in d]
             return sum(vals) / len(vals) if vals else 0.0
 
-        compute = avg(ra.client_compute_s)
-        comm = avg(ra.client_comm_s)
-        data = avg(ra.client_data_s)
+        # A round is this mode's step, seen through its average answered client: its local training
+        # (compute), loading its rows (data), receiving the model and sending its update (communication,
+        # all of it exposed: nothing overlaps a client's transfers) and the rest of the round (idle:
+        # waiting for the other clients, aggregation and evaluation on the aggregator).
+        compute = min(avg(ra.client_compute_s), round_s)
+        data = min(avg(ra.client_data_s), round_s - compute)
+        comm = min(avg(ra.client_comm_s), round_s - compute - data)
+        idle = round_s - compute - data - comm
         losses = [v for v in ra.client_loss.values() if math.isfinite(v)]
+        assert self.metrics.times is not None, "the aggregator's metrics are made with process=AGGREGATOR"
+        self.metrics.times.observe(step_s=round_s, compute_s=compute, data_s=data, exposed_s=comm, busy_s=comm,
+                                   idle_s=idle)  # fmt: skip
         record = {
             "step": self.round, "round": self.round, "attempt": ra.attempt,
             "loss": sum(losses) / len(losses) if losses else None,
-            "step_s": round_s, "compute_s": compute, "comm_s": comm, "comm_busy_s": comm, "data_s": data,
-            "idle_s": max(0.0, round_s - compute - comm - data),
+            "steps": 1, "step_s": round_s, "compute_s": compute, "comm_exposed_s": comm, "comm_busy_s": comm,
+            "data_s": data, "idle_s": idle,
             "clients_sampled": len(ra.sampled), "clients_answered": len(answered), "clients_dropped": dropped,
             "bytes_up": ra.bytes_up, "bytes_down": sum(len(c.data) for c in ra.model_chunks) * len(ra.served),
             "test_accuracy": accuracy, "samples": ra.samples,

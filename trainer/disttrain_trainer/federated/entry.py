@@ -24,7 +24,7 @@ from ..tensor_transport.protos import tensor_transport_pb2_grpc as pbg
 from . import partition
 from .aggregator import Aggregator
 from .client import ClientRunner, ClientState
-from .fedmetrics import FedMetrics
+from .fedmetrics import AGGREGATOR, FedMetrics
 from .settings import FedSettings, hosted_clients, load
 
 AGGREGATOR_LOG = "metrics-rank0.jsonl"  # the launcher follows rank 0's log for progress and the plot
@@ -124,7 +124,7 @@ def run_aggregator(cfg: TrainerConfig, s: FedSettings) -> dict[str, Any]:
     spec = cfg.spec
     ds = load_dataset(spec)
     model = build_model(spec, ds)
-    metrics = FedMetrics(job=cfg.job, process="aggregator", port=cfg.metrics_port, log_path=cfg.run_dir / AGGREGATOR_LOG)
+    metrics = FedMetrics(job=cfg.job, process=AGGREGATOR, port=cfg.metrics_port, log_path=cfg.run_dir / AGGREGATOR_LOG)
     try:
         agg = Aggregator(
             fed=s.fed, seed=s.seed, model=model.state_dict(), key=aggregator_key(s), metrics=metrics,

@@ -1,8 +1,9 @@
 """Federated series (Prometheus) and the JSON-lines log, for the aggregator and client processes.
 
-The aggregator also exports disttrain_step (= rounds completed) and
-disttrain_last_checkpoint_step, so the operator's progress scrape and the
-launcher's progress bar read a round where other modes have a step.
+The aggregator also exports disttrain_step (= rounds completed),
+disttrain_last_checkpoint_step and the time categories of every mode (a round is
+its step), so the operator's progress scrape, the launcher's progress bar and the
+dashboard read a round where other modes have a step.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from pathlib import Path
 from disttrain_api import metric_names as names
 from prometheus_client import Counter, Histogram
 
-from ..metrics_sink import MetricsSink
+from ..metrics_sink import MetricsSink, StepTimeSeries
 
 ROUND_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+AGGREGATOR = "aggregator"  # the process label of the aggregator
 
 
 class FedMetrics(MetricsSink):
@@ -24,6 +26,8 @@ class FedMetrics(MetricsSink):
         r, keys = self.registry, tuple(labels)
         gauge, counter = self.gauge, self.counter
 
+        # Only the aggregator sees whole rounds; clients export their own series below.
+        self.times = StepTimeSeries(self, step_doc="Wall time of one completed round.") if process == AGGREGATOR else None
         self.step = gauge(names.STEP, "Federated rounds completed.")
         self.last_ckpt = gauge(names.LAST_CHECKPOINT_STEP, "Round of the newest checkpoint.")
         self.round = gauge(names.FED_ROUND, "Federated rounds completed.")

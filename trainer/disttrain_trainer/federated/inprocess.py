@@ -23,7 +23,7 @@ from ..tensor_transport.channel import SERVER_OPTIONS, Tls, add_port, aio_channe
 from ..tensor_transport.protos import tensor_transport_pb2_grpc as pbg
 from .aggregator import Aggregator
 from .client import ClientRunner, ClientState
-from .fedmetrics import FedMetrics
+from .fedmetrics import AGGREGATOR, FedMetrics
 
 
 @dataclass
@@ -62,7 +62,7 @@ async def run_job(
     builder = make_model or (lambda: build_model(spec, ds))
     agg = Aggregator(
         fed=spec.federated, seed=spec.data.seed, model=builder().state_dict(), key=key,
-        metrics=metrics or FedMetrics(job="inprocess", process="aggregator", port=0, log_path=None),
+        metrics=metrics or FedMetrics(job="inprocess", process=AGGREGATOR, port=0, log_path=None),
         evaluate=evaluate, checkpoint_dir=checkpoint_dir, log=log,
     )  # fmt: skip
     agg.restore()

@@ -17,13 +17,13 @@ from disttrain_trainer.config import SUMMARY_FILE  # written by the trainer's ra
 
 LOCAL_SUMMARY_FILE = "local-summary.json"  # written by the launcher
 PLOT_FILE = "training.png"
-# The stacked categories of a step (they add up to its wall time); busy communication
+# The stacked categories of a step (they add up to its wall time) in every mode; busy communication
 # overlaps compute, so it is drawn as a line, not stacked.
 BREAKDOWN_KEYS = (
     ("compute_s", "compute"),
     ("comm_exposed_s", "communication, exposed (waited for)"),
     ("data_s", "data"),
-    ("idle_s", "idle (rank 0 evaluating / checkpointing alone)"),
+    ("idle_s", "idle (waiting while another rank or process works alone)"),
 )
 BUSY_KEY = ("comm_busy_s", "communication, busy (in flight, overlaps compute)")
 
