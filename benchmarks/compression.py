@@ -8,18 +8,29 @@ round by round so load drift hits all alike. Printed per setting: median step
 time, exposed and busy communication per step (DDP's reducer timer), compute,
 and the step-time ratio to no compression.
 
+On loopback the "network" is a memcpy by the same two cores that compute, so fewer
+bytes barely pay for the cast or the low-rank factorisation. `--link-mbit N` runs
+each rank in its own network namespace, the two joined by a veth pair shaped to N
+Mbit/s by a token-bucket filter (root, iproute2): a real link of that bandwidth
+between two machines, where the all-reduce waits on the wire.
+
     .venv/bin/python benchmarks/compression.py [--hidden 2048 --layers 4 --batch 16 --rounds 3]
+    .venv/bin/python benchmarks/compression.py --link-mbit 1000     # as root
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import json
 import os
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +45,49 @@ from disttrain_trainer.metrics import Metrics
 WORLD = 2
 SETTINGS = ("none", "fp16", "powersgd")
 SKIP = 5  # first steps: DDP rebuilds buckets, PowerSGD starts compressing at step 2
+# The shaped link: namespace, interface and address of each rank.
+NETNS = ("dtcompress0", "dtcompress1")
+IFACES = ("dtcomp0", "dtcomp1")
+ADDRS = ("10.252.0.1", "10.252.0.2")
+CLONE_NEWNET = 0x40000000
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+
+
+@contextlib.contextmanager
+def shaped_link(mbit: int) -> Iterator[None]:
+    """Two network namespaces joined by a veth pair, each end shaped to `mbit` Mbit/s."""
+    for ns in NETNS:  # a previous run killed before its cleanup
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    try:
+        for ns in NETNS:
+            _ip("netns", "add", ns)
+            _ip("-n", ns, "link", "set", "lo", "up")
+        _ip("link", "add", IFACES[0], "type", "veth", "peer", "name", IFACES[1])
+        for ns, iface, addr in zip(NETNS, IFACES, ADDRS, strict=True):
+            _ip("link", "set", iface, "netns", ns)
+            _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", iface)
+            _ip("-n", ns, "link", "set", iface, "up")
+            # Token bucket: `mbit` sustained, bursts of 1 ms worth, packets queue up to 50 ms.
+            burst = max(mbit * 1000 // 8, 16 * 1024)
+            subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", iface, "root", "tbf",
+                            "rate", f"{mbit}mbit", "burst", str(burst), "latency", "50ms"],
+                           check=True, capture_output=True, text=True)  # fmt: skip
+        yield
+    finally:
+        for ns in NETNS:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def _enter_netns(rank: int) -> None:
+    """Move this process (before gloo starts its threads) into rank's namespace."""
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    with open(f"/var/run/netns/{NETNS[rank]}") as f:
+        if libc.setns(f.fileno(), CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), f"setns into {NETNS[rank]} failed")
+    os.environ["GLOO_SOCKET_IFNAME"] = IFACES[rank]
 
 
 def _free_port() -> int:
@@ -44,6 +98,8 @@ def _free_port() -> int:
 
 def _run(rank: int, ns: dict[str, Any], work: str, job: str, compression: str, port: int) -> None:
     torch.set_num_threads(1)
+    if ns["link_mbit"]:
+        _enter_netns(rank)
     os.environ[C.ENV_DATA_CACHE] = os.path.join(work, "data")
     spec = api.parse_spec({
         "mode": "data",
@@ -58,7 +114,8 @@ def _run(rank: int, ns: dict[str, Any], work: str, job: str, compression: str, p
     })  # fmt: skip
     run_dir = Path(work) / "runs" / job
     cfg = config_for(spec, job=job, rank=rank, world_size=WORLD, run_dir=run_dir,
-                     checkpoint_root=Path(work) / "ckpt", master_port=port, metrics_port=0)  # fmt: skip
+                     checkpoint_root=Path(work) / "ckpt", master_port=port, metrics_port=0,
+                     master_addr=ADDRS[0] if ns["link_mbit"] else "127.0.0.1")  # fmt: skip
     m = Metrics(job=job, rank=rank, mode="data", port=0, run_dir=run_dir)
     try:
         trainer.run(cfg, metrics=m)
@@ -91,12 +148,15 @@ def main(argv: list[str] | None = None) -> int:
     # One bucket by default: with several, torch's PowerSGD hook on gloo crashed here with a collective
     # mismatch (gloo "Received data size doesn't match expected size"), see benchmarks/README.md.
     p.add_argument("--bucket-mb", type=float, default=100.0, help="DDP bucketCapMB")
+    p.add_argument("--link-mbit", type=int, default=0,
+                   help="run the ranks over a veth link shaped to this many Mbit/s (root); 0: loopback")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     ns = vars(args)
     load0 = os.getloadavg()[0]
     rows: dict[str, list[dict[str, float]]] = {s: [] for s in SETTINGS}
-    with tempfile.TemporaryDirectory(prefix="disttrain-compress-") as work:
+    link = shaped_link(args.link_mbit) if args.link_mbit else contextlib.nullcontext()
+    with link, tempfile.TemporaryDirectory(prefix="disttrain-compress-") as work:
         for r in range(args.rounds):
             order = SETTINGS[r % 3:] + SETTINGS[: r % 3]  # rotate who runs first
             for s in order:
@@ -107,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     params = args.hidden * 64 + (args.layers - 1) * args.hidden * (args.hidden + 1) + args.hidden * 10
     print()
     print(f"MLP {args.hidden}x{args.layers} (~{params / 1e6:.1f} M params, {params * 4 / 1e6:.0f} MB fp32 gradients), "
-          f"global batch {args.batch}, bucketCapMB {args.bucket_mb}, {WORLD} gloo processes, 1 thread each, {args.steps} steps per run "
+          f"global batch {args.batch}, "
+          f"{f'a veth link shaped to {args.link_mbit} Mbit/s' if args.link_mbit else 'loopback'}, bucketCapMB {args.bucket_mb}, {WORLD} gloo processes, 1 thread each, {args.steps} steps per run "
           f"(first {SKIP} skipped), medians of {args.rounds} rounds; load average {load0:.1f} before, "
           f"{os.getloadavg()[0]:.1f} after")  # fmt: skip
     print()
