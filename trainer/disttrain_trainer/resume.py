@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import pickle
 import random
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +107,67 @@ def set_rng_state(state: dict[str, Any]) -> None:
         and len(state["cuda"]) == torch.cuda.device_count()
     ):
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ------------------------------------------------- gathering every rank's part
+
+# Bytes each rank may contribute to an asynchronous gather: RNG streams pickle to ~11 KB
+# (torch 5 KB, numpy and python ~3 KB each, CUDA a few bytes per device).
+GATHER_SLOT_BYTES = 64 << 10
+_LEN_BYTES = 8
+
+
+@dataclass
+class PendingGather:
+    """Every rank's object, on its way to every rank; `result()` waits for it.
+
+    Checkpoints need every rank's RNG streams. Gathering them with `all_gather_object`
+    is two collectives the training loop waits for; instead each rank pickles its part
+    into a fixed-size slot and launches one asynchronous all_gather, and the checkpoint
+    writer thread waits for it just before writing. Collectives on a group run in the
+    order they were issued on every rank, so the loop's next all-reduce pairs up as before."""
+
+    world_size: int
+    slots: list[torch.Tensor] | None = None  # received slots; None once decoded or when gathered synchronously
+    work: Any = None
+    send: torch.Tensor | None = None  # kept alive until the collective has read it
+    objects: list[Any] | None = None
+
+    def result(self) -> list[Any]:
+        if self.objects is None:
+            assert self.slots is not None
+            self.work.wait()
+            self.objects = [pickle.loads(_slot_payload(s)) for s in self.slots]  # noqa: S301 - our own ranks' bytes
+            self.slots = self.send = self.work = None
+        return self.objects
+
+
+def _slot_payload(slot: torch.Tensor) -> bytes:
+    raw = slot.numpy().tobytes()
+    n = int.from_bytes(raw[:_LEN_BYTES], "little")
+    return raw[_LEN_BYTES : _LEN_BYTES + n]
+
+
+def gather_async(obj: Any, world_size: int) -> PendingGather:
+    """Start gathering `obj` (small: at most GATHER_SLOT_BYTES pickled) from every rank."""
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    if len(data) + _LEN_BYTES > GATHER_SLOT_BYTES:
+        # Every rank pickles the same kinds of state: when one is too big, all are; the error
+        # is the same everywhere instead of a collective of mismatched sizes.
+        raise ValueError(f"a rank's part of {len(data)} bytes exceeds the {GATHER_SLOT_BYTES}-byte gather slot")
+    send = torch.zeros(GATHER_SLOT_BYTES, dtype=torch.uint8)
+    send[:_LEN_BYTES] = torch.frombuffer(bytearray(len(data).to_bytes(_LEN_BYTES, "little")), dtype=torch.uint8)
+    send[_LEN_BYTES : _LEN_BYTES + len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    slots = [torch.empty(GATHER_SLOT_BYTES, dtype=torch.uint8) for _ in range(world_size)]
+    work = dist.all_gather(slots, send, async_op=True)
+    return PendingGather(world_size=world_size, slots=slots, work=work, send=send)
+
+
+def gather_now(obj: Any, world_size: int) -> PendingGather:
+    """The same gather, completed before returning (for parts of any size)."""
+    out: list[Any] = [None] * world_size
+    dist.all_gather_object(out, obj)
+    return PendingGather(world_size=world_size, objects=out)
 
 
 # ------------------------------------------------------- communication hook state

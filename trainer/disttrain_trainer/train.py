@@ -135,6 +135,7 @@ class Run:
     summary: dict[str, Any] | None = None
     totals: Tally = field(default_factory=Tally)
     saver: ckpt.AsyncSaver | None = None  # rank 0's background checkpoint writer
+    _gather: resume.PendingGather | None = None  # the last checkpoint's per-rank parts, possibly in flight
 
     @property
     def sharded(self) -> bool:
@@ -142,9 +143,10 @@ class Run:
 
     def state(self) -> dict[str, Any]:
         """Everything a resume needs; a sharded model's model and optimizer go to DCP instead."""
-        # Per-rank parts: RNG streams (dropout) and the comm hook's error feedback (PowerSGD).
-        per_rank: list[Any] = [None] * self.ctx.world_size
-        dist.all_gather_object(per_rank, (resume.rng_state(), resume.hook_state(self.comm_hook_state)))
+        return {**self._own_state(), **self._rank_parts(resume.gather_now(self._rank_part(), self.ctx.world_size))}
+
+    def _own_state(self) -> dict[str, Any]:
+        """The state without the per-rank parts (RNG streams, comm-hook state)."""
         weights = {} if self.sharded else {"model": self.inner.state_dict(), "optimizer": self.optimizer.state_dict()}
         return {
             "step": self.step,
@@ -154,14 +156,21 @@ class Run:
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.amp.scaler.state_dict() if self.amp.scaler is not None else None,
             "sampler": self.sampler.state_dict(),
-            "rng": [r for r, _ in per_rank],
-            "comm_hook": [h for _, h in per_rank],
             "summary": self.summary,
             "spec_data": {
                 "batch_size": self.cfg.spec.data.batch_size,
                 "seed": self.cfg.spec.data.seed,
             },
         }
+
+    def _rank_part(self) -> tuple[Any, Any]:
+        """This rank's RNG streams (dropout) and comm hook error feedback (PowerSGD)."""
+        return resume.rng_state(), resume.hook_state(self.comm_hook_state)
+
+    @staticmethod
+    def _rank_parts(gathered: resume.PendingGather) -> dict[str, Any]:
+        per_rank = gathered.result()
+        return {"rng": [r for r, _ in per_rank], "comm_hook": [h for _, h in per_rank]}
 
     def restore(self, state: dict[str, Any]) -> None:
         """`state` without model and optimizer: sharded_checkpoint has restored those."""
@@ -192,25 +201,42 @@ class Run:
     def save_checkpoint(self) -> None:
         """Snapshot the state; rank 0 hands it to the background writer (at most one write in flight).
 
-        The collective RNG gather runs on every rank; only rank 0 then copies the state, so the
-        caller times this (with a barrier after it) as idle time, not as communication.
+        Every rank launches the gather of its RNG streams (resume.gather_async) and goes on; rank 0
+        copies the state while that collective runs, and its writer thread waits for it. The caller
+        times this and the barrier after it as idle time, not as communication.
         A sharded model's checkpoint is written by every rank, synchronously (DCP)."""
-        state = self.state()
         if self.sharded:
+            state = self.state()
             res = sharded_ckpt.save(self.cfg.checkpoint_dir, self.step, model=self.inner, optimizer=self.optimizer,
                                     extra=state, keep=self.cfg.spec.checkpoint.keep,
                                     layout=parallel.layout(self.cfg).describe())  # fmt: skip
             self.metrics.observe_checkpoint(self.step, res.seconds, res.bytes)
             return
-        if self.ctx.is_main:
-            if self.saver is None:
-                self.saver = ckpt.AsyncSaver(self.cfg.checkpoint_dir, keep=self.cfg.spec.checkpoint.keep,
-                                             world_size=self.ctx.world_size)  # fmt: skip
-            stall = self.saver.save(state, self.step)
-            self.metrics.observe_checkpoint_stall(self.step, stall)
+        self.finish_gather()  # the previous checkpoint's gather: at most one in flight
+        part = self._rank_part()
+        # PowerSGD's error feedback is model-sized: gathered synchronously; RNG streams alone fit a slot.
+        start = resume.gather_now if part[1] is not None else resume.gather_async
+        pending = start(part, self.ctx.world_size)
+        if not self.ctx.is_main:
+            self._gather = pending  # its send buffer lives until the collective completes
+            return
+        if self.saver is None:
+            self.saver = ckpt.AsyncSaver(self.cfg.checkpoint_dir, keep=self.cfg.spec.checkpoint.keep,
+                                         world_size=self.ctx.world_size)  # fmt: skip
+        # Rank 0's writer thread waits for the gather just before writing (the saver joins it).
+        stall = self.saver.save(self._own_state(), self.step, complete=lambda: self._rank_parts(pending))
+        self.metrics.observe_checkpoint_stall(self.step, stall)
+
+    def finish_gather(self) -> None:
+        """Wait for this rank's part in the last checkpoint's gather (ranks other than 0)."""
+        if self._gather is not None:
+            self._gather.result()
+            self._gather = None
 
     def report_checkpoints(self, *, wait: bool = False) -> None:
         """Record the checkpoints whose background write has finished (rank 0); `wait` for the one in flight."""
+        if wait:
+            self.finish_gather()
         if self.saver is None:
             return
         for res in self.saver.wait() if wait else self.saver.poll():
