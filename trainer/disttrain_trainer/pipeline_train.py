@@ -204,7 +204,7 @@ def setup(cfg: TrainerConfig, ctx: DistContext, ds: Dataset, model: nn.Module, m
     sample_rows = np.arange(mb)
     x, _ = ds.batch(sample_rows)
     plan, _ = choose_plan(blocks, torch.from_numpy(np.asarray(x)).to(ctx.device), method=par.partition,
-                          stages=n_stages, saved=saved_plan)  # fmt: skip
+                          stages=n_stages, saved=saved_plan, peer=tp)  # fmt: skip
     if ctx.is_main:
         print(f"disttrain-trainer: {plan.describe()}", flush=True)
     loss_fn = loss_fn_for(ds)
