@@ -88,4 +88,4 @@ def test_pipeline_x_tensor_checkpoint_resumes(module_trainer, pp2tp2, over: dict
     assert abs(resumed.summary["valLoss"] - pp2tp2.summary["valLoss"]) <= REL * pp2tp2.summary["valLoss"]
     ref, got = blocks_of(pp2tp2), blocks_of(resumed)
     for k in ref:
-        torch.testing.assert_close(got[k], ref[k], atol=1e-5, rtol=0, msg=lambda m, k=k: f"{k}: {m}")
+        torch.testing.assert_close(got[k], ref[k], atol=1e-4, rtol=0, msg=lambda m, k=k: f"{k}: {m}")
