@@ -99,13 +99,11 @@ def _mode_degrees(spec: JobSpec, c: _Checker, degrees_fit: bool) -> None:
                 f"mode hybrid needs at least two of the tensor ({tp}), pipeline ({pp}) and data ({dp}) degrees > 1; "
                 "for one kind of parallelism use mode tensor, pipeline or data",
             )
-        elif tp > 1 and pp > 1:
-            # The pipeline engine moves plain tensors between whole-block stages; tensor-parallel
-            # blocks hold DTensors sharded over another mesh dimension, which it cannot split.
+        elif tp > 1 and pp > 1 and c.ok("spec.parallelism.schedule") and spec.parallelism.schedule == "PipeDream":
+            # PipeDream's asynchronous stages keep weight versions of whole tensors.
             c.add(
-                "spec.parallelism",
-                f"mode hybrid runs data x tensor (pipeline 1) or data x pipeline (tensor 1), not both: "
-                f"parallelism.tensor {tp} with parallelism.pipeline {pp} is not supported; set one of them to 1",
+                "spec.parallelism.schedule",
+                f"PipeDream runs with parallelism.tensor 1 (got {tp}); use a synchronous schedule with tensor parallelism",
             )
 
 

@@ -92,3 +92,31 @@ def test_pipeline_example_is_within_2_percent_of_one_process(tmp_path: Path) -> 
     single = _local(obj, tmp_path, "single")
     assert parallel["steps"] == single["steps"] == 10 and parallel["worldSize"] == 2
     assert abs(parallel["valLoss"] - single["valLoss"]) <= 0.02 * single["valLoss"], (parallel, single)
+
+
+def test_hybrid_pipeline_x_tensor_runs_through_disttrain_local(tmp_path: Path) -> None:
+    """PP 2 x TP 2 (world 4): each pod is one stage's tensor-parallel pair, the pods form the pipeline."""
+    job = {
+        "apiVersion": "disttrain.dev/v1alpha1",
+        "kind": "DistTrainJob",
+        "metadata": {"name": "hybrid-pp-tp"},
+        "spec": {
+            "mode": "hybrid",
+            "workers": {"replicas": 2, "procsPerWorker": 2},
+            "parallelism": {"pipeline": 2, "tensor": 2, "schedule": "1F1B", "microbatches": 2, "partition": "params"},
+            "model": {"name": "gpt", "hidden": 32, "layers": 2, "heads": 4, "blockSize": 16, "dropout": 0.1},
+            "data": {"name": "pytext", "batchSize": 8, "seed": 0, "shards": 2},
+            "optimizer": {"name": "adamw", "lr": 0.003, "scaleLR": "none", "decay": "none"},
+            "training": {"steps": STEPS, "logIntervalSteps": 2},
+            "checkpoint": {"intervalSteps": 3, "keep": 2},
+        },
+    }  # fmt: skip
+    summary = _local(job, tmp_path, "run")
+    assert summary["mode"] == "hybrid" and summary["steps"] == STEPS and summary["worldSize"] == 4
+    assert summary["layout"] == "dp=1,pp=2,tp=2" and summary["pipeline"]["tensorDegree"] == 2
+    assert [s["stage"] for s in summary["pipeline"]["perStage"]] == [0, 1]
+    assert abs(sum(summary[k] for k in CATEGORIES) - 1.0) < 1e-6, summary
+    assert all(summary[k] >= 0 for k in CATEGORIES) and summary["computeFraction"] > 0
+    assert 0.0 < summary["valLoss"] < 10.0
+    checkpoints = sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("*/step-*"))
+    assert checkpoints == [f"step-{3:08d}", f"step-{STEPS:08d}"], checkpoints

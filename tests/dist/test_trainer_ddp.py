@@ -88,15 +88,16 @@ def test_bf16_on_cpu_trains(trainer, make_digits_spec) -> None:
 
 
 def test_unimplemented_mode_and_bad_config_exit_2_with_one_line(trainer, make_digits_spec) -> None:
-    # Every mode runs; what stays refused is hybrid with tensor and pipeline > 1 together.
+    # Every mode runs; what stays refused is PipeDream's asynchronous stages with tensor parallelism.
     res = trainer.run(
-        make_digits_spec(mode="hybrid", workers={"replicas": 4}, parallelism={"tensor": 2, "pipeline": 2}),
+        make_digits_spec(mode="hybrid", workers={"replicas": 4},
+                         parallelism={"tensor": 2, "pipeline": 2, "schedule": "PipeDream"}),
         world=1,
         job="pipe",
         expect_ok=False,
     )
     assert res.returncodes == [2]
-    assert "parallelism.tensor 2 with parallelism.pipeline 2 is not supported" in res.outputs[0]
+    assert "PipeDream runs with parallelism.tensor 1 (got 2)" in res.outputs[0]
     bad = trainer.run(make_digits_spec(data={"batchSize": 63}), world=2, job="bad", expect_ok=False)
     assert bad.returncodes == [2, 2]
     last = [o.strip().splitlines()[-1] for o in bad.outputs]

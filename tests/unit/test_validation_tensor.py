@@ -58,12 +58,31 @@ def test_bad_degrees_name_the_fields(obj: dict[str, Any], expected: list[str]) -
     assert errors(obj) == expected
 
 
-def test_hybrid_with_tensor_and_pipeline_is_refused_naming_both() -> None:
-    obj = job(mode="hybrid", workers={"replicas": 2, "procsPerWorker": 2}, parallelism={"pipeline": 2})
-    assert errors(obj) == [
-        "spec.parallelism: mode hybrid runs data x tensor (pipeline 1) or data x pipeline (tensor 1), not both: "
-        "parallelism.tensor 2 with parallelism.pipeline 2 is not supported; set one of them to 1"
-    ]
+def test_hybrid_pipeline_x_tensor_is_valid() -> None:
+    pp_x_tp = job(mode="hybrid", workers={"replicas": 2, "procsPerWorker": 2}, parallelism={"pipeline": 2})
+    assert errors(pp_x_tp) == []
+    dp_x_pp_x_tp = job(mode="hybrid", workers={"replicas": 4, "procsPerWorker": 2}, parallelism={"pipeline": 2})
+    assert errors(dp_x_pp_x_tp) == []
+    lay = layout_for(parse_spec(dp_x_pp_x_tp["spec"]), 8)
+    assert (lay.dp, lay.pp, lay.tp) == (2, 2, 2)
+
+
+@pytest.mark.parametrize(
+    ("sections", "expected"),
+    [
+        ({"model": {"heads": 6, "hidden": 96}, "parallelism": {"tensor": 4, "pipeline": 2},
+          "workers": {"replicas": 2, "procsPerWorker": 4}},
+         ["spec.model.heads: 6 is not divisible by parallelism.tensor 4"]),
+        ({"parallelism": {"pipeline": 4}, "workers": {"replicas": 3, "procsPerWorker": 2}},
+         ["spec.parallelism.pipeline: 4 does not divide the world size 6 (workers.replicas 3 x procsPerWorker 2)"]),
+        ({"parallelism": {"pipeline": 2, "schedule": "PipeDream"}, "workers": {"replicas": 2, "procsPerWorker": 2}},
+         ["spec.parallelism.schedule: PipeDream runs with parallelism.tensor 1 (got 2); use a synchronous schedule "
+          "with tensor parallelism"]),
+    ],
+    ids=["heads", "world", "pipedream"],
+)
+def test_hybrid_pipeline_x_tensor_bad_degrees_name_the_fields(sections: dict[str, Any], expected: list[str]) -> None:
+    assert errors(job(mode="hybrid", **sections)) == expected
 
 
 def test_fsdp_with_a_pipeline_is_refused() -> None:

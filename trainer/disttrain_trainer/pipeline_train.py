@@ -1,10 +1,14 @@
-"""The training loop of `mode: pipeline` and of `mode: hybrid` with pipeline > 1 and tensor = 1.
+"""The training loop of `mode: pipeline` and of `mode: hybrid` with pipeline > 1.
 
-Ranks form a (data, pipeline) DeviceMesh: rank = replica x pipeline + stage, so
-one pipeline's stages are consecutive ranks (one pod each in the examples).
-Each rank holds its stages' blocks (parallel/pipeline.py or, for PipeDream,
-parallel/pipedream.py); with more than one replica, stage i's gradients are
-averaged with the other replicas' stage i over the mesh's data dimension.
+Ranks form the job's (data, pipeline, tensor) DeviceMesh (parallel/mesh.py):
+rank = (replica x pipeline + stage) x tensor + tensor index, so a stage's
+tensor-parallel ranks are consecutive (one pod) and one pipeline's stages are
+the next groups. Each rank holds its stages' blocks (parallel/pipeline.py or,
+for PipeDream, parallel/pipedream.py), with tensor > 1 sharded over mesh["tp"]
+by the blocks' tensor-parallel plans (parallel/tensor.py); the ranks of one
+tensor index form a pipeline over mesh["pp"]. With more than one replica, stage
+i's gradients (this rank's shards) are averaged with the other replicas' stage i
+over mesh["dp"].
 
 Per step and rank the loop reports the categories every mode reports, measured:
   data    = fetching the replica's batch;
@@ -15,13 +19,15 @@ Per step and rank the loop reports the categories every mode reports, measured:
 (into `Metrics`' Tally as t2 = t1 + compute + comm, comm exposed = busy, idle = end - t2)
 and, per stage, the bubble of the pipeline window, its fraction and the peak of
 activation memory held. Checkpoints hold every stage's blocks (keyed by global
-block index), each stage's optimizer, the plan and the RNG streams of every rank:
+block index, full tensors whatever the tensor degree), each stage's optimizer
+(keyed by parameter name, full tensors), the plan and the RNG streams of every rank:
 rank 0 writes them atomically after gathering the parts. The final checkpoint
 also carries the summary: a finished run resumed returns it without training.
 """
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,7 +36,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.tensor import DTensor
 
 from . import checkpoint as ckpt
 from . import resume
@@ -40,23 +51,24 @@ from .dist_env import DistContext
 from .metrics import Metrics, Tally
 from .optim import build_optimizer, build_scheduler
 from .parallel.blocks import block_state, load_block_state, split_blocks
+from .parallel.mesh import build_mesh, layout_for
 from .parallel.partition import Plan
 from .parallel.pipedream import PipeDreamStage
 from .parallel.pipeline import Pipeline, StepOut, total_stages
 from .parallel.pipeline_metrics import PipelineMetrics
 from .parallel.pipeline_plan import choose_plan
 from .parallel.pipeline_stats import split_idle
+from .parallel.tensor import stage_sharder
 from .precision import Amp
 from .train import SUMMARY_EVAL_KEY, evaluate, loss_fn_for
 
 
 def check_pipeline_supported(cfg: TrainerConfig) -> None:
     spec = cfg.spec
-    if spec.parallelism.tensor != 1:
-        raise ConfigError(
-            f"parallelism.tensor {spec.parallelism.tensor} with parallelism.pipeline {spec.parallelism.pipeline} "
-            "is not supported: a pipeline runs with tensor 1 (and tensor parallelism with pipeline 1)"
-        )
+    if spec.parallelism.schedule == "PipeDream" and spec.parallelism.tensor != 1:
+        raise ConfigError(f"schedule PipeDream runs with parallelism.tensor 1 (got {spec.parallelism.tensor}); "
+                          "use a synchronous schedule with tensor parallelism")  # fmt: skip
+    layout_for(spec, cfg.world_size)  # the degrees fit this world size
     if spec.parallelism.data_strategy != "ddp":
         raise ConfigError("parallelism.dataStrategy fsdp is not supported with a pipeline; use ddp")
     if spec.training.grad_accumulation != 1:
@@ -73,13 +85,16 @@ class PipeRun:
     ctx: DistContext
     ds: Dataset
     full: nn.Module  # the whole model: rank 0 evaluates it after gathering every stage's blocks
+    full_blocks: list[nn.Module]  # its blocks: plain tensors, also with tensor > 1
     blocks: list[nn.Module]
+    stage_root: nn.Module  # this rank's stage modules: names the optimizer state's parameters
     plan: Plan
     engine: Pipeline | PipeDreamStage
     block_ids: list[int]
     dp_rank: int
     dp_size: int
     pp_rank: int
+    tp_rank: int
     dp_group: dist.ProcessGroup
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
@@ -100,17 +115,26 @@ class PipeRun:
         dist.gather_object(part, parts, dst=0)
         return parts
 
+    def _stage_part(self) -> dict[str, Any]:
+        """Replica 0's full blocks of this stage, from its tensor index 0 (the others take part in
+        gathering the shards, then send nothing)."""
+        if self.dp_rank != 0:
+            return {}
+        blocks = _cpu(block_state(self.blocks, self.block_ids))
+        return {"blocks": blocks} if self.tp_rank == 0 else {}
+
     def gather_blocks(self) -> dict[str, torch.Tensor] | None:
-        parts = self._gather({"blocks": _cpu(block_state(self.blocks, self.block_ids))} if self.dp_rank == 0 else {})
+        parts = self._gather(self._stage_part())
         if parts is None:
             return None
         return {k: v for p in parts for k, v in p.get("blocks", {}).items()}
 
     def save_checkpoint(self) -> None:
-        part = {"rng": resume.rng_state()}
+        part = {"rng": resume.rng_state(), **self._stage_part()}
         if self.dp_rank == 0:
-            part |= {"blocks": _cpu(block_state(self.blocks, self.block_ids)), "pp_rank": self.pp_rank,
-                     "optimizer": self.optimizer.state_dict()}  # fmt: skip
+            optim = get_optimizer_state_dict(self.stage_root, self.optimizer, options=FULL)
+            if self.tp_rank == 0:
+                part |= {"pp_rank": self.pp_rank, "optimizer": optim}
         parts = self._gather(part)
         info = [0.0, 0]
         if parts is not None:
@@ -129,7 +153,7 @@ class PipeRun:
 
     def restore(self, state: dict[str, Any]) -> None:
         load_block_state(self.blocks, range(len(self.blocks)), state["blocks"])
-        self.optimizer.load_state_dict(state["optimizers"][self.pp_rank])
+        set_optimizer_state_dict(self.stage_root, self.optimizer, state["optimizers"][self.pp_rank], options=FULL)
         self.scheduler.load_state_dict(state["scheduler"])
         self.sampler.load_state_dict(state["sampler"])
         self.step = self.resumed_from = int(state["step"])
@@ -138,7 +162,21 @@ class PipeRun:
         if len(rngs) == self.ctx.world_size:  # same gang shape: each rank continues its own streams
             resume.set_rng_state(rngs[self.ctx.rank])
         else:  # resharded: no saved stream belongs to this rank
-            resume.seed_rank(self.cfg.spec.data.seed, self.step, self.ctx.rank)
+            resume.seed_rank(self.cfg.spec.data.seed, self.step, self.rng_stream)
+
+    @property
+    def rng_stream(self) -> int:
+        """One stream per tensor-parallel group: its replicated activations see the same dropout masks."""
+        return self.ctx.rank // self.cfg.spec.parallelism.tensor
+
+
+# Optimizer state with full tensors keyed by parameter name: gathered from the tensor-parallel
+# shards when saved (collective over mesh["tp"]), this rank's shards cut again when loaded.
+FULL = StateDictOptions(full_state_dict=True)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
 def _cpu(d: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -148,9 +186,12 @@ def _cpu(d: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def setup(cfg: TrainerConfig, ctx: DistContext, ds: Dataset, model: nn.Module, metrics: Metrics) -> PipeRun:
     spec = cfg.spec
     par = spec.parallelism
-    pp, dp = par.pipeline, spec.data_degree
-    mesh = init_device_mesh(ctx.device.type, (dp, pp), mesh_dim_names=("dp", "pp"))
-    dp_rank, pp_rank = ctx.rank // pp, ctx.rank % pp
+    layout = layout_for(spec, ctx.world_size)
+    pp, dp, tp = layout.pp, layout.dp, layout.tp
+    mesh = build_mesh(layout, ctx.device.type)
+    dp_rank, pp_rank, tp_rank = (mesh[d].get_local_rank() for d in ("dp", "pp", "tp"))
+    # Rank 0 evaluates a plain copy: the tensor-parallel blocks need their whole group in every forward.
+    full = copy.deepcopy(model) if tp > 1 and ctx.is_main else model
     blocks = split_blocks(model, name=spec.model.name)
     n_stages = total_stages(par.schedule, pp, par.virtual_stages)
     if len(blocks) < n_stages:
@@ -163,7 +204,7 @@ def setup(cfg: TrainerConfig, ctx: DistContext, ds: Dataset, model: nn.Module, m
     sample_rows = np.arange(mb)
     x, _ = ds.batch(sample_rows)
     plan, _ = choose_plan(blocks, torch.from_numpy(np.asarray(x)).to(ctx.device), method=par.partition,
-                          stages=n_stages, saved=saved_plan)  # fmt: skip
+                          stages=n_stages, saved=saved_plan, peer=tp)  # fmt: skip
     if ctx.is_main:
         print(f"disttrain-trainer: {plan.describe()}", flush=True)
     loss_fn = loss_fn_for(ds)
@@ -175,19 +216,23 @@ def setup(cfg: TrainerConfig, ctx: DistContext, ds: Dataset, model: nn.Module, m
         optimizer = build_optimizer(module.parameters(), opt_spec, batch)
         engine = PipeDreamStage(module=module, stage=pp_rank, stages=pp, optimizer=optimizer, loss_fn=loss_fn,
                                 device=ctx.device, group=mesh.get_group("pp"))  # fmt: skip
+        stage_root: nn.Module = module
     else:
+        shard = stage_sharder(model, mesh["tp"], sequence_parallel=par.sequence_parallel) if tp > 1 else None
         engine = Pipeline(blocks, plan, schedule=par.schedule, microbatches=par.microbatches,
                           virtual=par.virtual_stages, pp_rank=pp_rank, pp_size=pp, group=mesh.get_group("pp"),
-                          device=ctx.device, loss_fn=loss_fn)  # fmt: skip
+                          device=ctx.device, loss_fn=loss_fn, shard_stage=shard)  # fmt: skip
         ids = engine.block_ids
+        stage_root = nn.ModuleList(engine.modules)
         optimizer = build_optimizer(engine.parameters(), opt_spec, batch)
     scheduler = build_scheduler(optimizer, opt_spec, batch, spec.training.steps)
-    resume.seed_rank(spec.data.seed, 0, ctx.rank)  # per-rank streams (dropout), after identical init
     pm = PipelineMetrics(metrics, stage=pp_rank)
     pm.observe_plan(plan)
-    run = PipeRun(cfg=cfg, ctx=ctx, ds=ds, full=model, blocks=blocks, plan=plan, engine=engine, block_ids=ids,
-                  dp_rank=dp_rank, dp_size=dp, pp_rank=pp_rank, dp_group=mesh.get_group("dp"), optimizer=optimizer,
+    run = PipeRun(cfg=cfg, ctx=ctx, ds=ds, full=full, full_blocks=split_blocks(full), blocks=blocks,
+                  stage_root=stage_root, plan=plan, engine=engine, block_ids=ids, dp_rank=dp_rank, dp_size=dp,
+                  pp_rank=pp_rank, tp_rank=tp_rank, dp_group=mesh.get_group("dp"), optimizer=optimizer,
                   scheduler=scheduler, sampler=sampler, metrics=metrics, pmetrics=pm)  # fmt: skip
+    resume.seed_rank(spec.data.seed, 0, run.rng_stream)  # per-group streams (dropout), after identical init
     if loaded is not None:
         run.restore(loaded[1])
         if ctx.is_main:
@@ -195,19 +240,24 @@ def setup(cfg: TrainerConfig, ctx: DistContext, ds: Dataset, model: nn.Module, m
     return run
 
 
+def average_over_data(params: list[nn.Parameter], group: dist.ProcessGroup, size: int) -> None:
+    """Average a stage's gradients (this rank's tensor-parallel shards) with the other replicas' same stage."""
+    grads = [_local(p.grad) for p in params if p.grad is not None]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, group=group)
+    flat /= size
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
 def _allreduce_grads(run: PipeRun) -> float:
     """Average stage i's gradients over the data-parallel replicas; returns the seconds it took."""
     if run.dp_size == 1:
         return 0.0
     t0 = time.perf_counter()
-    grads = [p.grad for p in run.optimizer.param_groups[0]["params"] if p.grad is not None]
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat, group=run.dp_group)
-    flat /= run.dp_size
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset : offset + g.numel()].view_as(g))
-        offset += g.numel()
+    average_over_data(run.optimizer.param_groups[0]["params"], run.dp_group, run.dp_size)
     return time.perf_counter() - t0
 
 
@@ -231,7 +281,7 @@ def _grad_bytes(run: PipeRun) -> int:
     """Bytes of this stage's gradients averaged over the data-parallel replicas per step (0: one replica)."""
     if run.dp_size == 1:
         return 0
-    return sum(p.numel() * p.element_size() for p in run.optimizer.param_groups[0]["params"])
+    return sum(_local(p).numel() * p.element_size() for p in run.optimizer.param_groups[0]["params"])
 
 
 def run_to_end(run: PipeRun, amp: Amp, wall0: float) -> dict[str, Any]:
@@ -267,9 +317,10 @@ def loop(run: PipeRun, amp: Amp) -> dict[str, Any]:
         work = time.perf_counter() - t1
         # Every rank's timeline and loss: the pipeline's ranks split their idle time with them.
         everyone: list[Any] = [None] * ctx.world_size
-        dist.all_gather_object(everyone, (run.dp_rank, out.intervals, out.loss))
-        times = split_idle(out.intervals, [ivs for d, ivs, _ in everyone if d == run.dp_rank], n_stages)
-        step_losses = [ls for _, _, ls in everyone if ls is not None]
+        dist.all_gather_object(everyone, ((run.dp_rank, run.tp_rank), out.intervals, out.loss))
+        mine = (run.dp_rank, run.tp_rank)
+        times = split_idle(out.intervals, [ivs for d, ivs, _ in everyone if d == mine], n_stages)
+        step_losses = [ls for (_, t), _, ls in everyone if ls is not None and t == 0]  # one per replica
         last_loss = float(np.mean(step_losses)) if step_losses else float("nan")
         losses.append(last_loss)
         run.step += 1
@@ -307,8 +358,9 @@ def loop(run: PipeRun, amp: Amp) -> dict[str, Any]:
     train_s = time.perf_counter() - start
     eval_result = _evaluate(run, amp)
     stage_totals: list[Any] = [None] * ctx.world_size
-    dist.all_gather_object(stage_totals, (run.dp_rank, run.pp_rank, run.totals, dict(run.bubble), run.peak_bytes))
-    per_stage = [
+    dist.all_gather_object(stage_totals, (run.dp_rank + run.tp_rank, run.pp_rank, run.totals, dict(run.bubble),
+                                          run.peak_bytes))  # fmt: skip
+    per_stage = [  # replica 0, tensor index 0
         {"stage": s, "bubbleFraction": b["bubble"] / b["window"] if b["window"] else 0.0,
          "computeFraction": t.fraction(t.compute_s), "idleFraction": t.fraction(t.idle_s),
          "commFraction": t.fraction(t.exposed_s), "activationPeakBytes": peak}
@@ -319,6 +371,7 @@ def loop(run: PipeRun, amp: Amp) -> dict[str, Any]:
     summary: dict[str, Any] = {
         "steps": run.step, "finalLoss": last_loss, "resumedFromStep": run.resumed_from,
         "restartAttempt": run.cfg.restart_attempt, "worldSize": ctx.world_size, "mode": spec.mode,
+        "layout": layout_for(spec, ctx.world_size).describe(),
         "device": ctx.device.type, "backend": ctx.backend, "precision": tr.precision, "trainS": train_s,
         "samplesPerS": t.samples * run.dp_size / t.step_s if t.step_s else 0.0,
         # Fractions of step time; communication is all exposed here (busy = exposed).
@@ -329,6 +382,7 @@ def loop(run: PipeRun, amp: Amp) -> dict[str, Any]:
         "dataFraction": t.fraction(t.data_s),
         "computeFraction": t.fraction(t.compute_s),
         "pipeline": {"schedule": spec.parallelism.schedule, "stages": pp, "dataDegree": run.dp_size,
+                     "tensorDegree": spec.parallelism.tensor,
                      "microbatches": spec.parallelism.microbatches, "plan": run.plan.to_json(),
                      "perStage": per_stage},
     }  # fmt: skip
@@ -342,7 +396,7 @@ def _evaluate(run: PipeRun, amp: Amp) -> tuple[str, float] | None:
     state = run.gather_blocks()
     result = None
     if state is not None:
-        load_block_state(run.blocks, range(len(run.blocks)), state)
+        load_block_state(run.full_blocks, range(len(run.full_blocks)), state)
         run.full.to(run.ctx.device)
         result = evaluate(run.full, run.ds, amp)
         run.metrics.observe_eval(run.step, *result)

@@ -4,8 +4,9 @@ data with ddp: DistributedDataParallel, communication timed by DDP's reducer
 (data.py). tensor, hybrid with pipeline 1 and data with fsdp: the job's
 DeviceMesh (mesh.py), tensor-parallel plans (tensor.py), FSDP2 or replicate
 over the data dimension (fsdp.py), the step profiled for its communication
-(comm_profile.py). pipeline, and hybrid with pipeline > 1 (tensor 1), run their
-own loop (pipeline_train.py) over stages built in pipeline.py / pipedream.py.
+(comm_profile.py). pipeline, and hybrid with pipeline > 1 (data x pipeline x tensor),
+run their own loop (pipeline_train.py) over stages built in pipeline.py /
+pipedream.py, each stage module sharded by its blocks' tensor-parallel plans.
 Other modes stop with exit code 2 and a message saying so (see __main__).
 """
 

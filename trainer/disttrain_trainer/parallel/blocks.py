@@ -7,6 +7,11 @@ The contract for a model a pipeline can cut (built-in or `module:factory`):
 Each block takes one tensor and returns one tensor (what crosses a stage
 boundary). Blocks share their parameters with the model, so the model's
 initialisation (same seed on every rank) is what every stage starts from.
+
+Block state is always full tensors, whatever the layout: a tensor-parallel
+block's DTensors are gathered (collective over their tensor-parallel group) when
+read and this rank's shard is cut again when loaded, so one checkpoint loads
+into any pipeline x tensor split.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from collections.abc import Sequence
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from ..config import ConfigError
 
@@ -36,13 +42,28 @@ def split_blocks(model: nn.Module, *, name: str = "model") -> list[nn.Module]:
 
 def block_state(blocks: Sequence[nn.Module], ids: Sequence[int]) -> dict[str, torch.Tensor]:
     """State of the given blocks keyed by global block index ("3.attn.qkv.weight"): independent of the split."""
-    return {f"{k}.{n}": t for k in ids for n, t in blocks[k].state_dict().items()}
+    return {f"{k}.{n}": _full(t) for k in ids for n, t in blocks[k].state_dict().items()}
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def _like(target: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
+    """`full` laid out like `target`: a DTensor target gets this rank's shard, cut locally
+    (every rank holds the same full tensor, so no rank needs to send it)."""
+    if not isinstance(target, DTensor):
+        return full
+    return distribute_tensor(full.to(target.device, target.dtype), target.device_mesh, target.placements,
+                             src_data_rank=None)  # fmt: skip
 
 
 def load_block_state(blocks: Sequence[nn.Module], ids: Sequence[int], state: dict[str, torch.Tensor]) -> None:
     for k in ids:
         prefix = f"{k}."
-        blocks[k].load_state_dict({n[len(prefix):]: t for n, t in state.items() if n.startswith(prefix)})
+        own = blocks[k].state_dict()
+        part = {n[len(prefix):]: t for n, t in state.items() if n.startswith(prefix)}
+        blocks[k].load_state_dict({n: _like(own[n], t) if n in own else t for n, t in part.items()})
 
 
 def named_block_params(blocks: Sequence[nn.Module], ids: Sequence[int]) -> list[tuple[str, nn.Parameter]]:

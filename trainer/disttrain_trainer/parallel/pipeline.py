@@ -16,6 +16,12 @@ Stage modules are subclassed only to observe them: each forward/backward of a
 micro-batch is timed (pipeline_stats.py splits the rest of the step into p2p
 and bubble) and the bytes autograd saves for it are counted, so the peak of
 activation memory held at once is measured, not computed from the schedule.
+
+With tensor parallelism inside a pipeline, `shard_stage` shards each stage
+module over the tensor-parallel mesh before its PipelineStage is built (the
+group is then this tensor index's pipeline, mesh["pp"]); the schedule runs
+inside `loss_parallel` so a vocabulary-sharded last stage meets a
+vocabulary-parallel cross-entropy, forward and backward.
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ from torch.distributed.pipelining import (
     ScheduleInterleavedZeroBubble,
     ScheduleZBVZeroBubble,
 )
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel
 
 from .partition import Plan
 
@@ -98,15 +106,20 @@ class SavedBytes:
         self.params, self.seen, self.nbytes = params, set(), 0
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
-        key = (t.data_ptr(), t.numel())
-        if t.untyped_storage().data_ptr() not in self.params and key not in self.seen:
+        local = _local(t)  # a DTensor's bytes on this rank are its shard's
+        key = (local.data_ptr(), local.numel())
+        if local.untyped_storage().data_ptr() not in self.params and key not in self.seen:
             self.seen.add(key)
-            self.nbytes += t.numel() * t.element_size()
+            self.nbytes += local.numel() * local.element_size()
         return t
 
     @staticmethod
     def unpack(t: torch.Tensor) -> torch.Tensor:
         return t
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
 class TimedStage(PipelineStage):
@@ -115,7 +128,7 @@ class TimedStage(PipelineStage):
     def __init__(self, *args: Any, recorder: Recorder, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.recorder = recorder
-        self._param_ptrs = {p.untyped_storage().data_ptr() for p in self.submod.parameters()}
+        self._param_ptrs = {_local(p).untyped_storage().data_ptr() for p in self.submod.parameters()}
 
     def forward_one_chunk(self, fwd_chunk_id: int, args: Any, kwargs: Any = None, save_forward_output: bool = True) -> Any:  # noqa: E501, ANN401
         saved = SavedBytes(self._param_ptrs)
@@ -166,6 +179,7 @@ class Pipeline:
         group: dist.ProcessGroup | None,
         device: torch.device,
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        shard_stage: Callable[[nn.Module, Sequence[int]], nn.Module] | None = None,
     ):
         n = total_stages(schedule, pp_size, virtual)
         if plan.stages != n:
@@ -176,6 +190,8 @@ class Pipeline:
         self.block_ids = [k for s in self.stage_ids for k in plan.blocks_of(s)]
         self.recorder = Recorder()
         self.modules = [nn.Sequential(*(blocks[k] for k in plan.blocks_of(s))).to(device) for s in self.stage_ids]
+        if shard_stage is not None:
+            self.modules = [shard_stage(mod, list(plan.blocks_of(s))) for s, mod in zip(self.stage_ids, self.modules, strict=True)]
         self.stages = [
             TimedStage(mod, s, n, device, group=group, recorder=self.recorder)
             for s, mod in zip(self.stage_ids, self.modules, strict=True)
@@ -199,11 +215,13 @@ class Pipeline:
         kwargs: dict[str, Any] = {}
         if self.is_last:
             kwargs = {"target": y, "losses": losses}
-        if self.is_first:
-            self.schedule.step(x, **kwargs)
-        else:
-            self.schedule.step(**kwargs)
-        loss = float(torch.stack([t.detach().float() for t in losses]).mean()) if losses else None
+        with loss_parallel():  # no-op for plain logits
+            if self.is_first:
+                self.schedule.step(x, **kwargs)
+            else:
+                self.schedule.step(**kwargs)
+        # loss_parallel's loss is a replicated DTensor: its local value is the loss.
+        loss = float(torch.stack([_local(t).detach().float() for t in losses]).mean()) if losses else None
         return StepOut(
             loss=loss, intervals=list(self.recorder.intervals), act_peak_bytes=self.recorder.peak_bytes
         )

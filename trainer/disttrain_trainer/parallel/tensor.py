@@ -21,6 +21,13 @@ tokens' rows as a plain local tensor, as in torchtitan), layer norms run on
 their shard, and each region starts with an all-gather and ends with a
 reduce-scatter instead of an all-reduce.
 
+Under a pipeline, each stage module is sharded with the plans of the blocks it
+holds (`block_plans`, `stage_plan`), as torchtitan parallelizes each model part:
+what crosses a stage boundary is a plain local tensor (replicated over the
+group, or this rank's shard, which goes to the next stage's rank of the same
+tensor index), and the last stage's logits stay vocabulary-sharded for
+loss_parallel.
+
 User models (`module:factory`) bring their own plan: the module defines
 `tensor_parallel_plan(self, *, sequence_parallel: bool) -> Mapping[str, ParallelStyle]`
 (see README, "Tensor-parallel plans").
@@ -28,11 +35,11 @@ User models (`module:factory`) bring their own plan: the module defines
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import Placement, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
@@ -48,38 +55,66 @@ from ..models import GPT, MLP
 PLAN_METHOD = "tensor_parallel_plan"
 
 
-def gpt_plan(model: GPT, *, sequence_parallel: bool) -> dict[str, ParallelStyle]:
-    sp = sequence_parallel
-    # Between regions the stream is Shard(1) (sequence) with SP, Replicate without.
-    between = Shard(1) if sp else Replicate()
+def _between(sequence_parallel: bool) -> Placement:
+    """The residual stream between regions: Shard(1) (sequence) with SP, Replicate without."""
+    return Shard(1) if sequence_parallel else Replicate()
+
+
+def _gpt_tok() -> ParallelStyle:
+    # Replicated output: the position embedding (a plain replicated parameter) is added next.
+    return RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+
+
+def _gpt_head(*, sequence_parallel: bool) -> ParallelStyle:
+    return ColwiseParallel(input_layouts=_between(sequence_parallel), output_layouts=Shard(-1), use_local_output=False)
+
+
+def _gpt_block(prefix: str, *, first: bool, sequence_parallel: bool) -> dict[str, ParallelStyle]:
+    """One transformer block's styles, its module names under `prefix` ("blocks.3." or "1.")."""
+    sp, between = sequence_parallel, _between(sequence_parallel)
     plan: dict[str, ParallelStyle] = {
-        # Replicated output: the position embedding (a plain replicated parameter) is added next.
-        "tok": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
-        "head": ColwiseParallel(
-            input_layouts=between, output_layouts=Shard(-1), use_local_output=False
-        ),
+        f"{prefix}attn.qkv": ColwiseParallel(),
+        f"{prefix}attn.proj": RowwiseParallel(output_layouts=between),
+        f"{prefix}mlp.0": ColwiseParallel(),
+        f"{prefix}mlp.2": RowwiseParallel(output_layouts=between),
     }
     if sp:
-        # Cut the replicated embedding output into this rank's tokens (no communication).
-        plan["blocks.0"] = PrepareModuleInput(
-            input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), use_local_output=True
-        )
+        if first:
+            # Cut the replicated embedding output into this rank's tokens (no communication).
+            plan[prefix.rstrip(".")] = PrepareModuleInput(
+                input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), use_local_output=True
+            )
+        plan[f"{prefix}ln1"] = SequenceParallel()
+        plan[f"{prefix}ln2"] = SequenceParallel()
+        for region in ("attn", "mlp"):
+            # The all-gather that opens a region (Megatron's g in sequence-parallel form).
+            plan[f"{prefix}{region}"] = PrepareModuleInput(
+                input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+            )
+    return plan
+
+
+def gpt_plan(model: GPT, *, sequence_parallel: bool) -> dict[str, ParallelStyle]:
+    sp = sequence_parallel
+    plan: dict[str, ParallelStyle] = {"tok": _gpt_tok(), "head": _gpt_head(sequence_parallel=sp)}
+    if sp:
         plan["ln_f"] = SequenceParallel()
     for i in range(len(model.blocks)):
-        b = f"blocks.{i}"
-        plan[f"{b}.attn.qkv"] = ColwiseParallel()
-        plan[f"{b}.attn.proj"] = RowwiseParallel(output_layouts=between)
-        plan[f"{b}.mlp.0"] = ColwiseParallel()
-        plan[f"{b}.mlp.2"] = RowwiseParallel(output_layouts=between)
-        if sp:
-            plan[f"{b}.ln1"] = SequenceParallel()
-            plan[f"{b}.ln2"] = SequenceParallel()
-            for region in ("attn", "mlp"):
-                # The all-gather that opens a region (Megatron's g in sequence-parallel form).
-                plan[f"{b}.{region}"] = PrepareModuleInput(
-                    input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
-                )
+        plan |= _gpt_block(f"blocks.{i}.", first=i == 0, sequence_parallel=sp)
     return plan
+
+
+def _gpt_block_plans(model: GPT, *, sequence_parallel: bool) -> list[dict[str, ParallelStyle]]:
+    """Per pipeline block (models.GPT.pipeline_blocks: embedding, blocks, (ln_f, head))."""
+    sp = sequence_parallel
+    last: dict[str, ParallelStyle] = {"1": _gpt_head(sequence_parallel=sp)}
+    if sp:
+        last["0"] = SequenceParallel()
+    return [
+        {"tok": _gpt_tok()},
+        *(_gpt_block("", first=i == 0, sequence_parallel=sp) for i in range(len(model.blocks))),
+        last,
+    ]
 
 
 def mlp_plan(model: MLP, *, sequence_parallel: bool) -> dict[str, ParallelStyle]:
@@ -87,18 +122,53 @@ def mlp_plan(model: MLP, *, sequence_parallel: bool) -> dict[str, ParallelStyle]
 
     A head that would start a new pair stays replicated: classifier logits are
     small, and a replicated head keeps the ordinary cross-entropy."""
+    return {name: style for name, style in _mlp_chain(model, sequence_parallel=sequence_parallel) if style}
+
+
+def _mlp_chain(model: MLP, *, sequence_parallel: bool) -> list[tuple[str, ParallelStyle | None]]:
     if sequence_parallel:
         raise ConfigError(
             "parallelism.sequenceParallel needs a sequence dimension; model mlp has none"
         )
     chain = ["stem.0", *(f"blocks.{i}.0" for i in range(len(model.blocks))), "head"]
-    plan: dict[str, ParallelStyle] = {}
+    styles: list[tuple[str, ParallelStyle | None]] = []
     for i, name in enumerate(chain):
         if i % 2:
-            plan[name] = RowwiseParallel()
-        elif i + 1 < len(chain):
-            plan[name] = ColwiseParallel()
-    return plan
+            styles.append((name, RowwiseParallel()))
+        else:
+            styles.append((name, ColwiseParallel() if i + 1 < len(chain) else None))
+    return styles
+
+
+def _mlp_block_plans(model: MLP, *, sequence_parallel: bool) -> list[dict[str, ParallelStyle]]:
+    """Per pipeline block (models.MLP.pipeline_blocks: (flatten, stem), blocks, head): a
+    column-parallel linear's output crosses a stage boundary as this rank's feature shard."""
+    (_, stem), *blocks, (_, head) = _mlp_chain(model, sequence_parallel=sequence_parallel)
+    return [
+        {"1.0": stem} if stem else {},
+        *({"0": style} if style else {} for _, style in blocks),
+        {"": head} if head else {},
+    ]
+
+
+def block_plans(model: nn.Module, *, sequence_parallel: bool) -> list[dict[str, ParallelStyle]]:
+    """The tensor-parallel plan of each of the model's pipeline blocks (blocks.split_blocks order),
+    module names relative to the block: a stage module shards its blocks with these."""
+    if isinstance(model, GPT):
+        return _gpt_block_plans(model, sequence_parallel=sequence_parallel)
+    if isinstance(model, MLP):
+        return _mlp_block_plans(model, sequence_parallel=sequence_parallel)
+    raise ConfigError(
+        f"parallelism.tensor with parallelism.pipeline: model {type(model).__name__} has no per-block "
+        "tensor-parallel plan (built in for gpt and mlp); use pipeline or tensor alone"
+    )
+
+
+def stage_plan(plans: Sequence[Mapping[str, ParallelStyle]], ids: Sequence[int]) -> dict[str, ParallelStyle]:
+    """A stage module's plan: nn.Sequential(blocks[ids[0]], blocks[ids[1]], ...) names block j "j"."""
+    return {
+        f"{j}.{name}" if name else str(j): style for j, k in enumerate(ids) for name, style in plans[k].items()
+    }
 
 
 def plan_for(model: nn.Module, *, sequence_parallel: bool) -> Mapping[str, ParallelStyle]:
@@ -149,3 +219,17 @@ def apply_tensor_parallel(
     """Shard `model` in place over `tp_mesh` (1-D) and return it."""
     check_divisible(model, tp_mesh.size())
     return parallelize_module(model, tp_mesh, dict(plan_for(model, sequence_parallel=sequence_parallel)))
+
+
+def stage_sharder(
+    model: nn.Module, tp_mesh: DeviceMesh, *, sequence_parallel: bool
+) -> Callable[[nn.Module, Sequence[int]], nn.Module]:
+    """shard(stage_module, block_ids): a pipeline stage module (nn.Sequential of the model's
+    pipeline blocks `block_ids`) sharded in place over `tp_mesh` by its blocks' plans."""
+    check_divisible(model, tp_mesh.size())
+    plans = block_plans(model, sequence_parallel=sequence_parallel)
+
+    def shard(stage: nn.Module, ids: Sequence[int]) -> nn.Module:
+        return parallelize_module(stage, tp_mesh, stage_plan(plans, ids))
+
+    return shard
