@@ -82,3 +82,49 @@ def test_killed_pipeline_stage_restarts_the_gang_and_resumes(
     assert status["phase"] == "Succeeded", status
     assert status["attempt"] == 1 and status["restarts"] == 1, status
     assert int(status["step"]) == 400 and status["result"]["mode"] == "pipeline", status
+
+
+# The examples above run 1F1B (pipeline.yaml) and PipeDream (pipedream.yaml); these are the
+# other schedules: schedule -> (microbatches, virtual stages per rank).
+OTHER_SCHEDULES = {"Naive": (1, 1), "GPipe": (4, 1), "Interleaved1F1B": (4, 2),
+                   "InterleavedZeroBubble": (4, 2), "ZBVZeroBubble": (4, 2)}  # fmt: skip
+
+
+def test_every_other_schedule_succeeds_through_the_operator(
+    kubectl: Kubectl, operator: OperatorProcess, namespace: str
+) -> None:
+    names = {}
+    for schedule, (microbatches, virtual) in OTHER_SCHEDULES.items():
+        name = f"sched-{schedule.lower()}"
+        obj = example("pipedream", name, namespace, steps=6, checkpoint_every=3)
+        spec = obj["spec"]
+        spec["workers"]["resources"] = {"cpu": "200m", "memory": "1Gi"}
+        spec["parallelism"].update(schedule=schedule, microbatches=microbatches, virtualStages=virtual)
+        spec["model"] = {"name": "mlp", "hidden": 32, "layers": 5}  # 6 blocks: 2 stages x 2 virtual fit
+        kubectl.apply(obj)
+        names[name] = schedule
+    for name, schedule in names.items():
+        job = kubectl.wait_phase(namespace, name, ("Succeeded", "Failed"), timeout=600)
+        status = job["status"]
+        assert status["phase"] == "Succeeded", (schedule, status)
+        assert int(status["step"]) == 6 and status["restarts"] == 0, (schedule, status)
+        assert status["result"]["pipeline"]["schedule"] == schedule, status["result"]
+
+
+def test_pipeline_by_tensor_hybrid_succeeds_through_the_operator(
+    kubectl: Kubectl, operator: OperatorProcess, namespace: str
+) -> None:
+    """Hybrid pipeline 2 x tensor 2: one tensor-parallel group per pod, one pod per stage."""
+    name = f"pptp-{uuid.uuid4().hex[:5]}"
+    obj = example("hybrid", name, namespace, steps=6, checkpoint_every=3)
+    spec = obj["spec"]
+    spec["parallelism"] = {"tensor": 2, "pipeline": 2, "schedule": "1F1B", "microbatches": 2, "dataStrategy": "ddp"}
+    spec["model"] = {"name": "gpt", "hidden": 32, "layers": 2, "heads": 2, "blockSize": 16, "dropout": 0.1}
+    spec["data"]["batchSize"] = 8
+    spec["training"]["precision"] = "fp32"
+    kubectl.apply(obj)
+    job = kubectl.wait_phase(namespace, name, ("Succeeded", "Failed"), timeout=600)
+    status = job["status"]
+    assert status["phase"] == "Succeeded", status
+    assert int(status["step"]) == 6 and status["restarts"] == 0, status
+    assert status["result"]["layout"] == "dp=1,pp=2,tp=2", status["result"]
