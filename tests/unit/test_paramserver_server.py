@@ -225,3 +225,26 @@ def test_a_pull_in_flight_sees_one_version_while_an_update_lands() -> None:
     ptr = shard.params["w"].data_ptr()
     shard.push(worker="worker-0", version=1, incarnation=shard.incarnation, tensors=grads())
     assert shard.params["w"].data_ptr() == ptr
+
+
+def test_a_worker_exports_the_time_series_every_mode_exports(tmp_path) -> None:  # noqa: ANN001
+    from disttrain_api import metric_names as names
+    from disttrain_trainer.paramserver.psmetrics import WorkerMetrics, WorkerTally
+
+    m = WorkerMetrics(job="j", rank=0, port=0, log_path=tmp_path / "m.jsonl")
+    try:
+        m.observe_iteration(0.5)
+        m.observe(1, WorkerTally(steps=1, samples=8, step_s=0.5, data_s=0.05, compute_s=0.2, pull_s=0.1,
+                                 push_s=0.1, idle_s=0.05))  # fmt: skip
+        got = {s.name: s for s in m.registry.collect()}
+
+        def value(name: str, suffix: str = "_total") -> float:
+            return next(x.value for x in got[name].samples if x.name == name + suffix)
+
+        assert value(names.STEP_SECONDS, "_sum") == 0.5
+        assert value(names.COMPUTE_SECONDS) == 0.2
+        assert value(names.DATA_SECONDS) == 0.05
+        assert value(names.COMM_EXPOSED_SECONDS) == value(names.COMM_BUSY_SECONDS) == 0.2
+        assert value(names.IDLE_SECONDS) == 0.05
+    finally:
+        m.close()

@@ -14,7 +14,7 @@ from pathlib import Path
 from disttrain_api import metric_names as names
 from prometheus_client import Counter, Histogram
 
-from ..metrics_sink import MetricsSink
+from ..metrics_sink import MetricsSink, StepTimeSeries
 
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
 APPLY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
@@ -108,18 +108,25 @@ class WorkerMetrics(MetricsSink):
                          port=port, log_path=log_path)  # fmt: skip
         self.step = self.gauge(names.STEP, "Iterations this worker has completed.")
         self.loss = self.gauge(names.PREFIX + "loss", "Mean training loss over the last log interval.")
-        self.compute = self.counter(names.PS_COMPUTE_SECONDS, "Forward + backward seconds.")
-        self.data = self.counter(names.PS_DATA_SECONDS, "Seconds fetching batches.")
+        # The series every mode exports (compute, data, exposed = busy communication: pull + push, idle).
+        self.times = StepTimeSeries(self, step_doc="Seconds per worker iteration (pull, compute, push).")
         self.pull_s = self.counter(names.PS_PULL_SECONDS, "Seconds in Pull calls (communication).")
         self.push_s = self.counter(names.PS_PUSH_SECONDS, "Seconds in Push calls (communication).")
         self.pull_bytes = self.counter(names.PS_PULL_BYTES, "Parameter bytes received.")
         self.push_bytes = self.counter(names.PS_PUSH_BYTES, "Gradient bytes sent.")
 
+    def observe_iteration(self, step_s: float) -> None:
+        """The one per-iteration call: the step-time histogram needs every iteration."""
+        self.times.step_time.observe(step_s)
+
     def observe(self, step: int, t: WorkerTally) -> None:
+        """A log interval's sums (the histogram has had its iterations from observe_iteration)."""
         self.step.set(step)
         self.loss.set(t.loss_sum / max(1, t.steps))
-        self.compute.inc(t.compute_s)
-        self.data.inc(t.data_s)
+        for counter, seconds in ((self.times.compute, t.compute_s), (self.times.data, t.data_s),
+                                 (self.times.exposed, t.comm_s), (self.times.busy, t.comm_s),
+                                 (self.times.idle, t.idle_s)):  # fmt: skip
+            counter.inc(seconds)
         self.pull_s.inc(t.pull_s)
         self.push_s.inc(t.push_s)
         self.pull_bytes.inc(t.pull_bytes)

@@ -187,6 +187,7 @@ class Worker:
             interval.data_s += t2 - t1
             interval.compute_s += t3 - t2
             interval.step_s += end - t0
+            self.metrics.observe_iteration(end - t0)
             if self.step % tr.log_interval_steps == 0 or self.step == tr.steps:
                 self.metrics.observe(self.step, interval)
                 self.totals.merge(interval)
