@@ -44,6 +44,7 @@ pytestmark = pytest.mark.timeout(900)
 
 SCRAPE_JOB = "disttrain-workers"  # the job_name of the README's scrape config
 SCRAPE_INTERVAL_S = 2
+STEPS = 6000  # ~30 s of training at 750m CPU per pod
 
 
 class Prometheus:
@@ -114,7 +115,9 @@ def test_prometheus_scrapes_workers_and_agrees_with_the_trainer(
     kubectl: Kubectl, operator: OperatorProcess, namespace: str, prometheus: Prometheus
 ) -> None:
     name = f"prom-{uuid.uuid4().hex[:5]}"
-    kubectl.apply(digits_manifest(name, namespace))
+    # Long enough to be watched while it trains: the example's 400 steps take ~2 s on an idle
+    # machine, less than one progress scrape, and the job could finish before step 100 was seen.
+    kubectl.apply(digits_manifest(name, namespace, training={"steps": STEPS, "evalIntervalSteps": STEPS // 4}))
     sel = f'{names.LABEL_JOB}="{name}", {names.LABEL_NAMESPACE}="{namespace}"'
 
     # 1. Both ranks become targets and are up, found through the API server's pod list.
@@ -130,7 +133,7 @@ def test_prometheus_scrapes_workers_and_agrees_with_the_trainer(
     def training() -> float | None:
         job = kubectl.job(namespace, name)
         status = job.get("status") or {}
-        assert status.get("phase") not in ("Failed",), status
+        assert status.get("phase") not in ("Failed", "Succeeded"), f"the job ended before it was seen training: {status}"
         return time.time() if (status.get("step") or 0) >= 100 and status.get("phase") == "Running" else None
 
     during = kubectl.wait_for("job Running past step 100", training, timeout=420)
