@@ -44,7 +44,8 @@ pytestmark = pytest.mark.timeout(900)
 
 SCRAPE_JOB = "disttrain-workers"  # the job_name of the README's scrape config
 SCRAPE_INTERVAL_S = 2
-STEPS = 6000  # ~30 s of training at 750m CPU per pod
+STEPS = 12000  # tens of seconds of training at 750m CPU per pod
+WATCH_FROM_STEP = STEPS // 4  # well inside the run: the dashboard's rate() windows hold several scrapes
 
 
 class Prometheus:
@@ -129,14 +130,15 @@ def test_prometheus_scrapes_workers_and_agrees_with_the_trainer(
     targets = kubectl.wait_for("both worker pods scraped", targets_up, timeout=300)
     assert {t["labels"]["job"] for t in targets} == {SCRAPE_JOB}
 
-    # 2. While the job trains: remember a moment well inside the run to evaluate the dashboard at.
+    # 2. While the job trains: remember a moment well inside the run to evaluate the dashboard at
+    #    (a quarter of the way: the 30 s rate() windows then hold samples of the training).
     def training() -> float | None:
         job = kubectl.job(namespace, name)
         status = job.get("status") or {}
         assert status.get("phase") not in ("Failed", "Succeeded"), f"the job ended before it was seen training: {status}"
-        return time.time() if (status.get("step") or 0) >= 100 and status.get("phase") == "Running" else None
+        return time.time() if (status.get("step") or 0) >= WATCH_FROM_STEP and status.get("phase") == "Running" else None
 
-    during = kubectl.wait_for("job Running past step 100", training, timeout=420)
+    during = kubectl.wait_for(f"job Running past step {WATCH_FROM_STEP}", training, timeout=420)
     time.sleep(4 * SCRAPE_INTERVAL_S)  # samples on both sides of `during`
 
     # Our labels, and no collision with the target labels Prometheus adds.
