@@ -199,7 +199,6 @@ class AsyncSaver:
         self._done: list[SaveResult] = []
         self._error: BaseException | None = None
         self._lock = threading.Lock()
-        self._switch_interval = sys.getswitchinterval()
 
     def save(self, state: dict[str, Any], step: int,
              complete: Callable[[], dict[str, Any]] | None = None) -> float:  # fmt: skip
@@ -214,14 +213,15 @@ class AsyncSaver:
         # The writer pickles with the GIL held; a training thread asking for it back waits up to
         # the switch interval (5 ms by default) at every handover. While the write is in flight
         # the interval is WRITE_SWITCH_INTERVAL_S, so the loop gets the GIL back promptly.
-        self._switch_interval = sys.getswitchinterval()
-        sys.setswitchinterval(min(self._switch_interval, WRITE_SWITCH_INTERVAL_S))
-        self._thread = threading.Thread(target=self._write, args=(snap, step, complete),
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(min(interval, WRITE_SWITCH_INTERVAL_S))
+        self._thread = threading.Thread(target=self._write, args=(snap, step, complete, interval),
                                         name=f"checkpoint-{step}")  # fmt: skip
         self._thread.start()
         return time.perf_counter() - start
 
-    def _write(self, state: dict[str, Any], step: int, complete: Callable[[], dict[str, Any]] | None) -> None:
+    def _write(self, state: dict[str, Any], step: int, complete: Callable[[], dict[str, Any]] | None,
+               switch_interval: float) -> None:  # fmt: skip
         # Behind the training threads for the CPU: the write uses what they leave (Linux nices threads).
         with contextlib.suppress(OSError, AttributeError):
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICENESS)
@@ -233,6 +233,8 @@ class AsyncSaver:
             with self._lock:
                 self._error = e
             return
+        finally:
+            sys.setswitchinterval(switch_interval)  # the write is over, not only once someone joins it
         with self._lock:
             self._done.append(res)
             self._spare = state
@@ -241,7 +243,6 @@ class AsyncSaver:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-            sys.setswitchinterval(self._switch_interval)
 
     def poll(self) -> list[SaveResult]:
         """Writes finished since the last poll (non-blocking)."""

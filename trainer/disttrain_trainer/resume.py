@@ -127,7 +127,6 @@ class PendingGather:
     writer thread waits for it just before writing. Collectives on a group run in the
     order they were issued on every rank, so the loop's next all-reduce pairs up as before."""
 
-    world_size: int
     slots: list[torch.Tensor] | None = None  # received slots; None once decoded or when gathered synchronously
     work: Any = None
     send: torch.Tensor | None = None  # kept alive until the collective has read it
@@ -160,14 +159,14 @@ def gather_async(obj: Any, world_size: int) -> PendingGather:
     send[_LEN_BYTES : _LEN_BYTES + len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
     slots = [torch.empty(GATHER_SLOT_BYTES, dtype=torch.uint8) for _ in range(world_size)]
     work = dist.all_gather(slots, send, async_op=True)
-    return PendingGather(world_size=world_size, slots=slots, work=work, send=send)
+    return PendingGather(slots=slots, work=work, send=send)
 
 
 def gather_now(obj: Any, world_size: int) -> PendingGather:
     """The same gather, completed before returning (for parts of any size)."""
     out: list[Any] = [None] * world_size
     dist.all_gather_object(out, obj)
-    return PendingGather(world_size=world_size, objects=out)
+    return PendingGather(objects=out)
 
 
 # ------------------------------------------------------- communication hook state
