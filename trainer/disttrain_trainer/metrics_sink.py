@@ -70,7 +70,13 @@ class StepTimeSeries:
 
     def observe(self, *, step_s: float, compute_s: float, data_s: float, exposed_s: float, busy_s: float,
                 idle_s: float) -> None:  # fmt: skip
+        """One step: its time into the histogram, its parts into the counters."""
         self.step_time.observe(step_s)
+        self.add(compute_s=compute_s, data_s=data_s, exposed_s=exposed_s, busy_s=busy_s, idle_s=idle_s)
+
+    def add(self, *, compute_s: float, data_s: float, exposed_s: float, busy_s: float, idle_s: float) -> None:
+        """The counters only: for a mode that sums its parts over a log interval and feeds the
+        histogram every step itself (`step_time.observe`)."""
         self.compute.inc(compute_s)
         self.data.inc(data_s)
         self.idle.inc(idle_s)

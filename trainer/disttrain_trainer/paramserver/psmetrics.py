@@ -123,10 +123,8 @@ class WorkerMetrics(MetricsSink):
         """A log interval's sums (the histogram has had its iterations from observe_iteration)."""
         self.step.set(step)
         self.loss.set(t.loss_sum / max(1, t.steps))
-        for counter, seconds in ((self.times.compute, t.compute_s), (self.times.data, t.data_s),
-                                 (self.times.exposed, t.comm_s), (self.times.busy, t.comm_s),
-                                 (self.times.idle, t.idle_s)):  # fmt: skip
-            counter.inc(seconds)
+        # Nothing overlaps a pull or a push: exposed = busy = their sum.
+        self.times.add(compute_s=t.compute_s, data_s=t.data_s, exposed_s=t.comm_s, busy_s=t.comm_s, idle_s=t.idle_s)
         self.pull_s.inc(t.pull_s)
         self.push_s.inc(t.push_s)
         self.pull_bytes.inc(t.pull_bytes)
