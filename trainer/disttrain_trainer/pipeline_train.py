@@ -48,6 +48,7 @@ from . import resume
 from .config import ConfigError, TrainerConfig
 from .data import Dataset, GlobalBatchSampler
 from .dist_env import DistContext
+from .loop_gc import LoopGC
 from .metrics import Metrics, Tally
 from .optim import build_optimizer, build_scheduler
 from .parallel.blocks import block_state, load_block_state, split_blocks
@@ -305,56 +306,58 @@ def loop(run: PipeRun, amp: Amp) -> dict[str, Any]:
     last_loss = float("nan")
     interval, losses = Tally(), []
     start = time.perf_counter()
-    while run.step < tr.steps:
-        t0 = time.perf_counter()
-        xb, yb = run.ds.batch(run.sampler.next_indices())
-        x = torch.from_numpy(np.asarray(xb)).to(ctx.device)
-        y = torch.from_numpy(np.asarray(yb)).to(ctx.device)
-        t1 = time.perf_counter()
-        out, ar_s, opt_s = _train_step(run, x, y)
-        if ctx.device.type == "cuda":
-            torch.cuda.synchronize(ctx.device)
-        work = time.perf_counter() - t1
-        # Every rank's timeline and loss: the pipeline's ranks split their idle time with them.
-        everyone: list[Any] = [None] * ctx.world_size
-        dist.all_gather_object(everyone, ((run.dp_rank, run.tp_rank), out.intervals, out.loss))
-        mine = (run.dp_rank, run.tp_rank)
-        times = split_idle(out.intervals, [ivs for d, ivs, _ in everyone if d == mine], n_stages)
-        step_losses = [ls for (_, t), _, ls in everyone if ls is not None and t == 0]  # one per replica
-        last_loss = float(np.mean(step_losses)) if step_losses else float("nan")
-        losses.append(last_loss)
-        run.step += 1
-        if tr.eval_interval_steps and run.step % tr.eval_interval_steps == 0 and run.step < tr.steps:
-            eval_result = _evaluate(run, amp)
-        if run.step % spec.checkpoint.interval_steps == 0 and run.step < tr.steps:  # the final one: run_to_end
-            run.save_checkpoint()
-        end = time.perf_counter()
-        compute = min(work, times.compute_s + opt_s)
-        comm = min(work - compute, times.p2p_s + ar_s)
-        t2 = t1 + compute + comm  # the rest of the step, up to `end`, is idle
-        run.metrics.observe_step_time(end - t0)
-        interval.add_step(t0=t0, t1=t1, t2=t2, end=end, exposed_s=comm, busy_s=comm, idle_s=end - t2,
-                          samples=len(x))  # fmt: skip
-        run.pmetrics.observe_step(times, p2p_s=times.p2p_s, allreduce_s=ar_s, act_peak_bytes=out.act_peak_bytes)
-        run.peak_bytes = max(run.peak_bytes, out.act_peak_bytes)
-        run.bubble["bubble"] += times.bubble_s
-        run.bubble["window"] += times.window_s
-        if run.step % tr.log_interval_steps == 0 or run.step == tr.steps:
-            lr = run.scheduler.get_last_lr()[0]
-            loss = float(np.mean(losses))
-            run.metrics.observe_interval(
-                step=run.step, loss=loss, lr=lr, tally=interval, gradient_bytes=grad_bytes,
-                extra={"stage": run.pp_rank, "p2p_s": times.p2p_s, "allreduce_s": ar_s, "bubble_s": times.bubble_s,
-                       "bubble_fraction": times.bubble_fraction, "window_s": times.window_s,
-                       "act_peak_bytes": out.act_peak_bytes},
-            )  # fmt: skip
-            if ctx.is_main:
-                rec = interval.record()
-                print(f"step {run.step}/{tr.steps} loss {loss:.4f} lr {lr:.4g} "
-                      f"samples/s {rec['samples_per_s'] * run.dp_size:.0f} bubble {times.bubble_fraction:.0%} "
-                      f"comm {rec['comm_exposed_fraction']:.0%}", flush=True)  # fmt: skip
-            run.totals.merge(interval)
-            interval, losses = Tally(), []
+    with LoopGC() as loop_gc:
+        while run.step < tr.steps:
+            t0 = time.perf_counter()
+            xb, yb = run.ds.batch(run.sampler.next_indices())
+            x = torch.from_numpy(np.asarray(xb)).to(ctx.device)
+            y = torch.from_numpy(np.asarray(yb)).to(ctx.device)
+            t1 = time.perf_counter()
+            out, ar_s, opt_s = _train_step(run, x, y)
+            if ctx.device.type == "cuda":
+                torch.cuda.synchronize(ctx.device)
+            work = time.perf_counter() - t1
+            # Every rank's timeline and loss: the pipeline's ranks split their idle time with them.
+            everyone: list[Any] = [None] * ctx.world_size
+            dist.all_gather_object(everyone, ((run.dp_rank, run.tp_rank), out.intervals, out.loss))
+            mine = (run.dp_rank, run.tp_rank)
+            times = split_idle(out.intervals, [ivs for d, ivs, _ in everyone if d == mine], n_stages)
+            step_losses = [ls for (_, t), _, ls in everyone if ls is not None and t == 0]  # one per replica
+            last_loss = float(np.mean(step_losses)) if step_losses else float("nan")
+            losses.append(last_loss)
+            run.step += 1
+            if tr.eval_interval_steps and run.step % tr.eval_interval_steps == 0 and run.step < tr.steps:
+                eval_result = _evaluate(run, amp)
+            if run.step % spec.checkpoint.interval_steps == 0 and run.step < tr.steps:  # the final one: run_to_end
+                run.save_checkpoint()
+            end = time.perf_counter()
+            compute = min(work, times.compute_s + opt_s)
+            comm = min(work - compute, times.p2p_s + ar_s)
+            t2 = t1 + compute + comm  # the rest of the step, up to `end`, is idle
+            run.metrics.observe_step_time(end - t0)
+            interval.add_step(t0=t0, t1=t1, t2=t2, end=end, exposed_s=comm, busy_s=comm, idle_s=end - t2,
+                              samples=len(x))  # fmt: skip
+            run.pmetrics.observe_step(times, p2p_s=times.p2p_s, allreduce_s=ar_s, act_peak_bytes=out.act_peak_bytes)
+            run.peak_bytes = max(run.peak_bytes, out.act_peak_bytes)
+            run.bubble["bubble"] += times.bubble_s
+            run.bubble["window"] += times.window_s
+            if run.step % tr.log_interval_steps == 0 or run.step == tr.steps:
+                lr = run.scheduler.get_last_lr()[0]
+                loss = float(np.mean(losses))
+                run.metrics.observe_interval(
+                    step=run.step, loss=loss, lr=lr, tally=interval, gradient_bytes=grad_bytes,
+                    extra={"stage": run.pp_rank, "p2p_s": times.p2p_s, "allreduce_s": ar_s, "bubble_s": times.bubble_s,
+                           "bubble_fraction": times.bubble_fraction, "window_s": times.window_s,
+                           "act_peak_bytes": out.act_peak_bytes},
+                )  # fmt: skip
+                if ctx.is_main:
+                    rec = interval.record()
+                    print(f"step {run.step}/{tr.steps} loss {loss:.4f} lr {lr:.4g} "
+                          f"samples/s {rec['samples_per_s'] * run.dp_size:.0f} bubble {times.bubble_fraction:.0%} "
+                          f"comm {rec['comm_exposed_fraction']:.0%}", flush=True)  # fmt: skip
+                run.totals.merge(interval)
+                interval, losses = Tally(), []
+            loop_gc.after_step(run.step)
     train_s = time.perf_counter() - start
     eval_result = _evaluate(run, amp)
     stage_totals: list[Any] = [None] * ctx.world_size

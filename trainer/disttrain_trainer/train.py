@@ -37,6 +37,7 @@ from . import sharded_checkpoint as sharded_ckpt
 from .config import SUMMARY_FILE, ConfigError, TrainerConfig, finished_path
 from .data import Dataset, GlobalBatchSampler, load_dataset
 from .dist_env import DistContext, cleanup, finish, init_distributed, keep_until_exit
+from .loop_gc import LoopGC
 from .metrics import Metrics, Tally
 from .models import build_model, resolve
 from .optim import build_optimizer, build_scheduler
@@ -347,34 +348,36 @@ def _loop(run: Run) -> dict[str, Any]:
     eval_result: tuple[str, float] | None = None
     start = time.perf_counter()
     try:
-        while run.step < tr.steps:
-            t0 = time.perf_counter()
-            micro = _batch(run)
-            t1 = time.perf_counter()
-            res = step_fn(run.model, micro, loss_fn=loss_fn, optimizer=run.optimizer,
-                          scheduler=run.scheduler, amp=run.amp)  # fmt: skip
-            if cuda:
-                torch.cuda.synchronize(ctx.device)
-            t2 = time.perf_counter()
-            c = comm.take() if comm is not None else no_comm
-            run.step += 1
-            last_loss = res.loss
-            losses.append(res.loss)
-            idle = 0.0
-            evaluate_now = bool(eval_every) and run.step % eval_every == 0 and run.step < tr.steps
-            checkpoint_now = run.step % ckpt_every == 0 and run.step < tr.steps  # the final one: `run`, with the summary
-            if evaluate_now or checkpoint_now:
-                ti = time.perf_counter()
-                eval_result = _between_steps(run, evaluate_now=evaluate_now, checkpoint_now=checkpoint_now) or eval_result
-                idle = time.perf_counter() - ti
-            end = time.perf_counter()
-            metrics.observe_step_time(end - t0)
-            interval.add_step(t0=t0, t1=t1, t2=t2, end=end, exposed_s=c.exposed_s, busy_s=c.busy_s,
-                              idle_s=idle, samples=res.samples)  # fmt: skip
-            if run.step % log_every == 0 or run.step == tr.steps:
-                _log_interval(run, interval, losses, grad_bytes, dp)
-                run.totals.merge(interval)
-                interval, losses = Tally(), []
+        with LoopGC() as loop_gc:
+            while run.step < tr.steps:
+                t0 = time.perf_counter()
+                micro = _batch(run)
+                t1 = time.perf_counter()
+                res = step_fn(run.model, micro, loss_fn=loss_fn, optimizer=run.optimizer,
+                              scheduler=run.scheduler, amp=run.amp)  # fmt: skip
+                if cuda:
+                    torch.cuda.synchronize(ctx.device)
+                t2 = time.perf_counter()
+                c = comm.take() if comm is not None else no_comm
+                run.step += 1
+                last_loss = res.loss
+                losses.append(res.loss)
+                idle = 0.0
+                evaluate_now = bool(eval_every) and run.step % eval_every == 0 and run.step < tr.steps
+                checkpoint_now = run.step % ckpt_every == 0 and run.step < tr.steps  # the final one: `run`, with the summary
+                if evaluate_now or checkpoint_now:
+                    ti = time.perf_counter()
+                    eval_result = _between_steps(run, evaluate_now=evaluate_now, checkpoint_now=checkpoint_now) or eval_result
+                    idle = time.perf_counter() - ti
+                end = time.perf_counter()
+                metrics.observe_step_time(end - t0)
+                interval.add_step(t0=t0, t1=t1, t2=t2, end=end, exposed_s=c.exposed_s, busy_s=c.busy_s,
+                                  idle_s=idle, samples=res.samples)  # fmt: skip
+                if run.step % log_every == 0 or run.step == tr.steps:
+                    _log_interval(run, interval, losses, grad_bytes, dp)
+                    run.totals.merge(interval)
+                    interval, losses = Tally(), []
+                loop_gc.after_step(run.step)
         train_s = time.perf_counter() - start
     finally:
         run.report_checkpoints(wait=True)  # the last write finishes before the trainer exits
