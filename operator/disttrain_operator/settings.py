@@ -36,7 +36,10 @@ class OperatorSettings:
     image_pull_policy: str = "IfNotPresent"
     metrics_port: int = 8080  # operator's own /metrics; 0 = off
     liveness: str = ""  # e.g. http://0.0.0.0:8081/healthz; empty = off
-    # How often each job's progress is polled (rank 0 metrics, pod states).
+    # How often a running job's rank 0 metrics are scraped, the most often a change of pod
+    # counts or progress alone is written to its status, and how soon a job waiting on the
+    # clock (a deadline, a force-delete or node-lost timeout) is reconciled again. Pod and
+    # job changes themselves are reconciled as their watch events arrive.
     poll_interval_s: float = 3.0
     # A pod stuck Terminating this long (a dead node cannot confirm) is force-deleted.
     force_delete_after_s: float = 30.0

@@ -27,7 +27,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                    help="trainer image for jobs without spec.image (default disttrain-trainer:dev) "
                    "[DISTTRAIN_OPERATOR_DEFAULT_IMAGE]")
     p.add_argument("--poll-interval", type=float, default=None, dest="poll_interval_s",
-                   help="seconds between progress/recovery checks of each job (default 3) "
+                   help="seconds between progress scrapes of a running job's rank 0; also the most often "
+                   "pod counts/progress alone are written to its status (default 3) "
                    "[DISTTRAIN_OPERATOR_POLL_INTERVAL]")
     p.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     p.set_defaults(handler=run)
@@ -56,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     kopf.configure(verbose=args.verbose)
     logging.getLogger("disttrain.operator").setLevel(logging.DEBUG if args.verbose else logging.INFO)
     if not args.verbose:
-        # kopf logs every timer tick at INFO; our reconciler logs each transition itself.
+        # kopf logs every handled event at INFO; our reconciler logs each transition itself.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     kube.load_config()
     if cfg.metrics_port:
