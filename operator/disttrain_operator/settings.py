@@ -52,6 +52,10 @@ class OperatorSettings:
     # Every job may train on CPU when its GPUs are missing (passed to pods as
     # DISTTRAIN_ALLOW_CPU_FALLBACK); on for clusters that advertise GPUs they lack.
     allow_cpu_fallback: bool = False
+    # Run only while holding a coordination Lease (leader.py), so that several replicas can
+    # run with one active; off for the single-replica default, which needs no Lease.
+    leader_elect: bool = False
+    lease_namespace: str = ""  # empty: the operator's own namespace
     extra: Mapping[str, str] = field(default_factory=dict)
 
     def watch_namespaces(self) -> list[str]:
@@ -123,6 +127,8 @@ def from_env(environ: Mapping[str, str] | None = None, **overrides: object) -> O
             runtime_class_name=get("GPU_RUNTIME_CLASS") or "",
         ),
         "allow_cpu_fallback": _env_bool(get("ALLOW_CPU_FALLBACK"), False),
+        "leader_elect": _env_bool(get("LEADER_ELECT"), False),
+        "lease_namespace": get("LEASE_NAMESPACE") or "",
     }
     for key, value in overrides.items():
         if value is not None:
