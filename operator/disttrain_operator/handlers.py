@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import kopf
@@ -36,7 +37,8 @@ from .settings import OperatorSettings
 from .workqueue import WorkQueue
 
 log = logging.getLogger("disttrain.operator")
-# kopf runs sync handlers and our reconciles in its executor with this many threads.
+# Reconciles at once (each blocks on API calls); a pool of their own, so that kopf's own
+# sync work never waits behind them.
 RECONCILE_THREADS = 16
 JOBS = JobCache()
 _state: dict[str, Any] = {"settings": OperatorSettings(), "kube": None, "index": None}
@@ -95,17 +97,17 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.finalizer = f"{GROUP}/finalizer"
     # Only warnings from kopf itself become Events; ours are posted explicitly per transition.
     settings.posting.level = logging.WARNING
-    settings.execution.max_workers = RECONCILE_THREADS
     # One operator replica (the Deployment has replicas: 1): no peering objects needed.
     settings.peering.standalone = True
     settings.watching.server_timeout = 300
     _kube()
-    _queue().start(settings.execution.executor)
+    _queue().start(ThreadPoolExecutor(max_workers=RECONCILE_THREADS, thread_name_prefix="reconcile"))
     _state["scraper"].start()
 
 
+# async: runs in the event loop for every pod event, not in a thread.
 @kopf.index("", "v1", "pods", labels={c.LABEL_JOB: kopf.PRESENT})
-def pods_by_job(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[JobKey, dict[str, Any]]:
+async def pods_by_job(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[JobKey, dict[str, Any]]:
     return {(namespace, labels[c.LABEL_JOB]): slim_pod(dict(body))}
 
 

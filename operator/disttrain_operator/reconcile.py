@@ -231,6 +231,8 @@ class Reconciler:
                 fresh = kube.get_job(ns, name)
                 if fresh is not None:
                     self.jobs.put(key, fresh)
+                else:
+                    self.jobs.drop(key, meta["uid"])
                 raise
             self.jobs.put(key, body)
             self._last_write[key] = time.monotonic()
