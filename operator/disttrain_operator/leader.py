@@ -14,6 +14,8 @@ over) stops: the process exits and its Deployment restarts it as a candidate.
 
 from __future__ import annotations
 
+import http.server
+import json
 import logging
 import os
 import socket
@@ -23,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from .kube import Kube, KubeError
 
@@ -141,3 +143,27 @@ class Elector:
         thread = threading.Thread(target=run, name="lease-renewal", daemon=True)
         thread.start()
         return thread
+
+
+def serve_standby_health(url: str) -> http.server.ThreadingHTTPServer:
+    """Answer the liveness endpoint (kopf's, once active) while standing by: a standby is
+    healthy, and its Deployment must not restart it for waiting. Shut it down before kopf
+    binds the same address."""
+    parts = urlsplit(url)
+    path = parts.path or "/"
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+            body = json.dumps({"standby": True}).encode()
+            self.send_response(200 if self.path == path else 404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:  # probes every few seconds: not worth a line
+            pass
+
+    server = http.server.ThreadingHTTPServer((parts.hostname or "0.0.0.0", parts.port or 80), Handler)  # noqa: S104
+    threading.Thread(target=server.serve_forever, name="standby-health", daemon=True).start()
+    return server

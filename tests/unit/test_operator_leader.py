@@ -105,3 +105,24 @@ def test_two_candidates_updating_an_expired_lease_at_once_only_one_wins() -> Non
     # The winner is the holder, and nobody else thinks it holds the Lease.
     holder = store["lease"]["spec"]["holderIdentity"]
     assert [e.cfg.identity for e in electors if e.try_acquire_or_renew()] == [holder]
+
+
+def test_a_standby_answers_the_liveness_endpoint_and_frees_it_for_kopf() -> None:
+    import socket
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/healthz"
+    server = leader.serve_standby_health(url)
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            assert r.status == 200 and r.read() == b'{"standby": true}'
+    finally:
+        server.shutdown()
+        server.server_close()
+    with socket.socket() as s:  # free again for kopf's endpoint (aiohttp binds with SO_REUSEADDR too)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))
+        s.listen()

@@ -75,7 +75,11 @@ def run(args: argparse.Namespace) -> int:
 
         elector = leader.Elector(kube.Kube(), leader.LeaseConfig(
             namespace=cfg.lease_namespace or settings.own_namespace(), identity=leader.default_identity()))
+        standby = leader.serve_standby_health(cfg.liveness) if cfg.liveness else None
         elector.acquire()
+        if standby is not None:
+            standby.shutdown()
+            standby.server_close()
         # Lost (could not renew): stop at once, before a standby may take over; the
         # Deployment restarts this replica as a standby.
         elector.keep(lost=lambda: os._exit(1))
