@@ -244,6 +244,7 @@ class FakeApi(Kube):
         self.lock = threading.Lock()
         self.concurrent, self.peak = 0, 0
         self.edit_before_patch = False
+        self.delay = 0.02  # a round trip: concurrent requests overlap
 
     def request(self, method: str, path: str, *, resource: str, verb: str, query: Any = None, body: Any = None,
                 content_type: str = "application/json", allow: tuple[int, ...] = ()) -> tuple[int, dict[str, Any]]:
@@ -252,7 +253,7 @@ class FakeApi(Kube):
             self.concurrent += 1
             self.peak = max(self.peak, self.concurrent)
         try:
-            time.sleep(0.02)  # a round trip: concurrent requests overlap
+            time.sleep(self.delay)
             with self.lock:
                 return self._answer(path, resource, verb, body)
         finally:
@@ -331,12 +332,16 @@ def succeeded(api: FakeApi) -> list[dict[str, Any]]:
 
 def test_a_job_to_completion_costs_its_creates_plus_one_write_and_event_per_transition() -> None:
     api, jobs, rec, reasons = setup()
+    api.delay = 0.1
     start = time.monotonic()
     rec(KEY, [])  # the job's ADDED event
     took = time.monotonic() - start
+    api.delay = 0.0
     assert api.count("create", "configmaps") == 1 and api.count("create", "services") == 1
     assert api.count("create", "pods") == 4 and api.peak >= 4  # the gang at once, not one by one
-    assert took < 0.02 * 6  # two round trips (ConfigMap + Service, then pods), not six
+    # Round trips: ConfigMap + Service, then the pods, then status and Event: 4, not the 8 of
+    # one request after the other.
+    assert took < 0.1 * 6, took
     # Our own status write is in the cache already; its watch event brings nothing new.
     assert not jobs.put(KEY, copy.deepcopy(api.job))
     assert rec(KEY, []) == 1.0  # pod events not seen yet: wait for them, never "vanished"
