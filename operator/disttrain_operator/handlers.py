@@ -55,7 +55,15 @@ def _kube() -> Kube:
     return _state["kube"]
 
 
+# Events are posted off the reconcile thread: a reconcile never waits for one.
+_EVENTS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="events")
+
+
 def _post(job: dict[str, Any], type_: str, reason: str, message: str) -> None:
+    _EVENTS.submit(_post_now, job, type_, reason, message)
+
+
+def _post_now(job: dict[str, Any], type_: str, reason: str, message: str) -> None:
     # Posted directly, not with kopf.event: that needs kopf's per-object context, which a
     # queued reconcile does not run in. Events are auxiliary: a failed post is logged.
     try:

@@ -30,7 +30,7 @@ from disttrain_api.validation import load_job
 
 from . import opmetrics, topology
 from .cache import JobCache, JobKey
-from .decide import RUNNING, Observed, Plan, decide, needs_recheck
+from .decide import PENDING, RUNNING, Observed, Plan, decide, needs_recheck
 from .kube import Conflict, Kube
 from .observe import PodView, controller_of, pod_view
 from .scraper import Endpoint, ProgressScraper
@@ -215,10 +215,15 @@ class Reconciler:
         patch = merge_patch(old, new)
         deferred: float | None = None
         if progress_only(patch):
-            # Pod counts and steps of a healthy job: at most one write per interval, the latest.
-            wait = self._last_write.get(key, 0.0) + settings.poll_interval_s - mono
-            if wait > 0:
-                patch, deferred = {}, wait
+            if old.get("phase") == PENDING and new.get("phase") == PENDING:
+                # Pod counts of a gang that is starting: carried by the next transition (Running,
+                # or why it cannot start), not written one pod at a time.
+                patch = {}
+            else:
+                # Counts and steps of a running job: at most one write per interval, the latest.
+                wait = self._last_write.get(key, 0.0) + settings.poll_interval_s - mono
+                if wait > 0:
+                    patch, deferred = {}, wait
 
         def write_status() -> None:
             if not patch:

@@ -356,20 +356,24 @@ def test_a_job_to_completion_costs_its_creates_plus_one_write_and_event_per_tran
     assert len(api.calls) == 6 + 3 + 3
 
 
-def test_pod_count_changes_alone_are_written_at_most_once_per_interval() -> None:
+def test_pod_counts_and_progress_alone_are_written_at_most_once_per_interval() -> None:
     api, _, rec, _ = setup(workers=2, interval=0.5)
     rec(KEY, [])
     writes, message = api.count("patch"), api.job["status"]["message"]
-    pods = api.pods("Pending")
-    again = rec(KEY, pods)  # only the phase message ("2 of 2 pods starting") changes: deferred
+    # A starting gang: only the message ("2 of 2 pods starting") would change: the next
+    # transition carries it.
+    assert rec(KEY, api.pods("Pending")) is None
     assert api.count("patch") == writes and api.job["status"]["message"] == message
-    assert again is not None and 0 < again <= 0.5
-    assert rec(KEY, pods) is not None and api.count("patch") == writes  # more events: still deferred
+    rec(KEY, api.pods("Running"))  # a transition is written at once
+    assert api.count("patch") == writes + 1 and api.job["status"]["phase"] == "Running"
+    one_done = api.pods("Running")
+    one_done[1]["status"]["phase"] = "Succeeded"  # counts change while the job runs: deferred
+    again = rec(KEY, one_done)
+    assert api.count("patch") == writes + 1 and again is not None and 0 < again <= 0.5
+    assert rec(KEY, one_done) is not None and api.count("patch") == writes + 1  # more events: still deferred
     time.sleep(again)
-    assert rec(KEY, pods) is None  # due: written now, nothing left to wait for
-    assert api.count("patch") == writes + 1 and api.job["status"]["message"] != message
-    rec(KEY, api.pods("Running"))  # a transition is never deferred
-    assert api.count("patch") == writes + 2 and api.job["status"]["phase"] == "Running"
+    assert rec(KEY, one_done) is None  # due: written now, nothing left to wait for
+    assert api.count("patch") == writes + 2 and api.job["status"]["workers"]["succeeded"] == 1
 
 
 def test_a_stale_decision_is_refused_and_made_again_from_a_fresh_read() -> None:
