@@ -158,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kubeconfig", default=default_kubeconfig())
     ap.add_argument("--json", type=Path, help="also write the results here")
     ap.add_argument("--no-reference", action="store_true", help="skip the plain-client reference")
+    ap.add_argument("--apply-threads", type=int, default=THREADS,
+                    help="threads applying the jobs (1: one after the other, each job's latency then "
+                    "measures the operator, not a queue of jobs that all arrived at once)")
     args = ap.parse_args(argv)
 
     from kubernetes import client, config, watch
@@ -233,9 +236,9 @@ def main(argv: list[str] | None = None) -> int:
             custom.create_namespaced_custom_object("disttrain.dev", "v1alpha1", ns, "disttrainjobs",
                                                    job_body(name, ns, args.workers, args.image))
 
-        # From as many threads as the reference uses: the jobs' own creation is not serialised
-        # behind one connection, so the figure is the operator's.
-        with concurrent.futures.ThreadPoolExecutor(max_workers=THREADS) as pool:
+        # By default from as many threads as the reference uses: the jobs' own creation is not
+        # serialised behind one connection, so the time until all pods exist is the operator's.
+        with concurrent.futures.ThreadPoolExecutor(max_workers=args.apply_threads) as pool:
             list(pool.map(apply, names))
         apply_s = time.monotonic() - t0
         watcher.join(timeout=args.timeout)
@@ -277,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
             "operator_requests_per_job_by_call": {k: round(v / args.jobs, 2) for k, v in sorted(by_call.items()) if v},
             "apiserver_requests_per_job": round(api_total / args.jobs, 1),
             "poll_interval_s": args.poll_interval,
+            "apply_threads": args.apply_threads,
             "reference_all_created_s": reference.get("all_created_s"),
             "ratio_to_reference": round(created_s / reference["all_created_s"], 2) if reference else None,
         }
