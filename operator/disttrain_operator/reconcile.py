@@ -170,17 +170,7 @@ class Reconciler:
         all_views = [pod_view(p, now) for p in raw_pods]
         views = [v for v in all_views if v.role == role]
 
-        prog, source = None, None
-        if spec is not None and status.get("phase") == RUNNING:
-            attempt = max([int(status.get("attempt") or 0), *(v.attempt for v in views)])
-            if mode == "federated":
-                # Rounds are counted (and checkpointed) by the aggregator, not by client 0.
-                source = next((v for v in all_views if v.role == c.ROLE_AGGREGATOR and v.phase == "Running"
-                               and not v.deleting), None)
-            else:
-                source = next((v for v in views if v.index == 0 and v.attempt == attempt and v.phase == "Running"),
-                              None)
-        self.scraper.target(key, Endpoint(source.ip, spec.metrics.port) if source and source.ip and spec else None)
+        source = _progress_source(mode, status, views, all_views) if spec is not None else None
         prog = self.scraper.latest(key) if source is not None else None
 
         obs = Observed(
@@ -197,6 +187,11 @@ class Reconciler:
             node_lost_after_s=settings.node_lost_after_s,
         )
         plan = decide(obs)
+        # Scrape the pod that reports progress while the job runs, from the reconcile that
+        # decides it runs: that reconcile's own status write may be the job's last watch event
+        # for a long time (steady pods send none), and the first reading triggers the next one.
+        source = _progress_source(mode, plan.status, views, all_views) if spec is not None else None
+        self.scraper.target(key, Endpoint(source.ip, spec.metrics.port) if source and source.ip and spec else None)
         servers_seen = any(v.role in (c.ROLE_AGGREGATOR, c.ROLE_SERVER) for v in all_views)
         again = self._apply(key, job, status, plan, views, servers_seen, mono)
         if needs_recheck(obs, plan):
@@ -292,6 +287,19 @@ class Reconciler:
             self.event(job, "Normal", "TTLExpired", "ttlSecondsAfterFinished expired: deleting the job")
             kube.delete_job(ns, name)
         return deferred
+
+
+def _progress_source(mode: str, status: dict[str, Any], views: list[PodView], all_views: list[PodView]
+                     ) -> PodView | None:  # fmt: skip
+    """The running pod whose metrics endpoint tells the job's progress, if the job runs."""
+    if status.get("phase") != RUNNING:
+        return None
+    attempt = max([int(status.get("attempt") or 0), *(v.attempt for v in views)])
+    if mode == "federated":
+        # Rounds are counted (and checkpointed) by the aggregator, not by client 0.
+        return next((v for v in all_views if v.role == c.ROLE_AGGREGATOR and v.phase == "Running"
+                     and not v.deleting), None)
+    return next((v for v in views if v.index == 0 and v.attempt == attempt and v.phase == "Running"), None)
 
 
 def _create_children(kube: Kube, children: topology.Children, uid: str) -> bool:

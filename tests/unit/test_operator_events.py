@@ -356,6 +356,21 @@ def test_a_job_to_completion_costs_its_creates_plus_one_write_and_event_per_tran
     assert len(api.calls) == 6 + 3 + 3
 
 
+def test_the_reconcile_that_makes_a_job_running_starts_scraping_its_progress() -> None:
+    # Its own status write comes back as a watch event that triggers nothing, and steady pods
+    # send none: if only a later reconcile named the endpoint, a running job's progress would
+    # stay unread until its pods ended.
+    api, _, rec, _ = setup(workers=2)
+    rec(KEY, [])
+    rec(KEY, api.pods("Pending"))
+    assert rec.scraper.latest(KEY) is None and len(rec.scraper) == 0  # not running: nothing to scrape
+    rec(KEY, api.pods("Running"))
+    assert api.job["status"]["phase"] == "Running"
+    assert len(rec.scraper) == 1  # rank 0's endpoint, named by the same reconcile
+    rec(KEY, succeeded(api))
+    assert api.job["status"]["phase"] == "Succeeded" and len(rec.scraper) == 0  # ended: scraping stops
+
+
 def test_pod_counts_and_progress_alone_are_written_at_most_once_per_interval() -> None:
     api, _, rec, _ = setup(workers=2, interval=0.5)
     rec(KEY, [])
