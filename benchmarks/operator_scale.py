@@ -7,16 +7,23 @@ Measures, on a real cluster (KUBECONFIG, else the local cluster's kubeconfig):
 - apply-to-Succeeded for the whole batch (pods run `sleep`, then exit 0);
 - the operator's CPU seconds and peak RSS (it runs as a host process: /proc);
 - API requests per job: the operator's own client requests (its
-  disttrain_operator_api_requests_total counter; kopf's watch streams and
-  annotation patches are not in it) and the apiserver's apiserver_request_total
+  disttrain_operator_api_requests_total counter, also by verb and resource; kopf's
+  watch streams are not in it) and the apiserver's apiserver_request_total
   delta over the run (every client: kubelets, scheduler, controllers, kopf).
+- the plain-client reference, in the same run and before the operator's part: the very
+  same objects (each job's ConfigMap, headless Service and W pods, built by the
+  operator's own builders, owner references dropped) created with a plain kubernetes
+  client from 16 threads in a namespace of their own; the ratio operator / reference of
+  the time until all pods exist is the operator's overhead over the API server's speed.
 
     .venv/bin/python benchmarks/operator_scale.py --jobs 50 --workers 4
+    .venv/bin/python benchmarks/operator_scale.py --jobs 500 --workers 1   # memory, CPU at scale
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import socket
@@ -74,6 +81,54 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
+THREADS = 16  # the benchmark's own create calls, and the plain-client reference
+
+
+def scrape_by_label(text: str, name: str, labels: tuple[str, ...]) -> dict[str, float]:
+    """Sum of a counter's samples grouped by the values of `labels` ("verb resource")."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith(name + "{"):
+            continue
+        series, value = line.rsplit(" ", 1)
+        pairs = dict(part.split("=", 1) for part in series[len(name) + 1:-1].split(",") if "=" in part)
+        key = " ".join(pairs.get(label, "").strip('"') for label in labels)
+        out[key] = out.get(key, 0.0) + float(value)
+    return out
+
+
+def reference_objects(name: str, ns: str, workers: int, image: str) -> list[dict[str, Any]]:
+    """The ConfigMap, headless Service and pods the operator creates for job_body(...),
+    from its own builders, without owner references (no job owns them here)."""
+    from disttrain_api.validation import load_job
+    from disttrain_operator import topology
+    from disttrain_operator.topology.common import BuildContext
+
+    spec = load_job(job_body(name, ns, workers, image)).spec
+    children = topology.build_children(spec, BuildContext(name=name, namespace=ns, image=image, replicas=workers))
+    objs = [*children.config_maps, *children.services, *children.pods]
+    for obj in objs:
+        obj["metadata"].pop("ownerReferences", None)
+    return objs
+
+
+def plain_client_reference(core: Any, ns: str, jobs: int, workers: int, image: str) -> dict[str, float]:
+    """Seconds until every object of every job exists, created by a plain client from THREADS
+    threads (each create returns once the object is stored: a pod exists when its call returns)."""
+    from kubernetes import client
+
+    cfg = client.Configuration.get_default_copy()
+    cfg.connection_pool_maxsize = THREADS
+    api = client.CoreV1Api(client.ApiClient(cfg))
+    create = {"ConfigMap": api.create_namespaced_config_map, "Service": api.create_namespaced_service,
+              "Pod": api.create_namespaced_pod}
+    objs = [o for i in range(jobs) for o in reference_objects(f"ref-{i:03d}", ns, workers, image)]
+    t0 = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=THREADS) as pool:
+        list(pool.map(lambda o: create[o["kind"]](ns, o), objs))
+    return {"objects": len(objs), "all_created_s": round(time.monotonic() - t0, 2)}
+
+
 def job_body(name: str, ns: str, workers: int, image: str) -> dict[str, Any]:
     return {
         "apiVersion": "disttrain.dev/v1alpha1",
@@ -102,6 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=900.0, help="give up waiting for Succeeded after this")
     ap.add_argument("--kubeconfig", default=default_kubeconfig())
     ap.add_argument("--json", type=Path, help="also write the results here")
+    ap.add_argument("--no-reference", action="store_true", help="skip the plain-client reference")
+    ap.add_argument("--apply-threads", type=int, default=THREADS,
+                    help="threads applying the jobs (1: one after the other, each job's latency then "
+                    "measures the operator, not a queue of jobs that all arrived at once)")
     args = ap.parse_args(argv)
 
     from kubernetes import client, config, watch
@@ -111,6 +170,17 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "KUBECONFIG": args.kubeconfig}
     subprocess.run(["kubectl", "apply", "-f", str(ROOT / "manifests/crd/disttrainjobs.yaml")], env=env,
                    check=True, capture_output=True)
+    reference: dict[str, float] = {}
+    if not args.no_reference:
+        ref_ns = f"bench-ref-{uuid.uuid4().hex[:6]}"
+        core.create_namespace({"metadata": {"name": ref_ns}})
+        try:
+            reference = plain_client_reference(core, ref_ns, args.jobs, args.workers, args.image)
+        finally:
+            # Gone before the operator's part starts: its deletions must not load that part.
+            subprocess.run(["kubectl", "delete", "namespace", ref_ns, "--wait=true", "--timeout=300s"], env=env,
+                           capture_output=True)
+        print(f"plain-client reference: {reference}", flush=True)
     ns = f"bench-{uuid.uuid4().hex[:6]}"
     core.create_namespace({"metadata": {"name": ns}})
     port = free_port()
@@ -160,10 +230,16 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(1.0)
         cpu0, api0, t0 = proc_cpu_s(op.pid), apiserver_requests(), time.monotonic()
         names = [f"scale-{i:03d}" for i in range(args.jobs)]
-        for name in names:
+
+        def apply(name: str) -> None:
             created_at[name] = time.monotonic()
             custom.create_namespaced_custom_object("disttrain.dev", "v1alpha1", ns, "disttrainjobs",
                                                    job_body(name, ns, args.workers, args.image))
+
+        # By default from as many threads as the reference uses: the jobs' own creation is not
+        # serialised behind one connection, so the time until all pods exist is the operator's.
+        with concurrent.futures.ThreadPoolExecutor(max_workers=args.apply_threads) as pool:
+            list(pool.map(apply, names))
         apply_s = time.monotonic() - t0
         watcher.join(timeout=args.timeout)
         created_s = time.monotonic() - t0
@@ -181,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         api_total = apiserver_requests() - api0
         text = op_metrics()
         op_requests = scrape_sum(text, "disttrain_operator_api_requests_total")
+        by_call = scrape_by_label(text, "disttrain_operator_api_requests_total", ("verb", "resource"))
         reconciles = scrape_sum(text, "disttrain_operator_reconcile_seconds_count")
         reconcile_total_s = scrape_sum(text, "disttrain_operator_reconcile_seconds_sum")
         latencies = [all_created[n] - created_at[n] for n in names if n in all_created]
@@ -200,14 +277,19 @@ def main(argv: list[str] | None = None) -> int:
             "operator_requests_per_job": round(op_requests / args.jobs, 1),
             "reconciles_per_job": round(reconciles / args.jobs, 1),
             "reconcile_mean_s": round(reconcile_total_s / max(reconciles, 1), 3),
+            "operator_requests_per_job_by_call": {k: round(v / args.jobs, 2) for k, v in sorted(by_call.items()) if v},
             "apiserver_requests_per_job": round(api_total / args.jobs, 1),
             "poll_interval_s": args.poll_interval,
+            "apply_threads": args.apply_threads,
+            "reference_all_created_s": reference.get("all_created_s"),
+            "ratio_to_reference": round(created_s / reference["all_created_s"], 2) if reference else None,
         }
         print(json.dumps(result, indent=2))
         print(
-            "\n| jobs x workers | all pods created | create p50 | create p95 | all Succeeded | operator CPU | "
-            "peak RSS | operator req/job | apiserver req/job |\n|---|---|---|---|---|---|---|---|---|\n"
-            f"| {args.jobs} x {args.workers} | {result['all_pods_created_s']} s | {result['create_latency_p50_s']} s | "
+            "\n| jobs x workers | all pods created | plain client | ratio | create p50 | create p95 | all Succeeded | "
+            "operator CPU | peak RSS | operator req/job | apiserver req/job |\n|---|---|---|---|---|---|---|---|---|---|---|\n"
+            f"| {args.jobs} x {args.workers} | {result['all_pods_created_s']} s | {result['reference_all_created_s']} s | "
+            f"{result['ratio_to_reference']} | {result['create_latency_p50_s']} s | "
             f"{result['create_latency_p95_s']} s | {result['all_succeeded_s']} s ({done}/{args.jobs}) | "
             f"{result['operator_cpu_s']} s | {result['operator_peak_rss_mb']} MB | "
             f"{result['operator_requests_per_job']} | {result['apiserver_requests_per_job']} |"

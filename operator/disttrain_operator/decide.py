@@ -432,18 +432,21 @@ def _restart(
     )
 
 
-def needs_polling(body: dict[str, Any], now: datetime, interval_s: float) -> bool:
-    """Whether the progress timer must reconcile this job: finished jobs stop costing
-    API calls once their cleanup reconcile ran, unless a TTL is still pending."""
-    status = body.get("status") or {}
-    if status.get("phase") not in TERMINAL:
-        return True
-    spec = body.get("spec") or {}
-    if (spec.get("runPolicy") or {}).get("ttlSecondsAfterFinished") is not None:
-        return True
-    if status.get("observedGeneration") != (body.get("metadata") or {}).get("generation"):
-        return True
-    done_at = parse_time(status.get("completionTime"))
-    if done_at is None:  # InvalidSpec: a spec update (on.update) will reconcile it
+def needs_recheck(obs: Observed, plan: Plan) -> bool:
+    """Whether the clock alone can change the next decision, so the job must be reconciled
+    again after a while although no watch event may come: a deadline or TTL running, a pod
+    Terminating (force-deleted after a while), a pod whose node stopped reporting, a pod
+    that an elastic job may give up waiting for. Everything else changes with an event of
+    the job or of one of its pods."""
+    spec = plan.spec or obs.spec
+    if spec is None:
         return False
-    return now < done_at + timedelta(seconds=3 * interval_s)
+    phase = plan.status.get("phase")
+    if phase in TERMINAL:
+        return spec.run_policy.ttl_seconds_after_finished is not None and not plan.delete_job
+    if spec.run_policy.active_deadline_seconds is not None and plan.status.get("startTime"):
+        return True
+    # (The pod event that says Ready turned False comes; the node-lost timeout after it does not.)
+    if any(p.deleting or p.not_ready_for_s > 0 for p in obs.pods):
+        return True
+    return spec.elastic is not None and any(p.unschedulable_message for p in obs.pods)

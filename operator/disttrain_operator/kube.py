@@ -11,6 +11,8 @@ report API requests per job from the operator's own metrics.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -21,6 +23,8 @@ from kubernetes import client, config
 from . import opmetrics
 
 TIMEOUT_S = 30.0
+# Requests one reconcile sends at once (a gang's children); the pool is shared by all jobs.
+FANOUT = 16
 EVENT_SOURCE = "disttrain-operator"
 
 
@@ -41,6 +45,10 @@ class KubeError(RuntimeError):
         super().__init__(f"{method} {path}: HTTP {status}: {message}")
 
 
+class Conflict(KubeError):
+    """HTTP 409 on a write carrying a resourceVersion: the object changed since it was read."""
+
+
 _PATHS = {
     "Pod": ("/api/v1", "pods"),
     "Service": ("/api/v1", "services"),
@@ -54,12 +62,23 @@ class Kube:
     def __init__(self, api_client: client.ApiClient | None = None) -> None:
         if api_client is None:
             cfg = client.Configuration.get_default_copy()
-            # One connection per handler thread (kopf's executor), not the default 10.
-            cfg.connection_pool_maxsize = 32
+            # One connection per reconcile thread and per fan-out thread, not the default 10.
+            cfg.connection_pool_maxsize = 48
             api_client = client.ApiClient(cfg)
         self.api = api_client
         self.cfg = self.api.configuration
         self.pool = self.api.rest_client.pool_manager
+        self._fanout = ThreadPoolExecutor(max_workers=FANOUT, thread_name_prefix="kube-fanout")
+
+    def each(self, fn: Callable[[dict[str, Any]], Any], objs: Iterable[dict[str, Any]]) -> list[Any]:
+        """fn(obj) for every obj at once (one round trip for a whole gang, not one per pod);
+        results in order; the first error is raised after all calls finished."""
+        futures = [self._fanout.submit(fn, obj) for obj in objs]
+        errors = [f.exception() for f in futures]
+        first = next((e for e in errors if e is not None), None)
+        if first is not None:
+            raise first
+        return [f.result() for f in futures]
 
     def request(
         self,
@@ -85,7 +104,7 @@ class Kube:
         )
         text = resp.data.decode("utf-8", "replace") if resp.data else ""
         if resp.status >= 300 and resp.status not in allow:
-            raise KubeError(resp.status, method, path, text)
+            raise (Conflict if resp.status == 409 else KubeError)(resp.status, method, path, text)
         return resp.status, (json.loads(text) if text.startswith("{") else {})
 
     # ------------------------------------------------------------------ the job
@@ -98,10 +117,14 @@ class Kube:
         status, body = self.request("GET", self._job_path(namespace, name), resource=PLURAL, verb="get", allow=(404,))
         return None if status == 404 else body
 
-    def patch_job_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+    def patch_job_status(self, namespace: str, name: str, status: dict[str, Any], resource_version: str) -> dict[str, Any]:
+        """A JSON merge patch of status fields, conditional on the job's resourceVersion: a job
+        changed by anyone since `resource_version` answers 409 (Conflict) instead of having a
+        status computed from an older state written over it. Returns the patched job."""
         _, body = self.request(
             "PATCH", self._job_path(namespace, name) + "/status", resource=PLURAL + "/status", verb="patch",
-            body={"status": status}, content_type="application/merge-patch+json",
+            body={"metadata": {"resourceVersion": resource_version}, "status": status},
+            content_type="application/merge-patch+json",
         )
         return body
 
@@ -127,11 +150,6 @@ class Kube:
                      verb="create", body=body)
 
     # ----------------------------------------------------------------- children
-    def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-        _, body = self.request("GET", f"/api/v1/namespaces/{quote(namespace)}/pods", resource="pods", verb="list",
-                               query={"labelSelector": selector})
-        return list(body.get("items") or [])
-
     def create(self, obj: dict[str, Any]) -> bool:
         """Create; False when it already exists (idempotent re-creation after a crash)."""
         prefix, plural = _PATHS[obj["kind"]]

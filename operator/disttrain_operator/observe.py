@@ -17,6 +17,7 @@ from disttrain_api import constants as c
 @dataclass(frozen=True, kw_only=True)
 class PodView:
     name: str
+    uid: str = ""
     role: str
     index: int
     attempt: int
@@ -58,6 +59,16 @@ def controller_of(obj: dict[str, Any]) -> dict[str, Any] | None:
     return next((r for r in refs if r.get("controller")), None)
 
 
+_POD_META = ("name", "namespace", "uid", "labels", "ownerReferences", "creationTimestamp", "deletionTimestamp")
+
+
+def slim_pod(pod: dict[str, Any]) -> dict[str, Any]:
+    """The part of a pod that `pod_view` reads (metadata subset + status): what the operator
+    keeps in memory per pod, instead of the whole object with its spec and managed fields."""
+    meta = pod.get("metadata") or {}
+    return {"metadata": {k: meta[k] for k in _POD_META if k in meta}, "status": pod.get("status") or {}}
+
+
 def pod_view(pod: dict[str, Any], now: datetime) -> PodView:
     meta = pod.get("metadata") or {}
     labels = meta.get("labels") or {}
@@ -93,6 +104,7 @@ def pod_view(pod: dict[str, Any], now: datetime) -> PodView:
             reason, message = waiting.get("reason", ""), waiting.get("message", "")
     return PodView(
         name=meta.get("name", ""),
+        uid=meta.get("uid", ""),
         role=labels.get(c.LABEL_ROLE, ""),
         index=_int(labels.get(c.LABEL_REPLICA_INDEX), -1),
         attempt=_int(labels.get(c.LABEL_RESTART_ATTEMPT)),

@@ -1,8 +1,15 @@
-"""One reconcile of one job: read (job, its ConfigMap when needed, its pods), decide
-(pure, decide.py), act (create / delete children, patch status, post Events).
+"""One reconcile of one job: read (the job from the watch-fed cache, its pods from the
+watch-fed index, rank 0's last progress reading; the ConfigMap only when the spec may have
+changed), decide (pure, decide.py), act (create / delete children, patch status, post
+Events).
 
-Called by every kopf handler and the progress timer; a per-job lock serialises them
-so two triggers never act on the same job at once inside one operator process.
+The work queue (workqueue.py) runs at most one reconcile per job at a time. The caches lag
+the API by a watch event, so the glue keeps two promises a fresh LIST used to keep:
+- a pod this operator just created counts as existing until the watch shows it
+  (`Expectations`), or a gang would look "vanished" right after its creation;
+- the status is written as a merge patch conditional on the resourceVersion the decision
+  was made from: a stale decision is refused (409) and made again from a fresh read,
+  never written over a newer state.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -20,29 +28,20 @@ from disttrain_api import constants as c
 from disttrain_api.model import KIND, SpecError, parse_spec
 from disttrain_api.validation import load_job
 
-from . import opmetrics, progress, topology
-from .decide import RUNNING, Observed, Plan, decide
-from .kube import Kube
-from .observe import controller_of, pod_view
+from . import opmetrics, topology
+from .cache import JobCache, JobKey
+from .decide import PENDING, RUNNING, Observed, Plan, decide, needs_recheck
+from .kube import Conflict, Kube
+from .observe import PodView, controller_of, pod_view
+from .scraper import Endpoint, ProgressScraper
 from .settings import OperatorSettings
+from .statusdiff import merge_patch, progress_only
 from .topology.common import BuildContext, config_map_name
 
 log = logging.getLogger("disttrain.operator")
 EventFn = Callable[[dict[str, Any], str, str, str], None]
-
-_locks: dict[tuple[str, str], threading.Lock] = {}
-_locks_guard = threading.Lock()
-
-
-def _lock(namespace: str, name: str) -> threading.Lock:
-    with _locks_guard:
-        return _locks.setdefault((namespace, name), threading.Lock())
-
-
-def forget(namespace: str, name: str, uid: str) -> None:
-    with _locks_guard:
-        _locks.pop((namespace, name), None)
-    opmetrics.set_phase(uid, None)
+# How long a created pod that the watch has not shown yet still counts as existing.
+EXPECT_TIMEOUT_S = 30.0
 
 
 def _spec_error(err: SpecError) -> str:
@@ -69,86 +68,251 @@ def _accepted_spec(kube: Kube, job: dict[str, Any], status: dict[str, Any]) -> A
         return None
 
 
-def reconcile(
-    kube: Kube, settings: OperatorSettings, namespace: str, name: str, event: EventFn, *, wait: bool = True
-) -> Plan | None:
-    """One reconcile. wait=False (the timer): skip when another one for this job is running,
-    instead of parking a worker thread on the lock while other jobs wait for threads."""
-    lock = _lock(namespace, name)
-    if not lock.acquire(blocking=wait):
+@dataclass
+class Expectations:
+    """Pods created or deleted by this operator whose watch event has not arrived yet, per job."""
+
+    created: dict[JobKey, tuple[frozenset[str], float]] = field(default_factory=dict)
+    deleted: dict[JobKey, dict[str, float]] = field(default_factory=dict)  # pod uid -> when
+    guard: threading.Lock = field(default_factory=threading.Lock)
+
+    def expect_created(self, key: JobKey, names: list[str], now: float) -> None:
+        with self.guard:
+            self.created[key] = (frozenset(names), now + EXPECT_TIMEOUT_S)
+
+    def waiting_for(self, key: JobKey, seen: set[str], now: float) -> frozenset[str]:
+        """Created pods not seen yet; empty (and forgotten) once all are seen or too late."""
+        with self.guard:
+            names, until = self.created.get(key, (frozenset(), 0.0))
+            missing = names - seen
+            if not missing or now >= until:
+                self.created.pop(key, None)
+                return frozenset()
+            return missing
+
+    def expect_deleted(self, key: JobKey, uids: list[str], now: float) -> None:
+        with self.guard:
+            mine = self.deleted.setdefault(key, {})
+            for uid in uids:
+                mine[uid] = now + EXPECT_TIMEOUT_S
+
+    def already_deleted(self, key: JobKey, now: float) -> set[str]:
+        with self.guard:
+            mine = self.deleted.get(key, {})
+            for uid in [u for u, until in mine.items() if now >= until]:
+                del mine[uid]
+            return set(mine)
+
+    def forget(self, key: JobKey) -> None:
+        with self.guard:
+            self.created.pop(key, None)
+            self.deleted.pop(key, None)
+
+
+class Reconciler:
+    """Everything one reconcile needs besides the job's key and pods; called by the work
+    queue with a snapshot of the job's pods (slim pod dicts, observe.slim_pod)."""
+
+    def __init__(self, kube: Kube, settings: OperatorSettings, jobs: JobCache, scraper: ProgressScraper,
+                 event: EventFn) -> None:
+        self.kube, self.settings, self.jobs, self.scraper, self.event = kube, settings, jobs, scraper, event
+        self.expect = Expectations()
+        self._last_write: dict[JobKey, float] = {}
+
+    def forget(self, key: JobKey, uid: str) -> None:
+        self.expect.forget(key)
+        self._last_write.pop(key, None)
+        self.scraper.target(key, None)
+        opmetrics.set_phase(uid, None)
+
+    def __call__(self, key: JobKey, pods: list[dict[str, Any]]) -> float | None:
+        """One reconcile; returns seconds until the job must be reconciled again without an
+        event (None: only on the next event)."""
+        start = time.perf_counter()
+        try:
+            return self._reconcile(key, pods)
+        except Conflict as err:
+            # The fresh job is in the cache already (_apply): decide again at once.
+            log.debug("%s/%s: stale status write refused, reconciling again: %s", *key, err)
+            return 0.0
+        except Exception:
+            opmetrics.RECONCILE_ERRORS.inc()
+            raise
+        finally:
+            opmetrics.RECONCILE_SECONDS.observe(time.perf_counter() - start)
+
+    def _reconcile(self, key: JobKey, raw_pods: list[dict[str, Any]]) -> float | None:
+        kube, settings = self.kube, self.settings
+        namespace, name = key
+        job = self.jobs.get(key)
+        if job is None or job["metadata"].get("deletionTimestamp"):
+            self.scraper.target(key, None)
+            return None
+        meta = job["metadata"]
+        status = dict(job.get("status") or {})
+        status.pop("kopf", None)
+        now, mono = datetime.now(UTC), time.monotonic()
+        pending = self.expect.waiting_for(key, {(p.get("metadata") or {}).get("name", "") for p in raw_pods}, mono)
+        if pending:
+            # Just created; their ADDED events are on the way (and will trigger a reconcile).
+            return 1.0
+        spec, error = None, ""
+        try:
+            spec = load_job(job).spec
+        except SpecError as err:
+            error = _spec_error(err)
+        accepted = None
+        if spec is not None:
+            found = _accepted_spec(kube, job, status)
+            accepted = spec if found == "unchanged" else found
+        mode = (accepted or spec).mode if (accepted or spec) else "data"
+        role = topology.gang_role(mode)
+        all_views = [pod_view(p, now) for p in raw_pods]
+        views = [v for v in all_views if v.role == role]
+
+        source = _progress_source(mode, status, views, all_views) if spec is not None else None
+        prog = self.scraper.latest(key) if source is not None else None
+
+        obs = Observed(
+            generation=int(meta.get("generation") or 0),
+            uid=meta["uid"],
+            spec=spec,
+            spec_error=error,
+            accepted=accepted,
+            status=status,
+            pods=views,
+            progress=prog,
+            now=now,
+            force_delete_after_s=settings.force_delete_after_s,
+            node_lost_after_s=settings.node_lost_after_s,
+        )
+        plan = decide(obs)
+        # Scrape the pod that reports progress while the job runs, from the reconcile that
+        # decides it runs: that reconcile's own status write may be the job's last watch event
+        # for a long time (steady pods send none), and the first reading triggers the next one.
+        source = _progress_source(mode, plan.status, views, all_views) if spec is not None else None
+        self.scraper.target(key, Endpoint(source.ip, spec.metrics.port) if source and source.ip and spec else None)
+        servers_seen = any(v.role in (c.ROLE_AGGREGATOR, c.ROLE_SERVER) for v in all_views)
+        again = self._apply(key, job, status, plan, views, servers_seen, mono)
+        if needs_recheck(obs, plan):
+            again = min(again if again is not None else settings.poll_interval_s, settings.poll_interval_s)
+        return again
+
+    def _apply(self, key: JobKey, job: dict[str, Any], old: dict[str, Any], plan: Plan, pods: list[PodView],
+               servers_seen: bool, mono: float) -> float | None:
+        """Act on the plan; at most one status write. Returns seconds until a deferred progress
+        write is due, else None."""
+        kube, settings = self.kube, self.settings
+        meta = job["metadata"]
+        ns, name = key
+        new = plan.status
+        restarting = int(new.get("attempt") or 0) > int(old.get("attempt") or 0) and not plan.create
+        patch = merge_patch(old, new)
+        deferred: float | None = None
+        if progress_only(patch):
+            if old.get("phase") == PENDING and new.get("phase") == PENDING:
+                # Pod counts of a gang that is starting: carried by the next transition (Running,
+                # or why it cannot start), not written one pod at a time.
+                patch = {}
+            else:
+                # Counts and steps of a running job: at most one write per interval, the latest.
+                wait = self._last_write.get(key, 0.0) + settings.poll_interval_s - mono
+                if wait > 0:
+                    patch, deferred = {}, wait
+
+        def write_status() -> None:
+            if not patch:
+                return
+            try:
+                body = kube.patch_job_status(ns, name, patch, meta["resourceVersion"])
+            except Conflict:
+                # Decided from an older job than the API has (a spec edit, a lagging watch):
+                # read it again and decide again; nothing of this plan has been done yet.
+                fresh = kube.get_job(ns, name)
+                if fresh is not None:
+                    self.jobs.put(key, fresh)
+                else:
+                    self.jobs.drop(key, meta["uid"])
+                raise
+            self.jobs.put(key, body)
+            self._last_write[key] = time.monotonic()
+
+        if restarting:  # status first: a crash after it re-deletes, never re-counts
+            write_status()
+            reason = next((cond["reason"] for cond in new["conditions"] if cond["type"] == "Restarting"), "Restart")
+            opmetrics.RESTARTS.labels(reason=reason).inc()
+        if plan.create and plan.spec is not None:
+            ctx = BuildContext(
+                name=name,
+                namespace=ns,
+                uid=meta["uid"],
+                image=plan.spec.image or settings.default_image,
+                image_pull_policy=settings.image_pull_policy,
+                attempt=int(new.get("attempt") or 0),
+                replicas=int(new.get("replicas") or plan.spec.workers.replicas),
+                termination_grace_s=settings.termination_grace_s,
+                gpu=settings.gpu,
+                allow_cpu_fallback=settings.allow_cpu_fallback,
+            )
+            children = topology.build_children(plan.spec, ctx)
+            for obj in children.all():
+                # Builders already set the controller reference; kopf.adopt keeps the kopf idiom
+                # (idempotent for our own reference) and copies the job's labels to its children.
+                kopf.adopt(obj, owner=job)
+            self.expect.expect_created(key, [p["metadata"]["name"] for p in children.pods], time.monotonic())
+            if not _create_children(kube, children, meta["uid"]):
+                # An earlier job's object holds one of our names: it is being deleted; a later
+                # reconcile creates the gang. Nothing recorded, so nothing to undo.
+                self.expect.forget(key)
+                return settings.poll_interval_s
+        uids = {p.name: p.uid for p in pods}
+        gone = self.expect.already_deleted(key, mono)
+        for pod in plan.force_delete_pods:
+            kube.delete_pod(ns, pod, force=True)
+        # A pod deleted by an earlier reconcile whose watch event has not arrived yet is not
+        # deleted again.
+        doomed = [pod for pod in plan.delete_pods if pod not in plan.force_delete_pods and uids.get(pod) not in gone]
+        kube.each(lambda pod: kube.delete_pod(ns, pod), doomed)
+        self.expect.expect_deleted(key, [uids[p] for p in doomed if uids.get(p)], mono)
+        if (plan.delete_servers and plan.spec is not None and plan.spec.mode in ("federated", "paramserver")
+                and (servers_seen or patch)):
+            kube.delete_deployments(ns, f"{c.LABEL_JOB}={name}")
+        if not restarting:
+            write_status()
+        for type_, reason, message in plan.events:
+            log.info("%s/%s: %s %s: %s", ns, name, type_, reason, message)
+            self.event(job, type_, reason, message)
+        opmetrics.set_phase(meta["uid"], new.get("phase"))
+        if plan.delete_job:
+            self.event(job, "Normal", "TTLExpired", "ttlSecondsAfterFinished expired: deleting the job")
+            kube.delete_job(ns, name)
+        return deferred
+
+
+def _progress_source(mode: str, status: dict[str, Any], views: list[PodView], all_views: list[PodView]
+                     ) -> PodView | None:  # fmt: skip
+    """The running pod whose metrics endpoint tells the job's progress, if the job runs."""
+    if status.get("phase") != RUNNING:
         return None
-    start = time.perf_counter()
-    try:
-        return _reconcile(kube, settings, namespace, name, event)
-    except Exception:
-        opmetrics.RECONCILE_ERRORS.inc()
-        raise
-    finally:
-        lock.release()
-        opmetrics.RECONCILE_SECONDS.observe(time.perf_counter() - start)
-
-
-def _reconcile(kube: Kube, settings: OperatorSettings, namespace: str, name: str, event: EventFn) -> Plan | None:
-    # A fresh read, not kopf's cached body: our own last status patch must be visible,
-    # or a restart could be counted twice.
-    job = kube.get_job(namespace, name)
-    if job is None or job["metadata"].get("deletionTimestamp"):
-        return None
-    meta = job["metadata"]
-    status = dict(job.get("status") or {})
-    status.pop("kopf", None)
-    now = datetime.now(UTC)
-    spec, error = None, ""
-    try:
-        spec = load_job(job).spec
-    except SpecError as err:
-        error = _spec_error(err)
-    accepted = None
-    if spec is not None:
-        found = _accepted_spec(kube, job, status)
-        accepted = spec if found == "unchanged" else found
-    mode = (accepted or spec).mode if (accepted or spec) else "data"
-    role = topology.gang_role(mode)
-    pods = kube.list_pods(namespace, f"{c.LABEL_JOB}={name},{c.LABEL_ROLE}={role}")
-    views = [pod_view(p, now) for p in pods]
-
-    prog = None
-    if spec is not None and status.get("phase") == RUNNING:
-        attempt = max([int(status.get("attempt") or 0), *(v.attempt for v in views)])
-        if mode == "federated":
-            # Rounds are counted (and checkpointed) by the aggregator, not by client 0.
-            servers = kube.list_pods(namespace, f"{c.LABEL_JOB}={name},{c.LABEL_ROLE}={c.ROLE_AGGREGATOR}")
-            source = next((v for v in (pod_view(p, now) for p in servers) if v.phase == "Running"), None)
-        else:
-            source = next((v for v in views if v.index == 0 and v.attempt == attempt and v.phase == "Running"), None)
-        if source is not None:
-            prog = progress.scrape(source.ip, spec.metrics.port, settings.scrape_timeout_s)
-
-    plan = decide(Observed(
-        generation=int(meta.get("generation") or 0),
-        uid=meta["uid"],
-        spec=spec,
-        spec_error=error,
-        accepted=accepted,
-        status=status,
-        pods=views,
-        progress=prog,
-        now=now,
-        force_delete_after_s=settings.force_delete_after_s,
-        node_lost_after_s=settings.node_lost_after_s,
-    ))
-    _apply(kube, settings, job, status, plan, event)
-    return plan
+    attempt = max([int(status.get("attempt") or 0), *(v.attempt for v in views)])
+    if mode == "federated":
+        # Rounds are counted (and checkpointed) by the aggregator, not by client 0.
+        return next((v for v in all_views if v.role == c.ROLE_AGGREGATOR and v.phase == "Running"
+                     and not v.deleting), None)
+    return next((v for v in views if v.index == 0 and v.attempt == attempt and v.phase == "Running"), None)
 
 
 def _create_children(kube: Kube, children: topology.Children, uid: str) -> bool:
-    """Create the job's children. An object that already exists is ours only when its
-    controller reference carries this job's UID (a re-created gang replaces its ConfigMap);
-    one of an earlier job with the same name, or an orphan, is deleted and nothing else is
-    created: returns False, the caller retries later."""
+    """Create the job's children: first every object the pods refer to (ConfigMap, Services,
+    Secrets, Deployments) at once, then every pod at once. 409 (AlreadyExists) is expected
+    after a crash or a lagging cache: an existing object is ours only when its controller
+    reference carries this job's UID (a re-created gang replaces its ConfigMap); one of an
+    earlier job with the same name, or an orphan, is deleted and no pod is created: returns
+    False, the caller retries later."""
+    support = [*children.secrets, *children.config_maps, *children.services, *children.deployments]
     clear = True
-    for obj in [*children.secrets, *children.config_maps, *children.services, *children.deployments]:
-        if kube.create(obj):
+    for obj, created in zip(support, kube.each(kube.create, support), strict=True):
+        if created:
             continue
         live = kube.get(obj)
         owner = controller_of(live) if live else None
@@ -168,62 +332,7 @@ def _create_children(kube: Kube, children: topology.Children, uid: str) -> bool:
                         owner.get("kind"), owner.get("name"))
     if not clear:
         return False
-    for obj in children.pods:
-        kube.create(obj)
+    # A pod that already exists (409) is one the pod index has not shown yet, or one of an
+    # earlier job that decide() has already seen and is deleting; either way not created twice.
+    kube.each(kube.create, children.pods)
     return True
-
-
-def _apply(
-    kube: Kube, settings: OperatorSettings, job: dict[str, Any], old: dict[str, Any], plan: Plan, event: EventFn
-) -> None:
-    meta = job["metadata"]
-    ns, name = meta["namespace"], meta["name"]
-    new = plan.status
-    restarting = int(new.get("attempt") or 0) > int(old.get("attempt") or 0) and not plan.create
-
-    def patch_status() -> None:
-        if new != old:
-            kube.patch_job_status(ns, name, new)
-
-    if restarting:  # status first: a crash after it re-deletes, never re-counts
-        patch_status()
-        reason = next((cond["reason"] for cond in new["conditions"] if cond["type"] == "Restarting"), "Restart")
-        opmetrics.RESTARTS.labels(reason=reason).inc()
-    if plan.create and plan.spec is not None:
-        ctx = BuildContext(
-            name=name,
-            namespace=ns,
-            uid=meta["uid"],
-            image=plan.spec.image or settings.default_image,
-            image_pull_policy=settings.image_pull_policy,
-            attempt=int(new.get("attempt") or 0),
-            replicas=int(new.get("replicas") or plan.spec.workers.replicas),
-            termination_grace_s=settings.termination_grace_s,
-            gpu=settings.gpu,
-            allow_cpu_fallback=settings.allow_cpu_fallback,
-        )
-        children = topology.build_children(plan.spec, ctx)
-        for obj in children.all():
-            # Builders already set the controller reference; kopf.adopt keeps the kopf idiom
-            # (idempotent for our own reference) and copies the job's labels to its children.
-            kopf.adopt(obj, owner=job)
-        if not _create_children(kube, children, meta["uid"]):
-            # An earlier job's object holds one of our names: it is being deleted; the next
-            # reconcile (poll) creates the gang. Nothing recorded, so nothing to undo.
-            return
-    for pod in plan.force_delete_pods:
-        kube.delete_pod(ns, pod, force=True)
-    for pod in plan.delete_pods:
-        if pod not in plan.force_delete_pods:
-            kube.delete_pod(ns, pod)
-    if plan.delete_servers and plan.spec is not None and plan.spec.mode in ("federated", "paramserver"):
-        kube.delete_deployments(ns, f"{c.LABEL_JOB}={name}")
-    if not restarting:
-        patch_status()
-    for type_, reason, message in plan.events:
-        log.info("%s/%s: %s %s: %s", ns, name, type_, reason, message)
-        event(job, type_, reason, message)
-    opmetrics.set_phase(meta["uid"], new.get("phase"))
-    if plan.delete_job:
-        event(job, "Normal", "TTLExpired", "ttlSecondsAfterFinished expired: deleting the job")
-        kube.delete_job(ns, name)

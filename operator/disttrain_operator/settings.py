@@ -36,7 +36,10 @@ class OperatorSettings:
     image_pull_policy: str = "IfNotPresent"
     metrics_port: int = 8080  # operator's own /metrics; 0 = off
     liveness: str = ""  # e.g. http://0.0.0.0:8081/healthz; empty = off
-    # How often each job's progress is polled (rank 0 metrics, pod states).
+    # How often a running job's rank 0 metrics are scraped, the most often a change of pod
+    # counts or progress alone is written to its status, and how soon a job waiting on the
+    # clock (a deadline, a force-delete or node-lost timeout) is reconciled again. Pod and
+    # job changes themselves are reconciled as their watch events arrive.
     poll_interval_s: float = 3.0
     # A pod stuck Terminating this long (a dead node cannot confirm) is force-deleted.
     force_delete_after_s: float = 30.0
@@ -49,6 +52,10 @@ class OperatorSettings:
     # Every job may train on CPU when its GPUs are missing (passed to pods as
     # DISTTRAIN_ALLOW_CPU_FALLBACK); on for clusters that advertise GPUs they lack.
     allow_cpu_fallback: bool = False
+    # Run only while holding a coordination Lease (leader.py), so that several replicas can
+    # run with one active; off for the single-replica default, which needs no Lease.
+    leader_elect: bool = False
+    lease_namespace: str = ""  # empty: the operator's own namespace
     extra: Mapping[str, str] = field(default_factory=dict)
 
     def watch_namespaces(self) -> list[str]:
@@ -120,6 +127,8 @@ def from_env(environ: Mapping[str, str] | None = None, **overrides: object) -> O
             runtime_class_name=get("GPU_RUNTIME_CLASS") or "",
         ),
         "allow_cpu_fallback": _env_bool(get("ALLOW_CPU_FALLBACK"), False),
+        "leader_elect": _env_bool(get("LEADER_ELECT"), False),
+        "lease_namespace": get("LEASE_NAMESPACE") or "",
     }
     for key, value in overrides.items():
         if value is not None:

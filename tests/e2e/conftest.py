@@ -126,8 +126,8 @@ def _wait_for_gc_of_jobs(kubectl: Kubectl) -> None:
 
 
 class OperatorProcess:
-    def __init__(self, kubectl: Kubectl, namespaces: list[str], log: Path) -> None:
-        self.kubectl, self.namespaces, self.log = kubectl, namespaces, log
+    def __init__(self, kubectl: Kubectl, namespaces: list[str], log: Path, extra: tuple[str, ...] = ()) -> None:
+        self.kubectl, self.namespaces, self.log, self.extra = kubectl, namespaces, log, extra
         self.metrics_port = free_port()
         self.liveness_port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
@@ -141,6 +141,7 @@ class OperatorProcess:
                 "--liveness", self.liveness_url]
         for ns in self.namespaces:
             args += ["--namespace", ns]
+        args += list(self.extra)
         self.fh = open(self.log, "ab")  # noqa: SIM115 - closed in stop()
         # The local cluster and kind advertise nvidia.com/gpu without GPUs behind it: let GPU
         # jobs train on CPU there instead of failing with "no CUDA device" (exit 2).

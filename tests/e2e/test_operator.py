@@ -130,18 +130,18 @@ def test_operator_restart_adopts_jobs_without_duplicates_and_is_healthy(
         op.kill()
         assert healthz(op) is None  # the endpoint is really the operator's
         op.start()
-        # Healthy: the liveness endpoint answers, its probes see the job and a live poll loop.
+        # Healthy: the liveness endpoint answers, its probes see the job and live reconcile workers.
         # (kopf caches probe results for 10 s: the first answer may predate the job listing.)
         health = kubectl.wait_for("the restarted operator's liveness endpoint to see the job",
                                   lambda: (h := healthz(op)) is not None and h.get("jobs") == 1 and h,
                                   timeout=60, interval=1.0)
-        assert health["pollerAgeSeconds"] < 30, health
+        assert health["queueAgeSeconds"] < 30, health
         # ...and it reconciles: a job created after the restart gets its gang.
         fresh = uniq("fresh")
         kubectl.apply(job_manifest(fresh, ns, sleep=600,
                                    workers={"replicas": 1, "resources": {"cpu": "100m", "memory": "64Mi"}}))
         kubectl.wait_phase(ns, fresh, ("Running",), timeout=120)
-        time.sleep(6)  # several poll intervals of the new operator
+        time.sleep(6)  # several progress intervals of the new operator
         after = {p["metadata"]["name"]: p["metadata"]["uid"] for p in kubectl.pods(ns, name)}
         assert after == before, "the restarted operator recreated or duplicated pods"
         job = kubectl.job(ns, name)

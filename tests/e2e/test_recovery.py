@@ -105,7 +105,10 @@ def test_suspend_then_resume_continues_from_the_checkpoint(
     kubectl: Kubectl, operator: OperatorProcess, namespace: str, job_name: str
 ) -> None:
     name = job_name
-    kubectl.apply(training_job(name, namespace, steps=600, interval=20,
+    # Long enough that the suspend lands mid-run on an idle machine: with 600 steps the run
+    # could end before the suspend was applied, and the "resume" then found a finished run.
+    steps = 4000
+    kubectl.apply(training_job(name, namespace, steps=steps, interval=20,
                                workers={"replicas": 2, "resources": {"cpu": "500m", "memory": "768Mi"}}))
     kubectl.wait_phase(namespace, name, ("Running",), timeout=300)
     saved = wait_for_checkpoint(kubectl, name, 20)
@@ -114,7 +117,7 @@ def test_suspend_then_resume_continues_from_the_checkpoint(
     assert condition(job, "Suspended")["status"] == "True"
     kubectl.wait_for("the suspended job's pods to go", lambda: not kubectl.pods(namespace, name), timeout=90)
     suspended_at = max(checkpoint_steps(name))
-    assert suspended_at >= saved
+    assert saved <= suspended_at < steps, f"checkpoint {suspended_at}: the run ended before the suspend landed"
     kubectl.run("patch", JOBS, name, "-n", namespace, "--type=merge", "-p", '{"spec":{"runPolicy":{"suspend":false}}}')
     job = kubectl.wait_phase(namespace, name, ("Succeeded", "Failed"), timeout=400)
     status = job["status"]

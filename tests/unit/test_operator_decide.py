@@ -211,21 +211,26 @@ def test_active_deadline() -> None:
     assert len(plan.delete_pods) == 2
 
 
-def test_finished_jobs_stop_polling() -> None:
-    from disttrain_operator.decide import needs_polling
+def test_only_the_clock_dependent_cases_ask_for_a_recheck() -> None:
+    from disttrain_operator.decide import needs_recheck
 
-    meta = {"generation": 1}
-    running = {"metadata": meta, "status": {"phase": "Running", "observedGeneration": 1}}
-    assert needs_polling(running, NOW, 3)
-    done = {"metadata": meta, "spec": {}, "status": {"phase": "Succeeded", "observedGeneration": 1,
-                                                      "completionTime": format_time(NOW - timedelta(seconds=5))}}
-    assert needs_polling(done, NOW, 3)  # the cleanup reconcile has not run yet
-    done["status"]["completionTime"] = format_time(NOW - timedelta(seconds=60))
-    assert not needs_polling(done, NOW, 3)
-    done["spec"] = {"runPolicy": {"ttlSecondsAfterFinished": 600}}
-    assert needs_polling(done, NOW, 3)
-    invalid = {"metadata": meta, "status": {"phase": "Failed", "observedGeneration": 1}}
-    assert not needs_polling(invalid, NOW, 3)
+    def recheck(o: Observed) -> bool:
+        return needs_recheck(o, decide(o))
+
+    assert not recheck(obs(dict(RUNNING_STATUS), [pod(0), pod(1)]))  # healthy: the next event will do
+    deadline = spec(runPolicy={"activeDeadlineSeconds": 3600})
+    started = {**RUNNING_STATUS, "startTime": format_time(NOW - timedelta(seconds=5))}
+    assert recheck(obs(started, [pod(0), pod(1)], spec=deadline, accepted=deadline))
+    assert recheck(obs(dict(RUNNING_STATUS), [pod(0), pod(1, not_ready_for_s=3.0)]))  # node-lost timeout
+    terminating = [pod(0), pod(1, deleting=True, deleting_for_s=5.0)]
+    assert recheck(obs(dict(RUNNING_STATUS), terminating))  # force delete after a while
+    done = {**RUNNING_STATUS, "phase": "Succeeded", "completionTime": format_time(NOW - timedelta(seconds=5))}
+    assert not recheck(obs(done, [pod(0, "Succeeded"), pod(1, "Succeeded")]))
+    ttl = spec(runPolicy={"ttlSecondsAfterFinished": 600})
+    assert recheck(obs(done, [], spec=ttl, accepted=ttl))
+    expired = spec(runPolicy={"ttlSecondsAfterFinished": 1})
+    assert not recheck(obs(done, [], spec=expired, accepted=expired))  # deleted now: nothing left to wait for
+    assert not recheck(obs({}, [], spec=None, spec_error="bad"))
 
 
 def test_image_pull_error_is_surfaced() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -27,8 +28,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                    help="trainer image for jobs without spec.image (default disttrain-trainer:dev) "
                    "[DISTTRAIN_OPERATOR_DEFAULT_IMAGE]")
     p.add_argument("--poll-interval", type=float, default=None, dest="poll_interval_s",
-                   help="seconds between progress/recovery checks of each job (default 3) "
+                   help="seconds between progress scrapes of a running job's rank 0; also the most often "
+                   "pod counts/progress alone are written to its status (default 3) "
                    "[DISTTRAIN_OPERATOR_POLL_INTERVAL]")
+    p.add_argument("--leader-elect", action="store_true", default=None,
+                   help="run only while holding the Lease disttrain-operator (one active replica, the others "
+                   "standing by) [DISTTRAIN_OPERATOR_LEADER_ELECT]")
+    p.add_argument("--lease-namespace", default=None,
+                   help="namespace of that Lease (default: the operator's own) [DISTTRAIN_OPERATOR_LEASE_NAMESPACE]")
     p.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     p.set_defaults(handler=run)
 
@@ -47,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
             liveness=args.liveness,
             default_image=args.default_image,
             poll_interval_s=args.poll_interval_s,
+            leader_elect=args.leader_elect,
+            lease_namespace=args.lease_namespace,
         )
     except ValueError as err:
         raise SystemExit(f"disttrain operator: {err}") from None
@@ -56,11 +65,24 @@ def run(args: argparse.Namespace) -> int:
     kopf.configure(verbose=args.verbose)
     logging.getLogger("disttrain.operator").setLevel(logging.DEBUG if args.verbose else logging.INFO)
     if not args.verbose:
-        # kopf logs every timer tick at INFO; our reconciler logs each transition itself.
+        # kopf logs every handled event at INFO; our reconciler logs each transition itself.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     kube.load_config()
     if cfg.metrics_port:
         prometheus_client.start_http_server(cfg.metrics_port)
+    if cfg.leader_elect:
+        from .. import leader
+
+        elector = leader.Elector(kube.Kube(), leader.LeaseConfig(
+            namespace=cfg.lease_namespace or settings.own_namespace(), identity=leader.default_identity()))
+        standby = leader.serve_standby_health(cfg.liveness) if cfg.liveness else None
+        elector.acquire()
+        if standby is not None:
+            standby.shutdown()
+            standby.server_close()
+        # Lost (could not renew): stop at once, before a standby may take over; the
+        # Deployment restarts this replica as a standby.
+        elector.keep(lost=lambda: os._exit(1))
     kopf.run(
         standalone=True,
         clusterwide=cfg.all_namespaces,
