@@ -30,9 +30,11 @@ from .conftest import (  # type: ignore[import-not-found]
 
 pytestmark = pytest.mark.timeout(900)
 # Kills are planned among the first KILL_WINDOW steps; each lands some steps after its target
-# (the test waits for a checkpoint, then polls the API), and a fast machine trains ~10 steps
-# a second: STEPS leaves a wide margin so that no kill meets a trainer that is already done.
-STEPS, INTERVAL, KILLS, KILL_WINDOW = 1000, 10, 5, 240
+# (the test waits for a restart, a checkpoint and a running pod, polling the API with kubectl),
+# and an idle machine trains this job at up to ~100 steps a second: with 1000 steps one run in
+# three ended before its fourth kill (the event-driven operator restarts a gang in about a
+# second). STEPS leaves a wide margin so that no kill meets a trainer that is already done.
+STEPS, INTERVAL, KILLS, KILL_WINDOW = 4000, 10, 5, 240
 
 
 def chaos_job(name: str, ns: str) -> dict[str, Any]:
