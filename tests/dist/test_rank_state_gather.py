@@ -11,7 +11,7 @@ from disttrain_trainer import resume
 
 def _gather_behind_other_collectives() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
-    pending = resume.gather_async({"rank": rank, "rng": resume.rng_state()}, world)
+    pending = resume.gather_async({"rank": rank, "rng": resume.rng_state()}, world, torch.device("cpu"))
     t = torch.full((4,), float(rank))
     dist.all_reduce(t)  # issued after the gather, as the next training step's all-reduce is
     dist.barrier()
@@ -24,7 +24,7 @@ def _gather_behind_other_collectives() -> None:
 
 def _oversized_part() -> None:
     with pytest.raises(ValueError, match="gather slot"):
-        resume.gather_async(b"x" * resume.GATHER_SLOT_BYTES, dist.get_world_size())
+        resume.gather_async(b"x" * resume.GATHER_SLOT_BYTES, dist.get_world_size(), torch.device("cpu"))
     dist.barrier()  # no collective was started: the group is still usable
 
 

@@ -58,6 +58,8 @@ def test_tensor_mode_matches_one_process_with_measured_comm_and_sharded_checkpoi
     assert s["mode"] == "tensor" and s["layout"] == "dp=1,pp=1,tp=2"
     assert close(s["valLoss"], one.summary["valLoss"]) and abs(s["finalLoss"] - one.summary["finalLoss"]) < 1e-4
     assert all(r["comm_busy_s"] > 0 and r["comm_bytes"] > 0 for r in tensor2.steps_log(0))
+    # one sample = one window of blockSize tokens; no MFU on a CPU (no known peak)
+    assert s["tokensPerS"] == pytest.approx(s["samplesPerS"] * 16) and "mfu" not in s
     found = sc.list_checkpoints(tensor2.checkpoint_dir)
     assert [st for st, _ in found] == [6, 12] and all(sc.is_sharded_checkpoint(p) for _, p in found)
 

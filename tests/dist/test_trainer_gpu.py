@@ -30,8 +30,17 @@ def test_gpt_on_cuda_nccl_mixed_precision(trainer, precision: str) -> None:
     res = trainer.run(spec, world=1, job=f"gpt-{precision}", env={C.ENV_DEVICE: "cuda"})
     s = res.summary
     assert s["backend"] == "nccl" and s["device"] == "cuda" and s["precision"] == precision
+    assert s["tokensPerS"] == pytest.approx(s["samplesPerS"] * 128)
+    if any(g in torch.cuda.get_device_name() for g in ("H100", "H200", "A100")):
+        assert 0.0 < s["mfu"] < 1.0, s  # the datasheet peak of a GPU that model_flops knows
+    # The loop waits for the GPU twice per log interval; the categories still add up to the step
+    # time and every interval's communication was measured on its last step.
+    parts = ("computeFraction", "dataFraction", "commExposedFraction", "idleFraction")
+    assert sum(s[k] for k in parts) == pytest.approx(1.0, abs=0.02), s
+    assert all(r["comm_busy_s"] > 0 for r in res.steps_log(0))
     losses = [r["loss"] for r in res.steps_log(0)]
     assert losses[-1] < 0.7 * losses[0], losses
     print(
-        f"GPT {precision} on CUDA: {s['samplesPerS']:.0f} samples/s, val_loss {s['valLoss']:.3f}"
+        f"GPT {precision} on CUDA: {s['tokensPerS']:.0f} tokens/s, MFU {s.get('mfu')}, "
+        f"val_loss {s['valLoss']:.3f}"
     )

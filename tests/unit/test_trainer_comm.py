@@ -29,3 +29,26 @@ def test_tally_record_means_and_fractions_and_merge() -> None:
     assert rec["idle_fraction"] == pytest.approx(1.0 / 8)
     assert rec["compute_s"] == pytest.approx((2.0 + 2.0) / 2)
     assert Tally().record()["samples_per_s"] == 0.0
+
+
+def test_unmeasured_steps_are_split_like_the_measured_ones_and_the_categories_still_add_up() -> None:
+    t = Tally()
+    # two GPU steps the loop did not wait for (work 0.2 s and 3.8 s: the second absorbed the queue)
+    t.add_step(t0=0.0, t1=0.1, t2=0.3, end=0.3, exposed_s=None, busy_s=None, idle_s=0.0, samples=4)
+    t.add_step(t0=0.3, t1=0.4, t2=4.2, end=4.2, exposed_s=None, busy_s=None, idle_s=0.0, samples=4)
+    # the measured step: work 2 s, 0.5 exposed (25 %), 1 busy (50 %)
+    t.add_step(t0=4.2, t1=4.3, t2=6.3, end=6.5, exposed_s=0.5, busy_s=1.0, idle_s=0.2, samples=4)
+    rec = t.record()  # settles: the unmeasured 4 s of work is 25 % exposed, 50 % busy
+    assert t.exposed_s == pytest.approx(0.5 + 1.0) and t.busy_s == pytest.approx(1.0 + 2.0)
+    assert t.compute_s == pytest.approx(1.5 + 3.0)
+    assert t.data_s + t.compute_s + t.exposed_s + t.idle_s == pytest.approx(t.step_s)
+    assert rec["comm_exposed_fraction"] == pytest.approx(1.5 / 6.5)
+    t.settle()  # idempotent
+    assert t.exposed_s == pytest.approx(1.5)
+
+
+def test_a_merge_settles_both_sides_and_work_with_nothing_measured_is_compute() -> None:
+    run, interval = Tally(), Tally()
+    interval.add_step(t0=0.0, t1=0.0, t2=1.0, end=1.0, exposed_s=None, busy_s=None, idle_s=0.0, samples=1)
+    run.merge(interval)
+    assert (run.compute_s, run.exposed_s, run.busy_s, run.unmeasured_work_s) == (1.0, 0.0, 0.0, 0.0)

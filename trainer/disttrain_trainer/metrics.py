@@ -24,7 +24,11 @@ STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.
 
 @dataclass(kw_only=True, slots=True)
 class Tally:
-    """Sums of step figures over an interval or a run (mutable: the loop adds into it every step)."""
+    """Sums of step figures over an interval or a run (mutable: the loop adds into it every step).
+
+    A step whose communication was not measured (a GPU step the loop did not wait for,
+    see train.py) adds its wall time and leaves its work time aside; `settle` splits that
+    work into compute and communication in the proportions of the interval's measured steps."""
 
     steps: int = 0
     samples: int = 0  # this rank's samples
@@ -34,24 +38,46 @@ class Tally:
     exposed_s: float = 0.0
     busy_s: float = 0.0
     idle_s: float = 0.0
+    measured_work_s: float = 0.0  # work of the steps whose communication was measured
+    unmeasured_work_s: float = 0.0  # work not yet split (settle does)
 
-    def add_step(self, *, t0: float, t1: float, t2: float, end: float, exposed_s: float,
-                 busy_s: float, idle_s: float, samples: int) -> None:  # fmt: skip
+    def add_step(self, *, t0: float, t1: float, t2: float, end: float, exposed_s: float | None,
+                 busy_s: float | None, idle_s: float, samples: int) -> None:  # fmt: skip
         """data = t0..t1, work = t1..t2 (compute + exposed communication), idle = rank 0 working
         alone after the step, step = t0..end. Communication is clamped to the work span: a
-        collective cannot outlast the backward that waits for it."""
+        collective cannot outlast the backward that waits for it. exposed_s/busy_s None: not
+        measured for this step."""
         work = t2 - t1
-        exposed = min(exposed_s, work)
         self.steps += 1
         self.samples += samples
         self.step_s += end - t0
         self.data_s += t1 - t0
+        self.idle_s += idle_s
+        if exposed_s is None or busy_s is None:
+            self.unmeasured_work_s += work
+            return
+        exposed = min(exposed_s, work)
         self.compute_s += work - exposed
         self.exposed_s += exposed
         self.busy_s += min(busy_s, work)
-        self.idle_s += idle_s
+        self.measured_work_s += work
+
+    def settle(self) -> None:
+        """Split the unmeasured work like the measured work (all compute when nothing was measured)."""
+        w = self.unmeasured_work_s
+        if w <= 0.0:
+            return
+        m = self.measured_work_s
+        exposed = w * self.exposed_s / m if m > 0 else 0.0
+        self.busy_s += w * self.busy_s / m if m > 0 else 0.0
+        self.exposed_s += exposed
+        self.compute_s += w - exposed
+        self.measured_work_s += w
+        self.unmeasured_work_s = 0.0
 
     def merge(self, other: Tally) -> None:
+        other.settle()
+        self.settle()
         for f in self.__slots__:  # type: ignore[attr-defined]
             setattr(self, f, getattr(self, f) + getattr(other, f))
 
@@ -60,6 +86,7 @@ class Tally:
 
     def record(self) -> dict[str, float]:
         """Per-step means over the tally and the fractions of step time (the JSON-lines fields)."""
+        self.settle()
         n = max(1, self.steps)
         return {
             "steps": self.steps,
@@ -147,6 +174,7 @@ class Metrics:
         """The steps since the last log interval: counters grow by their sums, gauges show per-step means.
 
         `extra`: mode-specific fields added to the JSON-lines record (a pipeline stage's bubble, ...)."""
+        tally.settle()
         if not self.enabled:
             return
         self.compute_total.inc(tally.compute_s)

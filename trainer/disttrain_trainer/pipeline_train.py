@@ -50,6 +50,7 @@ from .data import Dataset, GlobalBatchSampler
 from .dist_env import DistContext
 from .loop_gc import LoopGC
 from .metrics import Metrics, Tally
+from .model_flops import throughput_fields
 from .optim import build_optimizer, build_scheduler
 from .parallel.blocks import block_state, load_block_state, split_blocks
 from .parallel.mesh import build_mesh, layout_for
@@ -389,6 +390,8 @@ def loop(run: PipeRun, amp: Amp) -> dict[str, Any]:
                      "microbatches": spec.parallelism.microbatches, "plan": run.plan.to_json(),
                      "perStage": per_stage},
     }  # fmt: skip
+    summary.update(throughput_fields(spec, vocab=run.ds.num_classes, samples_per_s=summary["samplesPerS"],
+                                     device=ctx.device, accelerators=ctx.world_size))  # fmt: skip
     if eval_result is not None:
         summary[SUMMARY_EVAL_KEY[eval_result[0]]] = eval_result[1]
     return summary

@@ -142,13 +142,15 @@ class PendingGather:
 
 
 def _slot_payload(slot: torch.Tensor) -> bytes:
-    raw = slot.numpy().tobytes()
+    raw = slot.cpu().numpy().tobytes()
     n = int.from_bytes(raw[:_LEN_BYTES], "little")
     return raw[_LEN_BYTES : _LEN_BYTES + n]
 
 
-def gather_async(obj: Any, world_size: int) -> PendingGather:
-    """Start gathering `obj` (small: at most GATHER_SLOT_BYTES pickled) from every rank."""
+def gather_async(obj: Any, world_size: int, device: torch.device) -> PendingGather:
+    """Start gathering `obj` (small: at most GATHER_SLOT_BYTES pickled) from every rank.
+
+    `device` is where the backend's collectives run: NCCL gathers CUDA tensors only."""
     data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     if len(data) + _LEN_BYTES > GATHER_SLOT_BYTES:
         # Every rank pickles the same kinds of state: when one is too big, all are; the error
@@ -157,13 +159,15 @@ def gather_async(obj: Any, world_size: int) -> PendingGather:
     send = torch.zeros(GATHER_SLOT_BYTES, dtype=torch.uint8)
     send[:_LEN_BYTES] = torch.frombuffer(bytearray(len(data).to_bytes(_LEN_BYTES, "little")), dtype=torch.uint8)
     send[_LEN_BYTES : _LEN_BYTES + len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    slots = [torch.empty(GATHER_SLOT_BYTES, dtype=torch.uint8) for _ in range(world_size)]
+    send = send.to(device)
+    slots = [torch.empty(GATHER_SLOT_BYTES, dtype=torch.uint8, device=device) for _ in range(world_size)]
     work = dist.all_gather(slots, send, async_op=True)
     return PendingGather(slots=slots, work=work, send=send)
 
 
-def gather_now(obj: Any, world_size: int) -> PendingGather:
+def gather_now(obj: Any, world_size: int, device: torch.device) -> PendingGather:
     """The same gather, completed before returning (for parts of any size)."""
+    del device  # all_gather_object picks the backend's device itself
     out: list[Any] = [None] * world_size
     dist.all_gather_object(out, obj)
     return PendingGather(objects=out)

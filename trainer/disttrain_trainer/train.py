@@ -39,6 +39,7 @@ from .data import Dataset, GlobalBatchSampler, load_dataset
 from .dist_env import DistContext, cleanup, finish, init_distributed, keep_until_exit
 from .loop_gc import LoopGC
 from .metrics import Metrics, Tally
+from .model_flops import throughput_fields
 from .models import build_model, resolve
 from .optim import build_optimizer, build_scheduler
 from .precision import Amp, make_amp
@@ -144,7 +145,8 @@ class Run:
 
     def state(self) -> dict[str, Any]:
         """Everything a resume needs; a sharded model's model and optimizer go to DCP instead."""
-        return {**self._own_state(), **self._rank_parts(resume.gather_now(self._rank_part(), self.ctx.world_size))}
+        parts = resume.gather_now(self._rank_part(), self.ctx.world_size, self.ctx.device)
+        return {**self._own_state(), **self._rank_parts(parts)}
 
     def _own_state(self) -> dict[str, Any]:
         """The state without the per-rank parts (RNG streams, comm-hook state)."""
@@ -217,7 +219,7 @@ class Run:
         part = self._rank_part()
         # PowerSGD's error feedback is model-sized: gathered synchronously; RNG streams alone fit a slot.
         start = resume.gather_now if part[1] is not None else resume.gather_async
-        pending = start(part, self.ctx.world_size)
+        pending = start(part, self.ctx.world_size, self.ctx.device)
         if not self.ctx.is_main:
             self._gather = pending  # its send buffer lives until the collective completes
             return
@@ -292,8 +294,8 @@ def _batch(run: Run) -> list[tuple[torch.Tensor, torch.Tensor]]:
     x, y = run.ds.batch(run.sampler.next_indices())
     dev = run.ctx.device
     xt, yt = torch.from_numpy(np.asarray(x)), torch.from_numpy(np.asarray(y))
-    if dev.type != "cpu":
-        xt, yt = xt.to(dev, non_blocking=True), yt.to(dev, non_blocking=True)
+    if dev.type != "cpu":  # from pinned memory the copy is queued and the host goes on
+        xt, yt = xt.pin_memory().to(dev, non_blocking=True), yt.pin_memory().to(dev, non_blocking=True)
     k = run.cfg.spec.training.grad_accumulation
     return [(xt, yt)] if k == 1 else list(zip(xt.chunk(k), yt.chunk(k), strict=True))
 
@@ -346,33 +348,50 @@ def _loop(run: Run) -> dict[str, Any]:
     losses: list[torch.Tensor] = []  # this interval's losses, on the device until the log
     last_loss: torch.Tensor | None = None
     eval_result: tuple[str, float] | None = None
+    # On a GPU the loop waits for the device only where a figure needs it: the last step of
+    # each log interval (its communication is measured: DDP's CUDA timer reads events), the
+    # step before it (so the measured step starts with an idle queue), and a step followed by
+    # evaluation or a checkpoint. In between, the host runs ahead and the GPU never starves;
+    # those steps' work is split like the measured step's (Tally.settle). On a CPU every step
+    # is measured: nothing runs ahead there.
+    sampled = cuda and isinstance(comm, parallel.CommClock)
+
+    def ends_interval(step: int) -> bool:
+        return step % log_every == 0 or step == tr.steps
+
     start = time.perf_counter()
     try:
         with LoopGC() as loop_gc:
             while run.step < tr.steps:
+                step = run.step + 1
+                evaluate_now = bool(eval_every) and step % eval_every == 0 and step < tr.steps
+                checkpoint_now = step % ckpt_every == 0 and step < tr.steps  # the final one: `run`, with the summary
+                measured = not sampled or ends_interval(step)
+                if sampled:
+                    comm.measure_next(measured)  # type: ignore[union-attr]
                 t0 = time.perf_counter()
                 micro = _batch(run)
                 t1 = time.perf_counter()
                 res = step_fn(run.model, micro, loss_fn=loss_fn, optimizer=run.optimizer,
                               scheduler=run.scheduler, amp=run.amp)  # fmt: skip
-                if cuda:
+                if cuda and (measured or ends_interval(step + 1) or evaluate_now or checkpoint_now):
                     torch.cuda.synchronize(ctx.device)
                 t2 = time.perf_counter()
-                c = comm.take() if comm is not None else no_comm
-                run.step += 1
+                c = no_comm if comm is None else comm.take() if measured else None
+                exposed, busy = (c.exposed_s, c.busy_s) if c is not None else (None, None)
+                run.step = step
                 last_loss = res.loss
                 losses.append(res.loss)
                 idle = 0.0
-                evaluate_now = bool(eval_every) and run.step % eval_every == 0 and run.step < tr.steps
-                checkpoint_now = run.step % ckpt_every == 0 and run.step < tr.steps  # the final one: `run`, with the summary
                 if evaluate_now or checkpoint_now:
                     ti = time.perf_counter()
                     eval_result = _between_steps(run, evaluate_now=evaluate_now, checkpoint_now=checkpoint_now) or eval_result
                     idle = time.perf_counter() - ti
                 end = time.perf_counter()
-                metrics.observe_step_time(end - t0)
-                interval.add_step(t0=t0, t1=t1, t2=t2, end=end, exposed_s=c.exposed_s, busy_s=c.busy_s,
-                                  idle_s=idle, samples=res.samples)  # fmt: skip
+                if measured:
+                    metrics.observe_step_time(end - t0)
+                interval.add_step(t0=t0, t1=t1, t2=t2, end=end, exposed_s=exposed, busy_s=busy, idle_s=idle,
+                                  samples=res.samples)  # fmt: skip
                 if run.step % log_every == 0 or run.step == tr.steps:
                     _log_interval(run, interval, losses, grad_bytes, dp)
                     run.totals.merge(interval)
@@ -412,6 +431,8 @@ def _loop(run: Run) -> dict[str, Any]:
         "computeFraction": t.fraction(t.compute_s),
         "replicaMaxAbsDiff": divergence,
     }
+    summary.update(throughput_fields(spec, vocab=run.ds.num_classes, samples_per_s=summary["samplesPerS"],
+                                     device=ctx.device, accelerators=ctx.world_size))  # fmt: skip
     if eval_result is not None:
         summary[SUMMARY_EVAL_KEY[eval_result[0]]] = eval_result[1]
     return summary

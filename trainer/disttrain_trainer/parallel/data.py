@@ -44,8 +44,12 @@ class CommTimes:
     exposed_s: float
 
 
+NEVER_SAMPLE = 2**31 - 1  # a DDP runtime-logging sample rate no run reaches
+
+
 class CommClock:
-    """Reads DDP's reducer timer: DDP's own C++ timestamps, sampled on every iteration.
+    """Reads DDP's reducer timer: DDP's own C++ timestamps (CUDA events on a GPU), on every
+    iteration the loop measures (all of them on a CPU; see `measure_next`).
 
     DDP fills its logging data at the start of the *next* forward; `take` asks for it
     right after the step instead (`set_runtime_stats_and_log`), so a step's figures
@@ -55,7 +59,16 @@ class CommClock:
 
     def __init__(self, ddp: DDP) -> None:
         ddp._set_ddp_runtime_logging_sample_rate(1)
+        self._ddp, self._measuring = ddp, True
         self._logger = ddp.logger
+
+    def measure_next(self, on: bool) -> None:
+        """Whether DDP times the next iteration. Reading a CUDA timer waits for that iteration's
+        events, so a GPU loop that runs ahead turns it off for the steps it does not measure
+        (DDP still times its first 10 iterations)."""
+        if on != self._measuring:
+            self._ddp._set_ddp_runtime_logging_sample_rate(1 if on else NEVER_SAMPLE)
+            self._measuring = on
 
     def take(self) -> CommTimes:
         logger = self._logger

@@ -91,15 +91,15 @@ class PipeDreamStage:
         return dist.get_global_rank(self.group, stage) if self.group is not None else stage
 
     def _send(self, t: torch.Tensor, stage: int, tag: int) -> None:
-        header = torch.zeros(MAX_DIMS + 1, dtype=torch.int64)
+        header = torch.zeros(MAX_DIMS + 1, dtype=torch.int64, device=self.device)  # NCCL: on the GPU
         header[0] = t.dim()
-        header[1 : 1 + t.dim()] = torch.tensor(t.shape)
+        header[1 : 1 + t.dim()] = torch.tensor(t.shape, device=self.device)
         peer = self._peer(stage)
         self._sends.append(dist.isend(header, peer, group=self.group, tag=tag))
         self._sends.append(dist.isend(t.detach().contiguous(), peer, group=self.group, tag=tag))
 
     def _recv(self, stage: int, tag: int) -> torch.Tensor:
-        header = torch.zeros(MAX_DIMS + 1, dtype=torch.int64)
+        header = torch.zeros(MAX_DIMS + 1, dtype=torch.int64, device=self.device)  # NCCL: on the GPU
         peer = self._peer(stage)
         dist.recv(header, peer, group=self.group, tag=tag)
         shape = [int(d) for d in header[1 : 1 + int(header[0])]]
