@@ -295,6 +295,9 @@ def valid_sizes(spec: JobSpec) -> list[int]:
     return [n for n, errs in elastic_sizes(spec).items() if not errs]
 
 
+HOST_MEMORY_MODES = ("paramserver", "federated")
+
+
 def _devices(spec: JobSpec, c: _Checker) -> None:
     gpus = spec.workers.resources.gpus
     if not c.ok("spec.workers.resources.gpus"):
@@ -303,6 +306,14 @@ def _devices(spec: JobSpec, c: _Checker) -> None:
         c.add(
             "spec.training.precision",
             "fp16 needs GPUs (workers.resources.gpus is 0); use bf16 or fp32 on CPU",
+        )
+    if gpus > 0 and c.ok("spec.mode") and spec.mode in HOST_MEMORY_MODES:
+        # Their workers exchange parameters as host bytes over gRPC and train on the CPU: a GPU
+        # would sit idle while the job holds it.
+        c.add(
+            "spec.workers.resources.gpus",
+            f"mode {spec.mode} trains on CPU (its workers exchange parameters over gRPC); "
+            "set workers.resources.gpus to 0",
         )
     procs = spec.workers.procs_per_worker
     if c.ok("spec.workers.procsPerWorker") and gpus > 0 and procs > gpus:

@@ -259,6 +259,12 @@ CASES: list[tuple[str, dict[str, Any], list[str]]] = [
         ["spec.workers.procsPerWorker: 4 processes per pod cannot each have a GPU: workers.resources.gpus is 2"],
     ),
     (
+        "GPUs for a mode whose workers train on CPU",
+        manifest(mode="paramserver", workers={"resources": {"gpus": 1}}),
+        ["spec.workers.resources.gpus: mode paramserver trains on CPU (its workers exchange parameters over "
+         "gRPC); set workers.resources.gpus to 0"],
+    ),
+    (
         "gpt hidden not divisible by heads",
         manifest(model=gpt(hidden=100, heads=3), data={"name": "pytext", "batchSize": 64}),
         ["spec.model.hidden: 100 is not divisible by model.heads 3"],
