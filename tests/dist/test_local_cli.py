@@ -128,6 +128,14 @@ def test_gpus_without_cuda_fall_back_to_cpu_and_a_run_dir_resumes_unless_fresh(
     assert json.loads((run_dir / "summary.json").read_text())["resumedFromStep"] is None
 
 
+def _proc_state(pid: int) -> str:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return "gone"
+    return next((line for line in status.splitlines() if line.startswith("State:")), "?")
+
+
 @pytest.mark.timeout(300)
 def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
     path = manifest(tmp_path, "interrupt-me", steps=1_000_000)
@@ -144,7 +152,16 @@ def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
             time.sleep(0.1)
         pids = [int(p) for p in json.loads((run_dir / "pids.json").read_text())["pids"].values()]
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
+        try:
+            out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGUSR1)  # the launcher prints its Python stacks to stderr
+            time.sleep(2)
+            proc.kill()
+            out, err = proc.communicate()
+            alive = {pid: _proc_state(pid) for pid in pids}
+            pytest.fail(f"the launcher did not stop within 60 s of SIGINT; ranks: {alive}\n"
+                        f"stdout tail:\n{out[-3000:]}\nstderr:\n{err[-6000:]}")  # fmt: skip
     finally:
         if proc.poll() is None:
             proc.kill()

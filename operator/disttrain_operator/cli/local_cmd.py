@@ -8,6 +8,8 @@ arguments and the manifest, so `disttrain local --help` stays fast.
 from __future__ import annotations
 
 import argparse
+import faulthandler
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -101,6 +103,9 @@ def run(args: argparse.Namespace) -> int:
 
     from disttrain_trainer.launcher import LocalOptions, run_local
     from disttrain_trainer.launcher.run import default_run_dir
+
+    # `kill -USR1 <pid>` prints where the launcher is (every thread's Python stack) to stderr.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
 
     options = LocalOptions(
         run_dir=args.run_dir or default_run_dir(job.metadata.name),
