@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -104,9 +103,9 @@ def plain_worker(shape: Shape, precision: str, vocab: int, out: str) -> None:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    from disttrain_trainer.launcher.env import reserve_ports
+
+    return reserve_ports(1)[0]
 
 
 def _tokens_per_s(marks: dict[int, float], shape: Shape) -> float:
