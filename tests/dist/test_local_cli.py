@@ -128,6 +128,13 @@ def test_gpus_without_cuda_fall_back_to_cpu_and_a_run_dir_resumes_unless_fresh(
     assert json.loads((run_dir / "summary.json").read_text())["resumedFromStep"] is None
 
 
+def _as_in_a_terminal() -> None:
+    """SIGINT as a foreground command in a terminal gets it. A suite started as a background job
+    of a non-interactive shell (`make test &`) inherits SIGINT ignored, and so would the launcher:
+    Python keeps an inherited "ignore", so Ctrl-C would never reach it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _proc_state(pid: int) -> str:
     try:
         status = Path(f"/proc/{pid}/status").read_text()
@@ -141,7 +148,7 @@ def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
     path = manifest(tmp_path, "interrupt-me", steps=1_000_000)
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(cmd(path, run_dir, "--metrics-port", "0"), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_as_in_a_terminal)  # fmt: skip
     try:
         deadline = time.monotonic() + 180
         while (
