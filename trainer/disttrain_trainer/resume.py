@@ -165,9 +165,9 @@ def gather_async(obj: Any, world_size: int, device: torch.device) -> PendingGath
     return PendingGather(slots=slots, work=work, send=send)
 
 
-def gather_now(obj: Any, world_size: int, device: torch.device) -> PendingGather:
-    """The same gather, completed before returning (for parts of any size)."""
-    del device  # all_gather_object picks the backend's device itself
+def gather_now(obj: Any, world_size: int) -> PendingGather:
+    """The same gather, completed before returning (for parts of any size; all_gather_object
+    picks the backend's device itself)."""
     out: list[Any] = [None] * world_size
     dist.all_gather_object(out, obj)
     return PendingGather(objects=out)

@@ -145,8 +145,7 @@ class Run:
 
     def state(self) -> dict[str, Any]:
         """Everything a resume needs; a sharded model's model and optimizer go to DCP instead."""
-        parts = resume.gather_now(self._rank_part(), self.ctx.world_size, self.ctx.device)
-        return {**self._own_state(), **self._rank_parts(parts)}
+        return {**self._own_state(), **self._rank_parts(resume.gather_now(self._rank_part(), self.ctx.world_size))}
 
     def _own_state(self) -> dict[str, Any]:
         """The state without the per-rank parts (RNG streams, comm-hook state)."""
@@ -218,8 +217,8 @@ class Run:
         self.finish_gather()  # the previous checkpoint's gather: at most one in flight
         part = self._rank_part()
         # PowerSGD's error feedback is model-sized: gathered synchronously; RNG streams alone fit a slot.
-        start = resume.gather_now if part[1] is not None else resume.gather_async
-        pending = start(part, self.ctx.world_size, self.ctx.device)
+        ws = self.ctx.world_size
+        pending = resume.gather_now(part, ws) if part[1] is not None else resume.gather_async(part, ws, self.ctx.device)
         if not self.ctx.is_main:
             self._gather = pending  # its send buffer lives until the collective completes
             return
@@ -392,7 +391,7 @@ def _loop(run: Run) -> dict[str, Any]:
                     metrics.observe_step_time(end - t0)
                 interval.add_step(t0=t0, t1=t1, t2=t2, end=end, exposed_s=exposed, busy_s=busy, idle_s=idle,
                                   samples=res.samples)  # fmt: skip
-                if run.step % log_every == 0 or run.step == tr.steps:
+                if ends_interval(run.step):
                     _log_interval(run, interval, losses, grad_bytes, dp)
                     run.totals.merge(interval)
                     interval, losses = Tally(), []
