@@ -142,7 +142,17 @@ def run_plain(case: Case, work: Path) -> float:
            f"--master-port={_free_port()}", __file__, "--plain", str(case.hidden), str(case.layers),
            str(case.steps), str(case.warmup), str(out)]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
+    out.unlink(missing_ok=True)
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    # The plain script may abort in destroy_process_group (gloo, "terminate called without an
+    # active exception"): after its timed loop, and rank 0 has written its marks by then. A run
+    # without its marks failed for real.
+    if not out.exists():
+        raise RuntimeError(f"plain torchrun run failed (exit {done.returncode}):\n{done.stdout[-2000:]}"
+                           f"{done.stderr[-4000:]}")
+    if done.returncode:
+        print(f"  (plain run exited {done.returncode} after writing its marks: "
+              f"{(done.stderr.strip().splitlines() or [''])[0][:120]})", flush=True)
     marks = {int(k): v for k, v in json.loads(out.read_text())["marks"].items()}
     return _window(marks, case)
 
@@ -199,13 +209,15 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--json", default=None)
+    p.add_argument("--case", action="append", choices=sorted({c.name.split()[0] for c in CASES}),
+                   help="only the case(s) whose name starts with this (default: both)")
     ns = p.parse_args(argv)
     results: dict[str, Any] = {"load_before": os.getloadavg(), "cases": {}}
     with tempfile.TemporaryDirectory(prefix="disttrain-vs-torchrun-") as tmp:
         work = Path(tmp)
         # Pack the digits shards once, outside the timed runs.
         run_disttrain(Case(name="warm", hidden=8, layers=1, steps=4, warmup=1), work, "warm")
-        for case in CASES:
+        for case in [c for c in CASES if not ns.case or c.name.split()[0] in ns.case]:
             rows = []
             for r in range(ns.rounds):
                 order = ("plain", "disttrain") if r % 2 == 0 else ("disttrain", "plain")
