@@ -62,8 +62,16 @@ class Plan:
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (Normal|Warning, reason, message)
 
 
+# Conditions that record a state the job reached by itself, not something the operator did
+# or a problem: the condition (with its lastTransitionTime) is the record, and no Event is
+# posted. Events say what the operator did (created, deleted, restarted, replaced, resized,
+# suspended, resumed a gang) and every failure, so a healthy job costs one Event, not one
+# per phase.
+STATE_CONDITIONS = ("Running", "Succeeded")
+
+
 class _Builder:
-    """Accumulates status changes and one Event per transition."""
+    """Accumulates status changes and the Events of the operator's actions and of failures."""
 
     def __init__(self, status: dict[str, Any], now: datetime) -> None:
         self.status = copy.deepcopy(status)
@@ -99,6 +107,8 @@ class _Builder:
         return False
 
     def _event(self, type_: str, reason: str, message: str) -> None:
+        if type_ in STATE_CONDITIONS:
+            return
         warn = type_ in ("Failed", "InvalidSpec", "Restarting") or reason in ("Unschedulable",)
         self.event("Warning" if warn else "Normal", reason, message or type_)
 

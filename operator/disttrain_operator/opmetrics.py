@@ -19,6 +19,12 @@ API_REQUESTS = Counter(
     "Kubernetes API requests made by the reconciler (kopf's own watches and patches excluded).",
     ["verb", "resource"],
 )
+STATUS_WRITES = Counter(
+    "disttrain_operator_status_writes_total",
+    "Job status writes: transitions (phase, conditions, restarts) or progress alone (pod counts, steps).",
+    ["kind"],
+)
+EVENTS = Counter("disttrain_operator_events_total", "Events posted on jobs, by type and reason.", ["type", "reason"])
 
 _phases: dict[str, str] = {}
 _lock = threading.Lock()

@@ -118,10 +118,12 @@ class Reconciler:
         self.kube, self.settings, self.jobs, self.scraper, self.event = kube, settings, jobs, scraper, event
         self.expect = Expectations()
         self._last_write: dict[JobKey, float] = {}
+        self._progress_since: dict[JobKey, float] = {}  # when an unwritten progress change was first seen
 
     def forget(self, key: JobKey, uid: str) -> None:
         self.expect.forget(key)
         self._last_write.pop(key, None)
+        self._progress_since.pop(key, None)
         self.scraper.target(key, None)
         opmetrics.set_phase(uid, None)
 
@@ -209,14 +211,19 @@ class Reconciler:
         restarting = int(new.get("attempt") or 0) > int(old.get("attempt") or 0) and not plan.create
         patch = merge_patch(old, new)
         deferred: float | None = None
-        if progress_only(patch):
+        if not patch:
+            self._progress_since.pop(key, None)  # a deferred change undone before its write
+        elif progress_only(patch):
             if old.get("phase") == PENDING and new.get("phase") == PENDING:
                 # Pod counts of a gang that is starting: carried by the next transition (Running,
                 # or why it cannot start), not written one pod at a time.
                 patch = {}
             else:
-                # Counts and steps of a running job: at most one write per interval, the latest.
-                wait = self._last_write.get(key, 0.0) + settings.poll_interval_s - mono
+                # Counts and steps of a running job: at most one write per interval, the latest,
+                # and none until the change is an interval old: pods that finish within an
+                # interval of each other are carried by the Succeeded write that follows.
+                since = self._progress_since.setdefault(key, mono)
+                wait = max(self._last_write.get(key, 0.0), since) + settings.poll_interval_s - mono
                 if wait > 0:
                     patch, deferred = {}, wait
 
@@ -236,6 +243,8 @@ class Reconciler:
                 raise
             self.jobs.put(key, body)
             self._last_write[key] = time.monotonic()
+            self._progress_since.pop(key, None)  # written: the next progress change waits anew
+            opmetrics.STATUS_WRITES.labels(kind="progress" if progress_only(patch) else "transition").inc()
 
         if restarting:  # status first: a crash after it re-deletes, never re-counts
             write_status()

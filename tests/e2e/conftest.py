@@ -241,9 +241,10 @@ def events(kubectl: Kubectl, ns: str, name: str) -> list[dict[str, Any]]:
     return sorted(items, key=lambda e: (e.get("firstTimestamp") or e.get("eventTime") or "", e["metadata"]["name"]))
 
 
-def assert_one_event_per_transition(kubectl: Kubectl, ns: str, name: str) -> list[dict[str, Any]]:
-    """`kubectl describe` lists each transition once: no Event repeats (neither a second
-    Event with the same reason and message, nor one Event with count > 1)."""
+def assert_no_repeated_events(kubectl: Kubectl, ns: str, name: str) -> list[dict[str, Any]]:
+    """`kubectl describe` lists each of the operator's actions and failures once: no Event
+    repeats (neither a second Event with the same reason and message, nor one Event with
+    count > 1)."""
     found = events(kubectl, ns, name)
     keys = [(e["reason"], e["message"]) for e in found]
     repeated = sorted({k for k in keys if keys.count(k) > 1}

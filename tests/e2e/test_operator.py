@@ -16,7 +16,7 @@ from .conftest import (  # type: ignore[import-not-found]
     CHECKPOINT_HOSTPATH,
     Kubectl,
     OperatorProcess,
-    assert_one_event_per_transition,
+    assert_no_repeated_events,
     condition,
     digits_manifest,
     job_manifest,
@@ -146,7 +146,7 @@ def test_operator_restart_adopts_jobs_without_duplicates_and_is_healthy(
         assert after == before, "the restarted operator recreated or duplicated pods"
         job = kubectl.job(ns, name)
         assert job["status"]["phase"] == "Running" and job["status"].get("restarts", 0) == 0
-        assert_one_event_per_transition(kubectl, ns, name)
+        assert_no_repeated_events(kubectl, ns, name)
     finally:
         op.stop()
         print(op.tail())
@@ -186,6 +186,6 @@ def test_killed_worker_restarts_gang_and_resumes(
     assert status["restarts"] == 1
     assert status["result"]["resumedFromStep"] > 0, status["result"]
     assert status["result"]["testAccuracy"] >= 0.95, status["result"]
-    assert_one_event_per_transition(kubectl, namespace, name)
+    assert_no_repeated_events(kubectl, namespace, name)
     pods = kubectl.pods(namespace, name)
     assert {p["metadata"]["labels"]["disttrain.dev/restart-attempt"] for p in pods} == {"1"}

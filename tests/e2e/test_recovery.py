@@ -17,7 +17,7 @@ from .conftest import (  # type: ignore[import-not-found]
     CHECKPOINT_HOSTPATH,
     Kubectl,
     OperatorProcess,
-    assert_one_event_per_transition,
+    assert_no_repeated_events,
     checkpoint_steps,
     condition,
     job_manifest,
@@ -95,7 +95,7 @@ def test_elastic_shrink_after_a_node_is_stopped(
     result = status["result"]
     assert result["worldSize"] == 1 and result["resumedFromStep"] >= 20, result
     assert result["steps"] == 600
-    reasons = [e["reason"] for e in assert_one_event_per_transition(kubectl, namespace, name)]
+    reasons = [e["reason"] for e in assert_no_repeated_events(kubectl, namespace, name)]
     assert "ElasticShrink" in reasons, reasons
     (pod,) = [p for p in kubectl.pods(namespace, name) if not p["metadata"].get("deletionTimestamp")]
     assert pod["spec"]["nodeName"] != victim
@@ -124,7 +124,7 @@ def test_suspend_then_resume_continues_from_the_checkpoint(
     assert status["phase"] == "Succeeded", status
     assert status["restarts"] == 0 and status["attempt"] == 1, status  # a resume is not a failure
     assert status["result"]["resumedFromStep"] == suspended_at, status["result"]
-    reasons = [e["reason"] for e in assert_one_event_per_transition(kubectl, namespace, name)]
+    reasons = [e["reason"] for e in assert_no_repeated_events(kubectl, namespace, name)]
     assert "Suspended" in reasons and "Resumed" in reasons, reasons
 
 
@@ -139,7 +139,7 @@ def test_active_deadline_fails_the_job_and_removes_its_pods(
     assert cond and cond["reason"] == "DeadlineExceeded", job["status"]
     kubectl.wait_for("the pods to go", lambda: not [p for p in kubectl.pods(namespace, name)
                                                      if not p["metadata"].get("deletionTimestamp")], timeout=60)
-    assert_one_event_per_transition(kubectl, namespace, name)
+    assert_no_repeated_events(kubectl, namespace, name)
 
 
 def test_ttl_after_finished_deletes_the_job(kubectl: Kubectl, operator: OperatorProcess, namespace: str) -> None:

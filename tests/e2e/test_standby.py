@@ -12,7 +12,7 @@ import pytest
 from .conftest import (  # type: ignore[import-not-found]
     Kubectl,
     OperatorProcess,
-    assert_one_event_per_transition,
+    assert_no_repeated_events,
     job_manifest,
 )
 
@@ -70,8 +70,8 @@ def test_standby_replica_takes_over_when_the_active_one_is_killed(
         assert after == before, "the new active replica recreated or duplicated pods"
         job = kubectl.job(ns, name)
         assert job["status"]["phase"] == "Running" and job["status"].get("restarts", 0) == 0
-        assert_one_event_per_transition(kubectl, ns, name)
-        assert_one_event_per_transition(kubectl, ns, fresh)
+        assert_no_repeated_events(kubectl, ns, name)
+        assert_no_repeated_events(kubectl, ns, fresh)
     finally:
         first.stop()
         second.stop()
