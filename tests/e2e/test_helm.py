@@ -105,12 +105,14 @@ def test_install_upgrade_uninstall(kubectl: Kubectl, crd: None, helm: Helm, own_
         assert any(o.startswith("Role/" + jobs_ns) for o in objects), objects
         assert any(o.startswith("ClusterRole/") for o in objects), objects
 
-        # 2. The data-parallel example runs under the chart's operator.
-        kubectl.apply(digits_manifest(name, jobs_ns))
+        # 2. The data-parallel example runs under the chart's operator, long enough (3000 steps,
+        # a minute or more) that the upgrade lands while it runs: the example's 400 steps could
+        # end before the operator had written any progress.
+        kubectl.apply(digits_manifest(name, jobs_ns, training={"steps": 3000}))
 
         def running_with_progress() -> dict[str, str] | None:
             st = kubectl.job(jobs_ns, name).get("status") or {}
-            assert st.get("phase") != "Failed", st
+            assert st.get("phase") not in ("Failed", "Succeeded"), f"the job ended before its progress was seen: {st}"
             return worker_uids(kubectl, jobs_ns, name) if st.get("phase") == "Running" and st.get("step") else None
 
         before = kubectl.wait_for("job Running with progress", running_with_progress, timeout=420)
