@@ -27,7 +27,7 @@ import kopf
 from disttrain_api import constants as c
 from disttrain_api.model import GROUP, PLURAL, VERSION
 
-from . import opmetrics, progress
+from . import progress
 from .cache import JobCache, JobKey
 from .kube import Kube
 from .observe import slim_pod
@@ -68,7 +68,6 @@ def _post_now(job: dict[str, Any], type_: str, reason: str, message: str) -> Non
     # queued reconcile does not run in. Events are auxiliary: a failed post is logged.
     try:
         _kube().post_event(job, type_, reason, message)
-        opmetrics.EVENTS.labels(type=type_, reason=reason).inc()
     except Exception as err:  # noqa: BLE001
         log.warning("%s/%s: could not post Event %s: %s", job["metadata"]["namespace"], job["metadata"]["name"],
                     reason, err)

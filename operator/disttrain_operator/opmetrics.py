@@ -24,7 +24,6 @@ STATUS_WRITES = Counter(
     "Job status writes: transitions (phase, conditions, restarts) or progress alone (pod counts, steps).",
     ["kind"],
 )
-EVENTS = Counter("disttrain_operator_events_total", "Events posted on jobs, by type and reason.", ["type", "reason"])
 
 _phases: dict[str, str] = {}
 _lock = threading.Lock()
