@@ -9,13 +9,17 @@ compute thread per process, gloo on CPU:
              runs `plain_worker` below: tensors in memory, a seeded permutation per epoch,
              DDP as it comes, the loss read once per log interval.
   disttrain: `python -m disttrain_trainer` x 2 with the env contract `disttrain local` sets,
-             metrics on (Prometheus registry, JSON lines every log interval), checkpoints
-             at the end, evaluation at the end.
+             started as `disttrain local` starts them (each rank in its own session, its
+             output to a log file), metrics on (Prometheus registry, JSON lines every log
+             interval), checkpoints at the end, evaluation at the end.
 
 Loop throughput = global samples / wall time from the end of step `warmup` to the end of
 step `steps - warmup`, on rank 0, the same window on both sides (startup, the final
 checkpoint and evaluation excluded on both). Runs alternate plain/disttrain per round so
-load drift hits both alike; every round prints both and the ratio.
+load drift hits both alike; every round prints both and the ratio. Each run also reports the
+CPU time its ranks spent per step inside the window (user + system, both ranks, read from
+/proc while it runs): on 2 cores both sides keep every core busy, so a side that needs more
+CPU per step is slower, and this figure says so with less noise than the throughput.
 
     .venv/bin/python benchmarks/vs_torchrun.py [--rounds 3] [--json out.json]
 """
@@ -31,6 +35,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,7 +55,9 @@ class Case:
 
 
 CASES = (
-    Case(name="digits MLP 128x2", hidden=128, layers=2, steps=1200, warmup=100),
+    # 4800 timed steps (about 10 s): on this class of machine the throughput of 1000 steps
+    # varies by +-15% from one run to the next.
+    Case(name="digits MLP 128x2", hidden=128, layers=2, steps=5000, warmup=100),
     Case(name="MLP 1024x4", hidden=1024, layers=4, steps=240, warmup=20),
 )
 BATCH = 128
@@ -131,19 +138,87 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _window(marks: dict[int, float], case: Case) -> float:
+@dataclass(frozen=True, kw_only=True)
+class Measured:
+    samples_per_s: float
+    cpu_us_per_step: float | None  # user + system of all ranks per step in the window
+
+
+def _window(marks: dict[int, float], case: Case, cpu: list[tuple[float, float]]) -> Measured:
     first, last = case.warmup, case.steps - case.warmup
-    return (last - first) * BATCH / (marks[last] - marks[first])
+    t0, t1 = marks[first], marks[last]
+    inside = [(t, c) for t, c in cpu if t0 <= t <= t1]
+    per_step = None
+    if len(inside) >= 2:
+        (ta, ca), (tb, cb) = inside[0], inside[-1]
+        steps = _step_at(marks, tb) - _step_at(marks, ta)
+        per_step = (cb - ca) / steps * 1e6 if steps > 0 else None
+    return Measured(samples_per_s=(last - first) * BATCH / (t1 - t0), cpu_us_per_step=per_step)
 
 
-def run_plain(case: Case, work: Path) -> float:
+def _step_at(marks: dict[int, float], t: float) -> float:
+    """The (fractional) step the loop was at at time t, between two marks."""
+    pts = sorted(marks.items())
+    for (sa, ta), (sb, tb) in zip(pts, pts[1:], strict=False):
+        if ta <= t <= tb:
+            return sa + (sb - sa) * (t - ta) / (tb - ta)
+    raise ValueError(f"time {t} is outside the marks")
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU of one process (all its threads), 0 once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+class CpuSampler:
+    """Samples the CPU time of the ranks every 0.25 s while a run goes on: (wall time, seconds).
+    `ranks` returns the rank pids (torchrun's children are found once they exist)."""
+
+    def __init__(self, ranks: Any) -> None:
+        self.samples: list[tuple[float, float]] = []
+        self._ranks, self._stop = ranks, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> CpuSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.25):
+            pids = self._ranks()
+            if len(pids) == WORLD:
+                self.samples.append((time.time(), sum(_cpu_seconds(p) for p in pids)))
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except FileNotFoundError:
+        return []
+
+
+def run_plain(case: Case, work: Path) -> Measured:
     out = work / "plain.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={WORLD}",
            f"--master-port={_free_port()}", __file__, "--plain", str(case.hidden), str(case.layers),
            str(case.steps), str(case.warmup), str(out)]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     out.unlink(missing_ok=True)
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with CpuSampler(lambda: _children(proc.pid)) as cpu:
+        stdout, stderr = proc.communicate()
+    done = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
     # The plain script may abort in destroy_process_group (gloo, "terminate called without an
     # active exception"): after its timed loop, and rank 0 has written its marks by then. A run
     # without its marks failed for real.
@@ -154,7 +229,7 @@ def run_plain(case: Case, work: Path) -> float:
         print(f"  (plain run exited {done.returncode} after writing its marks: "
               f"{(done.stderr.strip().splitlines() or [''])[0][:120]})", flush=True)
     marks = {int(k): v for k, v in json.loads(out.read_text())["marks"].items()}
-    return _window(marks, case)
+    return _window(marks, case, cpu.samples)
 
 
 def _spec(case: Case) -> dict[str, Any]:
@@ -171,7 +246,7 @@ def _spec(case: Case) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def run_disttrain(case: Case, work: Path, tag: str) -> float:
+def run_disttrain(case: Case, work: Path, tag: str) -> Measured:
     from disttrain_api import constants as C
     from disttrain_api.model import parse_spec, to_json
 
@@ -180,7 +255,8 @@ def run_disttrain(case: Case, work: Path, tag: str) -> float:
     config.write_text(json.dumps(to_json(parse_spec(_spec(case)))))
     run_dir = work / "runs" / job
     port = _free_port()
-    procs = []
+    procs: list[subprocess.Popen[bytes]] = []
+    logs = [work / f"{job}-rank{rank}.log" for rank in range(WORLD)]
     for rank in range(WORLD):
         env = {
             **os.environ,
@@ -190,14 +266,27 @@ def run_disttrain(case: Case, work: Path, tag: str) -> float:
             C.ENV_CHECKPOINT_DIR: str(work / "ckpt"), C.ENV_RUN_DIR: str(run_dir), C.ENV_METRICS_PORT: "0",
             C.ENV_DATA_CACHE: str(work / "data"), "OMP_NUM_THREADS": "1",
         }  # fmt: skip
-        procs.append(subprocess.Popen([sys.executable, "-m", "disttrain_trainer"], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))  # fmt: skip
-    outs = [p.communicate()[0] for p in procs]
+        with logs[rank].open("wb") as log:  # as launcher/gang.py starts a rank
+            procs.append(subprocess.Popen([sys.executable, "-m", "disttrain_trainer"], env=env, stdin=subprocess.DEVNULL,
+                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True))  # fmt: skip
+    try:
+        with CpuSampler(lambda: [p.pid for p in procs]) as cpu:
+            for p in procs:
+                p.wait()
+    finally:  # in their own sessions the ranks do not get the benchmark's Ctrl-C
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     if any(p.returncode for p in procs):
-        raise RuntimeError("disttrain trainer failed:\n" + "\n".join(o[-2000:] for o in outs))
+        raise RuntimeError("disttrain trainer failed:\n" + "\n".join(x.read_text()[-2000:] for x in logs))
     recs = [json.loads(x) for x in (run_dir / "metrics-rank0.jsonl").read_text().splitlines()]
     marks = {int(r["step"]): float(r["time"]) for r in recs if "event" not in r}
-    return _window(marks, case)
+    return _window(marks, case, cpu.samples)
+
+
+def _us(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.0f} us"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -221,13 +310,16 @@ def main(argv: list[str] | None = None) -> int:
             rows = []
             for r in range(ns.rounds):
                 order = ("plain", "disttrain") if r % 2 == 0 else ("disttrain", "plain")
-                got: dict[str, float] = {}
+                got: dict[str, Measured] = {}
                 for side in order:
                     got[side] = (run_plain(case, work) if side == "plain"
                                  else run_disttrain(case, work, f"{case.hidden}x{case.layers}-{r}"))  # fmt: skip
-                rows.append({**got, "ratio": got["disttrain"] / got["plain"], "load": os.getloadavg()[0]})
-                print(f"{case.name} round {r + 1}: plain {got['plain']:.0f} samples/s, disttrain "
-                      f"{got['disttrain']:.0f} samples/s, ratio {rows[-1]['ratio']:.3f} "
+                row = {side: m.samples_per_s for side, m in got.items()}
+                row |= {f"{side}_cpu_us_per_step": m.cpu_us_per_step for side, m in got.items()}
+                rows.append({**row, "ratio": row["disttrain"] / row["plain"], "load": os.getloadavg()[0]})
+                print(f"{case.name} round {r + 1}: plain {row['plain']:.0f} samples/s, disttrain "
+                      f"{row['disttrain']:.0f} samples/s, ratio {rows[-1]['ratio']:.3f}; CPU per step "
+                      f"{_us(row['plain_cpu_us_per_step'])} vs {_us(row['disttrain_cpu_us_per_step'])} "
                       f"(load {rows[-1]['load']:.1f})", flush=True)  # fmt: skip
             results["cases"][case.name] = rows
     results["load_after"] = os.getloadavg()
@@ -236,15 +328,20 @@ def main(argv: list[str] | None = None) -> int:
           f"global batch {BATCH}; {WORLD} gloo processes, 1 thread each; load average before "
           f"{results['load_before'][0]:.1f}, after {results['load_after'][0]:.1f}")  # fmt: skip
     print()
-    print("| model | round | plain torchrun + DDP (samples/s) | disttrain (samples/s) | ratio | load |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("| model | round | plain torchrun + DDP (samples/s) | disttrain (samples/s) | ratio "
+          "| CPU per step, plain / disttrain (both ranks) | load |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for name, rows in results["cases"].items():
         for i, row in enumerate(rows):
             print(f"| {name} | {i + 1} | {row['plain']:.0f} | {row['disttrain']:.0f} | {row['ratio']:.3f} "
+                  f"| {_us(row['plain_cpu_us_per_step'])} / {_us(row['disttrain_cpu_us_per_step'])} "
                   f"| {row['load']:.1f} |")  # fmt: skip
         med = statistics.median(r["ratio"] for r in rows)
         verdict = "met" if med >= TARGET else "MISSED"
-        print(f"| {name} | median | | | {med:.3f} | target >= {TARGET}: {verdict} |")
+        cpu = [r["disttrain_cpu_us_per_step"] / r["plain_cpu_us_per_step"] for r in rows
+               if r["plain_cpu_us_per_step"] and r["disttrain_cpu_us_per_step"]]  # fmt: skip
+        cpu_ratio = f"CPU per step disttrain/plain {statistics.median(cpu):.3f}" if cpu else ""
+        print(f"| {name} | median | | | {med:.3f} | {cpu_ratio} | target >= {TARGET}: {verdict} |")
     if ns.json:
         Path(ns.json).write_text(json.dumps(results, indent=2) + "\n")
     return 0
