@@ -36,6 +36,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from proc_stats import cpu_seconds, peak_rss_mb
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "operator"))
 
@@ -52,18 +54,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def proc_cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def proc_peak_rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def scrape_sum(text: str, name: str) -> float:
@@ -247,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         watcher = threading.Thread(target=watch_pods, daemon=True)
         watcher.start()
         time.sleep(1.0)
-        cpu0, api0, t0 = proc_cpu_s(op.pid), apiserver_requests(), time.monotonic()
+        cpu0, api0, t0 = cpu_seconds(op.pid), apiserver_requests(), time.monotonic()
         names = [f"scale-{i:03d}" for i in range(args.jobs)]
 
         def apply(name: str) -> None:
@@ -272,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
                 break
             time.sleep(2.0)
         succeeded_s = time.monotonic() - t0
-        cpu_s = proc_cpu_s(op.pid) - cpu0
+        cpu_s = cpu_seconds(op.pid) - cpu0
         api_total = apiserver_requests() - api0
         text = op_metrics()
         op_requests = scrape_sum(text, "disttrain_operator_api_requests_total")
@@ -297,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
             "jobs_succeeded": done,
             "all_succeeded_s": round(succeeded_s, 1),
             "operator_cpu_s": round(cpu_s, 1),
-            "operator_peak_rss_mb": round(proc_peak_rss_mb(op.pid), 1),
+            "operator_peak_rss_mb": round(peak_rss_mb(op.pid), 1),
             "operator_requests_per_job": round(op_requests / args.jobs, 1),
             "reconciles_per_job": round(reconciles / args.jobs, 1),
             "reconcile_mean_s": round(reconcile_total_s / max(reconciles, 1), 3),

@@ -41,6 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from proc_stats import children, cpu_seconds
+
 TARGET = 0.97
 WORLD = 2
 
@@ -165,16 +167,12 @@ def _step_at(marks: dict[int, float], t: float) -> float:
     raise ValueError(f"time {t} is outside the marks")
 
 
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
 def _cpu_seconds(pid: int) -> float:
-    """User + system CPU of one process (all its threads), 0 once it is gone."""
+    """0 once the process is gone: after the timed window, which is all that is read."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return cpu_seconds(pid)
     except (FileNotFoundError, ProcessLookupError):
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / _TICK
 
 
 class CpuSampler:
@@ -201,13 +199,6 @@ class CpuSampler:
                 self.samples.append((time.time(), sum(_cpu_seconds(p) for p in pids)))
 
 
-def _children(pid: int) -> list[int]:
-    try:
-        return [int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except FileNotFoundError:
-        return []
-
-
 def run_plain(case: Case, work: Path) -> Measured:
     out = work / "plain.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={WORLD}",
@@ -216,7 +207,7 @@ def run_plain(case: Case, work: Path) -> Measured:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     out.unlink(missing_ok=True)
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    with CpuSampler(lambda: _children(proc.pid)) as cpu:
+    with CpuSampler(lambda: children(proc.pid)) as cpu:
         stdout, stderr = proc.communicate()
     done = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
     # The plain script may abort in destroy_process_group (gloo, "terminate called without an
