@@ -21,7 +21,7 @@ CPU time its ranks spent per step inside the window (user + system, both ranks, 
 /proc while it runs): on 2 cores both sides keep every core busy, so a side that needs more
 CPU per step is slower, and this figure says so with less noise than the throughput.
 
-    .venv/bin/python benchmarks/vs_torchrun.py [--rounds 3] [--json out.json]
+    .venv/bin/python benchmarks/vs_torchrun.py [--rounds 5] [--json out.json]
 """
 
 from __future__ import annotations
@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         plain_worker(int(h), int(layers), int(steps), int(warmup), out)
         return 0
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--json", default=None)
     p.add_argument("--case", action="append", choices=sorted({c.name.split()[0] for c in CASES}),
                    help="only the case(s) whose name starts with this (default: both)")

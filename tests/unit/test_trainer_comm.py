@@ -52,3 +52,14 @@ def test_a_merge_settles_both_sides_and_work_with_nothing_measured_is_compute() 
     interval.add_step(t0=0.0, t1=0.0, t2=1.0, end=1.0, exposed_s=None, busy_s=None, idle_s=0.0, samples=1)
     run.merge(interval)
     assert (run.compute_s, run.exposed_s, run.busy_s, run.unmeasured_work_s) == (1.0, 0.0, 0.0, 0.0)
+
+
+def test_a_cpu_loop_reads_the_comm_timer_on_a_sample_of_steps_and_every_interval_end() -> None:
+    from disttrain_trainer.train import CPU_COMM_SAMPLE_EVERY, measures_comm  # noqa: PLC0415 - imports torch
+
+    def read(cuda: bool) -> list[int]:
+        return [s for s in range(1, 36) if measures_comm(s, log_every=15, steps=35, cuda=cuda)]
+
+    assert CPU_COMM_SAMPLE_EVERY == 10  # the figures below assume it
+    assert read(cuda=False) == [10, 15, 20, 30, 35]  # every 10th, each interval's last, the run's last
+    assert read(cuda=True) == [15, 30, 35]  # a GPU loop that runs ahead reads interval ends only

@@ -3,8 +3,9 @@ with metrics and checkpoints (pipeline layouts: pipeline_train.py).
 
 Time per step is split four ways and measured, not estimated (see disttrain_api.metric_names):
   data          = fetching this rank's rows from the shards and moving them to the device;
-  comm exposed  = the step waiting on communication nothing overlapped (DDP's reducer timer; for a
-                  sharded model, the profiler's collective events: parallel/comm_profile.py);
+  comm exposed  = the step waiting on communication nothing overlapped (DDP's reducer timer, read
+                  on a sample of steps: `measures_comm`; for a sharded model, the profiler's
+                  collective events: parallel/comm_profile.py);
   compute       = the forward/backward/optimizer window minus the exposed communication;
   idle          = waiting while rank 0 evaluates or snapshots a checkpoint alone (timed up to a barrier).
 Busy communication (a collective in flight, overlapped or not) is reported beside them.
@@ -45,6 +46,8 @@ from .optim import build_optimizer, build_scheduler
 from .precision import Amp, make_amp
 
 EVAL_BATCH = 512
+# On a CPU, the steps whose communication is read from DDP's timer (besides each log interval's last).
+CPU_COMM_SAMPLE_EVERY = 10
 # evaluate() names its figure like the metrics log does; the summary speaks the API's camelCase.
 SUMMARY_EVAL_KEY = {"test_accuracy": "testAccuracy", "val_loss": "valLoss"}
 
@@ -328,6 +331,13 @@ def _evaluate_run(run: Run) -> tuple[str, float] | None:
     return result
 
 
+def measures_comm(step: int, *, log_every: int, steps: int, cuda: bool) -> bool:
+    """Whether the loop reads DDP's communication timer on `step` (see `_loop`): the last step of
+    each log interval, and on a CPU also every CPU_COMM_SAMPLE_EVERY-th step."""
+    ends_interval = step % log_every == 0 or step == steps
+    return ends_interval or (not cuda and step % CPU_COMM_SAMPLE_EVERY == 0)
+
+
 def _loop(run: Run) -> dict[str, Any]:
     spec, ctx, metrics = run.cfg.spec, run.ctx, run.metrics
     tr = spec.training
@@ -351,10 +361,10 @@ def _loop(run: Run) -> dict[str, Any]:
     # each log interval (its communication is measured: DDP's CUDA timer reads events), the
     # step before it (so the measured step starts with an idle queue), and a step followed by
     # evaluation or a checkpoint. In between, the host runs ahead and the GPU never starves;
-    # those steps' work is split like the measured step's (Tally.settle). On a CPU every step
-    # is measured: nothing runs ahead there.
-    sampled = cuda and isinstance(comm, parallel.CommClock)
-
+    # those steps' work is split like the measured steps' (Tally.settle). On a CPU the loop
+    # reads DDP's timer on every CPU_COMM_SAMPLE_EVERY-th step and the last of each interval:
+    # a read costs 10-25 us of host time, a few percent of a small model's step.
+    sampled = isinstance(comm, parallel.CommClock)
     def ends_interval(step: int) -> bool:
         return step % log_every == 0 or step == tr.steps
 
@@ -365,7 +375,7 @@ def _loop(run: Run) -> dict[str, Any]:
                 step = run.step + 1
                 evaluate_now = bool(eval_every) and step % eval_every == 0 and step < tr.steps
                 checkpoint_now = step % ckpt_every == 0 and step < tr.steps  # the final one: `run`, with the summary
-                measured = not sampled or ends_interval(step)
+                measured = not sampled or measures_comm(step, log_every=log_every, steps=tr.steps, cuda=cuda)
                 if sampled:
                     comm.measure_next(measured)  # type: ignore[union-attr]
                 t0 = time.perf_counter()
@@ -387,7 +397,7 @@ def _loop(run: Run) -> dict[str, Any]:
                     eval_result = _between_steps(run, evaluate_now=evaluate_now, checkpoint_now=checkpoint_now) or eval_result
                     idle = time.perf_counter() - ti
                 end = time.perf_counter()
-                if measured:
+                if measured or not cuda:  # a CPU step's wall time is its own, measured or not
                     metrics.observe_step_time(end - t0)
                 interval.add_step(t0=t0, t1=t1, t2=t2, end=end, exposed_s=exposed, busy_s=busy, idle_s=idle,
                                   samples=res.samples)  # fmt: skip
