@@ -18,8 +18,9 @@ step `steps - warmup`, on rank 0, the same window on both sides (startup, the fi
 checkpoint and evaluation excluded on both). Runs alternate plain/disttrain per round so
 load drift hits both alike; every round prints both and the ratio. Each run also reports the
 CPU time its ranks spent per step inside the window (user + system, both ranks, read from
-/proc while it runs): on 2 cores both sides keep every core busy, so a side that needs more
-CPU per step is slower, and this figure says so with less noise than the throughput.
+/proc while it runs): on 2 cores both sides keep the cores about 70% busy, so a side that needs
+more CPU per step is mostly slower, and this figure shows it with less noise than the throughput
+(the rest of a step is wake-up latency between the ranks' and gloo's threads).
 
     .venv/bin/python benchmarks/vs_torchrun.py [--rounds 5] [--json out.json]
 """

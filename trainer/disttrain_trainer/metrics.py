@@ -19,6 +19,12 @@ from typing import Any
 from disttrain_api import metric_names as names
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+
+def ends_interval(step: int, *, log_every: int, steps: int) -> bool:
+    """Whether `step` is the last of a log interval (the run's last step ends one too)."""
+    return step % log_every == 0 or step == steps
+
+
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 

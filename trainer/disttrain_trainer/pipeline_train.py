@@ -49,7 +49,7 @@ from .config import ConfigError, TrainerConfig
 from .data import Dataset, GlobalBatchSampler
 from .dist_env import DistContext
 from .loop_gc import LoopGC
-from .metrics import Metrics, Tally
+from .metrics import Metrics, Tally, ends_interval
 from .model_flops import throughput_fields
 from .optim import build_optimizer, build_scheduler
 from .parallel.blocks import block_state, load_block_state, split_blocks
@@ -342,7 +342,7 @@ def loop(run: PipeRun, amp: Amp) -> dict[str, Any]:
             run.peak_bytes = max(run.peak_bytes, out.act_peak_bytes)
             run.bubble["bubble"] += times.bubble_s
             run.bubble["window"] += times.window_s
-            if run.step % tr.log_interval_steps == 0 or run.step == tr.steps:
+            if ends_interval(run.step, log_every=tr.log_interval_steps, steps=tr.steps):
                 lr = run.scheduler.get_last_lr()[0]
                 loss = float(np.mean(losses))
                 run.metrics.observe_interval(

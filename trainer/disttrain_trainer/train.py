@@ -39,7 +39,7 @@ from .config import SUMMARY_FILE, ConfigError, TrainerConfig, finished_path
 from .data import Dataset, GlobalBatchSampler, load_dataset
 from .dist_env import DistContext, cleanup, finish, init_distributed, keep_until_exit
 from .loop_gc import LoopGC
-from .metrics import Metrics, Tally
+from .metrics import Metrics, Tally, ends_interval
 from .model_flops import throughput_fields
 from .models import build_model, resolve
 from .optim import build_optimizer, build_scheduler
@@ -334,8 +334,7 @@ def _evaluate_run(run: Run) -> tuple[str, float] | None:
 def measures_comm(step: int, *, log_every: int, steps: int, cuda: bool) -> bool:
     """Whether the loop reads DDP's communication timer on `step` (see `_loop`): the last step of
     each log interval, and on a CPU also every CPU_COMM_SAMPLE_EVERY-th step."""
-    ends_interval = step % log_every == 0 or step == steps
-    return ends_interval or (not cuda and step % CPU_COMM_SAMPLE_EVERY == 0)
+    return ends_interval(step, log_every=log_every, steps=steps) or (not cuda and step % CPU_COMM_SAMPLE_EVERY == 0)
 
 
 def _loop(run: Run) -> dict[str, Any]:
@@ -365,8 +364,9 @@ def _loop(run: Run) -> dict[str, Any]:
     # reads DDP's timer on every CPU_COMM_SAMPLE_EVERY-th step and the last of each interval:
     # a read costs 10-25 us of host time, a few percent of a small model's step.
     sampled = isinstance(comm, parallel.CommClock)
-    def ends_interval(step: int) -> bool:
-        return step % log_every == 0 or step == tr.steps
+
+    def last_of_interval(step: int) -> bool:
+        return ends_interval(step, log_every=log_every, steps=tr.steps)
 
     start = time.perf_counter()
     try:
@@ -383,7 +383,7 @@ def _loop(run: Run) -> dict[str, Any]:
                 t1 = time.perf_counter()
                 res = step_fn(run.model, micro, loss_fn=loss_fn, optimizer=run.optimizer,
                               scheduler=run.scheduler, amp=run.amp)  # fmt: skip
-                if cuda and (measured or ends_interval(step + 1) or evaluate_now or checkpoint_now):
+                if cuda and (measured or last_of_interval(step + 1) or evaluate_now or checkpoint_now):
                     torch.cuda.synchronize(ctx.device)
                 t2 = time.perf_counter()
                 c = no_comm if comm is None else comm.take() if measured else None
@@ -401,7 +401,7 @@ def _loop(run: Run) -> dict[str, Any]:
                     metrics.observe_step_time(end - t0)
                 interval.add_step(t0=t0, t1=t1, t2=t2, end=end, exposed_s=exposed, busy_s=busy, idle_s=idle,
                                   samples=res.samples)  # fmt: skip
-                if ends_interval(run.step):
+                if last_of_interval(run.step):
                     _log_interval(run, interval, losses, grad_bytes, dp)
                     run.totals.merge(interval)
                     interval, losses = Tally(), []

@@ -21,6 +21,7 @@ from disttrain_api.model import JobSpec
 from torch import nn
 
 from ..data import Dataset, GlobalBatchSampler
+from ..metrics import ends_interval
 from ..precision import make_amp
 from . import shards as shardmap
 from .psmetrics import WorkerMetrics, WorkerTally
@@ -188,7 +189,7 @@ class Worker:
             interval.compute_s += t3 - t2
             interval.step_s += end - t0
             self.metrics.observe_iteration(end - t0)
-            if self.step % tr.log_interval_steps == 0 or self.step == tr.steps:
+            if ends_interval(self.step, log_every=tr.log_interval_steps, steps=tr.steps):
                 self.metrics.observe(self.step, interval)
                 self.totals.merge(interval)
                 interval = WorkerTally()
