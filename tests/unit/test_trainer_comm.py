@@ -63,3 +63,24 @@ def test_a_cpu_loop_reads_the_comm_timer_on_a_sample_of_steps_and_every_interval
     assert CPU_COMM_SAMPLE_EVERY == 10  # the figures below assume it
     assert read(cuda=False) == [10, 15, 20, 30, 35]  # every 10th, each interval's last, the run's last
     assert read(cuda=True) == [15, 30, 35]  # a GPU loop that runs ahead reads interval ends only
+
+
+def test_fold_steps_adds_an_intervals_records_to_the_tally_and_the_timed_ones_to_the_histogram() -> None:
+    from disttrain_api import metric_names as names
+    from disttrain_trainer.metrics import Metrics, fold_steps
+
+    m = Metrics(job="j", rank=0, mode="data", port=0, run_dir=None)
+    records = [
+        (0.0, 0.5, 3.5, 4.0, 1.0, 2.0, 0.0, 4, True),  # measured, timed
+        (4.0, 4.5, 6.5, 7.0, None, None, 0.0, 4, False),  # neither (a GPU step the loop ran ahead of)
+        (7.0, 7.5, 9.5, 10.5, None, None, 0.5, 4, True),  # not measured, timed (a CPU step)
+    ]
+    t = Tally()
+    fold_steps(records, t, m)
+    assert records == []  # the next interval starts empty
+    assert (t.steps, t.samples, t.step_s, t.data_s, t.idle_s) == (3, 12, 10.5, 1.5, 0.5)
+    t.settle()  # 4 s of unmeasured work, split like the measured 3 s: a third exposed, two thirds busy
+    assert t.exposed_s == pytest.approx(1.0 + 4.0 / 3) and t.busy_s == pytest.approx(2.0 + 8.0 / 3)
+    labels = {names.LABEL_JOB: "j", names.LABEL_NAMESPACE: "default", names.LABEL_RANK: "0", names.LABEL_MODE: "data"}
+    assert m.registry.get_sample_value(names.STEP_SECONDS + "_count", labels) == 2
+    assert m.registry.get_sample_value(names.STEP_SECONDS + "_sum", labels) == pytest.approx(4.0 + 3.5)

@@ -2,10 +2,11 @@
 
 Labels: metric_names.SERIES_LABELS (dtjob/namespace/rank/mode). A step's wall time splits
 into data + compute + exposed communication + idle (definitions in disttrain_api.metric_names);
-busy communication is reported beside them. The step loop only adds floats into a `Tally` per
-step; Prometheus series and the JSON-lines record are updated once per log interval, so the
-bookkeeping stays off the per-step path. Each rank uses its own CollectorRegistry so several
-ranks can share a process in tests without clashing.
+busy communication is reported beside them. The data/tensor loop only records each step's
+times (a tuple); they are folded into a `Tally` and the step-time histogram, and the Prometheus
+series and the JSON-lines record updated, once per log interval, so the bookkeeping stays off
+the per-step path (`fold_steps`). Each rank uses its own CollectorRegistry so several ranks can
+share a process in tests without clashing.
 """
 
 from __future__ import annotations
@@ -107,6 +108,26 @@ class Tally:
             "comm_busy_fraction": self.fraction(self.busy_s),
             "idle_fraction": self.fraction(self.idle_s),
         }
+
+
+# One step's raw figures as the loop records them: t0, t1, t2, end, exposed_s, busy_s, idle_s,
+# samples (Tally.add_step's arguments), and whether its wall time goes into the histogram.
+StepRecord = tuple[float, float, float, float, float | None, float | None, float, int, bool]
+
+
+def fold_steps(records: list[StepRecord], tally: Tally, metrics: Metrics) -> None:
+    """Add the recorded steps into `tally` and the step-time histogram, then forget them.
+
+    The loop appends one tuple per step and folds once per log interval: inside a step a
+    Tally update and a histogram observation cost about 7 us of a digits MLP's 0.8 ms step
+    (the step's own work has evicted their code and data from the caches; alone they take
+    1.3 us), a tuple append next to nothing; folded together they run warm."""
+    for t0, t1, t2, end, exposed_s, busy_s, idle_s, samples, timed in records:
+        if timed:
+            metrics.observe_step_time(end - t0)
+        tally.add_step(t0=t0, t1=t1, t2=t2, end=end, exposed_s=exposed_s, busy_s=busy_s, idle_s=idle_s,
+                       samples=samples)  # fmt: skip
+    records.clear()
 
 
 class Metrics:

@@ -39,7 +39,7 @@ from .config import SUMMARY_FILE, ConfigError, TrainerConfig, finished_path
 from .data import Dataset, GlobalBatchSampler, load_dataset
 from .dist_env import DistContext, cleanup, finish, init_distributed, keep_until_exit
 from .loop_gc import LoopGC
-from .metrics import Metrics, Tally, ends_interval
+from .metrics import Metrics, StepRecord, Tally, ends_interval, fold_steps
 from .model_flops import throughput_fields
 from .models import build_model, resolve
 from .optim import build_optimizer, build_scheduler
@@ -353,6 +353,8 @@ def _loop(run: Run) -> dict[str, Any]:
     ckpt_every, eval_every, log_every = spec.checkpoint.interval_steps, tr.eval_interval_steps, tr.log_interval_steps
     no_comm = parallel.CommTimes(busy_s=0.0, exposed_s=0.0)
     interval = Tally()
+    steps: list[StepRecord] = []  # this interval's steps, folded into `interval` at its end
+    record = steps.append
     losses: list[torch.Tensor] = []  # this interval's losses, on the device until the log
     last_loss: torch.Tensor | None = None
     eval_result: tuple[str, float] | None = None
@@ -397,11 +399,10 @@ def _loop(run: Run) -> dict[str, Any]:
                     eval_result = _between_steps(run, evaluate_now=evaluate_now, checkpoint_now=checkpoint_now) or eval_result
                     idle = time.perf_counter() - ti
                 end = time.perf_counter()
-                if measured or not cuda:  # a CPU step's wall time is its own, measured or not
-                    metrics.observe_step_time(end - t0)
-                interval.add_step(t0=t0, t1=t1, t2=t2, end=end, exposed_s=exposed, busy_s=busy, idle_s=idle,
-                                  samples=res.samples)  # fmt: skip
+                # A CPU step's wall time is its own, measured or not; a GPU step's only when it waited.
+                record((t0, t1, t2, end, exposed, busy, idle, res.samples, measured or not cuda))
                 if last_of_interval(run.step):
+                    fold_steps(steps, interval, metrics)
                     _log_interval(run, interval, losses, grad_bytes, dp)
                     run.totals.merge(interval)
                     interval, losses = Tally(), []
