@@ -269,6 +269,5 @@ def observe_single_step(m: Metrics, *, step: int, loss: float, lr: float, sample
     """One step observed as its own log interval, communication not overlapped (exposed = busy):
     for tools and tests that feed Metrics without the training loop."""
     t = Tally()
-    t.add_step(t0=t0, t1=t1, t2=t2, end=end, exposed_s=comm_s, busy_s=comm_s, idle_s=0.0, samples=samples)
-    m.observe_step_time(end - t0)
+    fold_steps([(t0, t1, t2, end, comm_s, comm_s, 0.0, samples, True)], t, m)
     m.observe_interval(step=step, loss=loss, lr=lr, tally=t, gradient_bytes=comm_bytes)
