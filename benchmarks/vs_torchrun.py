@@ -7,7 +7,8 @@ compute thread per process, gloo on CPU:
 
   plain:     `python -m torch.distributed.run --nproc-per-node 2 vs_torchrun.py --plain ...`
              runs `plain_worker` below: tensors in memory, a seeded permutation per epoch,
-             DDP as it comes, the loss read once per log interval.
+             DDP as it comes, torch's default SGD, the loss read once per log interval
+             (`--plain-optimizer fused`: torch's fused SGD kernel, which the trainer takes on a CPU).
   disttrain: `python -m disttrain_trainer` x 2 with the env contract `disttrain local` sets,
              started as `disttrain local` starts them (each rank in its own session, its
              output to a log file), metrics on (Prometheus registry, JSON lines every log
@@ -22,7 +23,7 @@ CPU time its ranks spent per step inside the window (user + system, both ranks, 
 more CPU per step is mostly slower, and this figure shows it with less noise than the throughput
 (the rest of a step is wake-up latency between the ranks' and gloo's threads).
 
-    .venv/bin/python benchmarks/vs_torchrun.py [--rounds 5] [--json out.json]
+    .venv/bin/python benchmarks/vs_torchrun.py [--rounds 5] [--json out.json] [--plain-optimizer fused]
 """
 
 from __future__ import annotations
@@ -70,8 +71,9 @@ LR, MOMENTUM, WEIGHT_DECAY, WARMUP_LR_STEPS = 0.1, 0.9, 1e-4, 30
 # ---------------------------------------------------------------- the user's script
 
 
-def plain_worker(hidden: int, layers: int, steps: int, warmup: int, out: str) -> None:
-    """A plain torchrun + DDP training loop, written as a user would write it."""
+def plain_worker(hidden: int, layers: int, steps: int, warmup: int, out: str, fused: bool = False) -> None:
+    """A plain torchrun + DDP training loop, written as a user would write it (`fused`: with
+    torch's fused SGD kernel, as disttrain's trainer takes it on a CPU)."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -97,7 +99,8 @@ def plain_worker(hidden: int, layers: int, steps: int, warmup: int, out: str) ->
         nn.Linear(hidden, 10),
     )
     ddp = DDP(model)
-    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY)
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY,
+                          **({"fused": True} if fused else {}))  # fmt: skip
 
     def lr_lambda(step: int) -> float:
         if step < WARMUP_LR_STEPS:
@@ -200,11 +203,11 @@ class CpuSampler:
                 self.samples.append((time.time(), sum(_cpu_seconds(p) for p in pids)))
 
 
-def run_plain(case: Case, work: Path) -> Measured:
+def run_plain(case: Case, work: Path, *, fused: bool = False) -> Measured:
     out = work / "plain.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={WORLD}",
            f"--master-port={_free_port()}", __file__, "--plain", str(case.hidden), str(case.layers),
-           str(case.steps), str(case.warmup), str(out)]  # fmt: skip
+           str(case.steps), str(case.warmup), str(out), *(["--fused"] if fused else [])]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     out.unlink(missing_ok=True)
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -285,15 +288,18 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--plain":  # re-invoked by torchrun as the user's script
         h, layers, steps, warmup, out = argv[1:6]
-        plain_worker(int(h), int(layers), int(steps), int(warmup), out)
+        plain_worker(int(h), int(layers), int(steps), int(warmup), out, fused="--fused" in argv[6:])
         return 0
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--json", default=None)
+    p.add_argument("--plain-optimizer", choices=("default", "fused"), default="default",
+                   help="the plain script's SGD: torch's default (a per-parameter loop on a CPU, what a "
+                        "script gets unless it asks) or its fused kernel (what disttrain's trainer takes)")
     p.add_argument("--case", action="append", choices=sorted({c.name.split()[0] for c in CASES}),
                    help="only the case(s) whose name starts with this (default: both)")
     ns = p.parse_args(argv)
-    results: dict[str, Any] = {"load_before": os.getloadavg(), "cases": {}}
+    results: dict[str, Any] = {"load_before": os.getloadavg(), "plain_optimizer": ns.plain_optimizer, "cases": {}}
     with tempfile.TemporaryDirectory(prefix="disttrain-vs-torchrun-") as tmp:
         work = Path(tmp)
         # Pack the digits shards once, outside the timed runs.
@@ -304,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
                 order = ("plain", "disttrain") if r % 2 == 0 else ("disttrain", "plain")
                 got: dict[str, Measured] = {}
                 for side in order:
-                    got[side] = (run_plain(case, work) if side == "plain"
+                    got[side] = (run_plain(case, work, fused=ns.plain_optimizer == "fused") if side == "plain"
                                  else run_disttrain(case, work, f"{case.hidden}x{case.layers}-{r}"))  # fmt: skip
                 row = {side: m.samples_per_s for side, m in got.items()}
                 row |= {f"{side}_cpu_us_per_step": m.cpu_us_per_step for side, m in got.items()}
@@ -318,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(f"steps {', '.join(f'{c.name}: {c.steps} (window {c.warmup}..{c.steps - c.warmup})' for c in CASES)}; "
           f"global batch {BATCH}; {WORLD} gloo processes, 1 thread each; load average before "
-          f"{results['load_before'][0]:.1f}, after {results['load_after'][0]:.1f}")  # fmt: skip
+          f"{results['load_before'][0]:.1f}, after {results['load_after'][0]:.1f}; the plain script's SGD: "
+          f"{ns.plain_optimizer}")  # fmt: skip
     print()
     print("| model | round | plain torchrun + DDP (samples/s) | disttrain (samples/s) | ratio "
           "| CPU per step, plain / disttrain (both ranks) | load |")

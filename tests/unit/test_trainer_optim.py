@@ -1,13 +1,25 @@
-"""The large-batch lr rule (Goyal et al.): scaling, gradual warmup, decay — checked at chosen steps."""
+"""The large-batch lr rule (Goyal et al.): scaling, gradual warmup, decay — checked at chosen steps;
+the optimizers and the kernel that updates them."""
 
 from __future__ import annotations
 
+import copy
 import math
+from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 from disttrain_api.model import OptimizerSpec
-from disttrain_trainer.optim import build_optimizer, build_scheduler, lr_at, peak_lr
+from disttrain_trainer.optim import (
+    build_optimizer,
+    build_scheduler,
+    fused_supported,
+    lr_at,
+    peak_lr,
+)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Shard, distribute_tensor
 
 
 def opt(**kw) -> OptimizerSpec:  # noqa: ANN003
@@ -84,3 +96,60 @@ def test_optimizer_names(name: str, cls: type) -> None:
     assert isinstance(
         build_optimizer([torch.nn.Parameter(torch.zeros(1))], opt(name=name), 256), cls
     )
+
+
+@pytest.mark.parametrize("name", ["sgd", "adam", "adamw"])
+def test_plain_parameters_get_the_fused_kernel_and_train_like_the_default(name: str) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    twin = copy.deepcopy(model)
+    fused = build_optimizer(model.parameters(), opt(name=name, momentum=0.9, weight_decay=1e-4), 256)
+    g = fused.param_groups[0]
+    default = type(fused)(twin.parameters(), lr=g["lr"], weight_decay=g["weight_decay"],
+                          **({"momentum": 0.9} if name == "sgd" else {}))  # fmt: skip
+    assert g["fused"] is True and not default.param_groups[0]["fused"]
+    x, y = torch.randn(32, 8), torch.randint(0, 3, (32,))
+    for _ in range(20):
+        for m, o in ((model, fused), (twin, default)):
+            o.zero_grad()
+            torch.nn.functional.cross_entropy(m(x), y).backward()
+            o.step()
+    for p, q in zip(model.parameters(), twin.parameters(), strict=True):
+        assert torch.allclose(p, q, atol=1e-6)
+
+
+def test_a_loaded_state_keeps_the_kernel_chosen_for_the_parameters() -> None:
+    p = torch.nn.Parameter(torch.ones(4))
+    fused = build_optimizer([p], opt(name="adamw"), 256)
+    default = torch.optim.AdamW([torch.nn.Parameter(torch.ones(4))], lr=1e-3)
+    default.zero_grad()
+    default.param_groups[0]["params"][0].sum().backward()
+    default.step()
+    saved = default.state_dict()
+    fused.load_state_dict(saved)
+    assert fused.param_groups[0]["fused"] is True
+    assert saved["param_groups"][0]["fused"] is None  # the caller's dict is left as it was
+    p.sum().backward()
+    fused.step()  # the loaded step count works with the fused kernel
+    assert int(fused.state[p]["step"]) == 2
+    back = torch.optim.AdamW([torch.nn.Parameter(torch.ones(4))], lr=1e-3)
+    back.load_state_dict(fused.state_dict())  # and a default optimizer loads a fused one's state
+    assert int(back.state[back.param_groups[0]["params"][0]]["step"]) == 2
+
+
+def test_fused_only_where_every_parameter_has_a_fused_kernel(tmp_path: Path) -> None:
+    assert fused_supported([torch.nn.Parameter(torch.zeros(2)), torch.zeros(3)])
+    assert not fused_supported([torch.nn.Parameter(torch.zeros(2)), torch.zeros(2, dtype=torch.int64)])
+    assert not fused_supported([])
+    # Sharded (DTensor) parameters keep the default kernel: fused SGD has no DTensor rule.
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        sharded = torch.nn.Parameter(distribute_tensor(torch.zeros(4), mesh, [Shard(0)]))
+        assert not fused_supported([sharded])
+        optimizer = build_optimizer([sharded], opt(name="sgd", momentum=0.9), 256)
+        assert not optimizer.param_groups[0]["fused"]
+        sharded.grad = distribute_tensor(torch.ones(4), mesh, [Shard(0)])
+        optimizer.step()
+    finally:
+        dist.destroy_process_group()
