@@ -151,5 +151,11 @@ def test_fused_only_where_every_parameter_has_a_fused_kernel(tmp_path: Path) -> 
         assert not optimizer.param_groups[0]["fused"]
         sharded.grad = distribute_tensor(torch.ones(4), mesh, [Shard(0)])
         optimizer.step()
+        # A loaded state (here a fused optimizer's) leaves both flags unset, so torch keeps
+        # choosing its default kernel (foreach on CUDA), not its slowest per-parameter loop.
+        fused = build_optimizer([torch.nn.Parameter(torch.zeros(4))], opt(name="sgd", momentum=0.9), 256)
+        assert fused.param_groups[0]["fused"] is True
+        optimizer.load_state_dict(fused.state_dict())
+        assert optimizer.param_groups[0]["fused"] is None and optimizer.param_groups[0]["foreach"] is None
     finally:
         dist.destroy_process_group()

@@ -10,7 +10,6 @@ step (x0.1 at 50% and 75% of the decay phase, floored at the minimum) or none.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -63,17 +62,18 @@ def build_optimizer(params: Iterable[torch.Tensor], opt: OptimizerSpec, batch_si
     """The spec's optimizer over `params`, with torch's fused kernel wherever every parameter allows it."""
     params = list(params)
     lr = peak_lr(opt, batch_size)
-    impl = {"fused": True} if fused_supported(params) else {}
+    # None, not False, elsewhere: torch then picks its default kernel (foreach on CUDA).
+    fused = True if fused_supported(params) else None
     if opt.name == "sgd":
         built: torch.optim.Optimizer = torch.optim.SGD(params, lr=lr, momentum=opt.momentum,
-                                                       weight_decay=opt.weight_decay, **impl)  # fmt: skip
+                                                       weight_decay=opt.weight_decay, fused=fused)  # fmt: skip
     elif opt.name == "adam":
-        built = torch.optim.Adam(params, lr=lr, weight_decay=opt.weight_decay, **impl)
+        built = torch.optim.Adam(params, lr=lr, weight_decay=opt.weight_decay, fused=fused)
     elif opt.name == "adamw":
-        built = torch.optim.AdamW(params, lr=lr, weight_decay=opt.weight_decay, **impl)
+        built = torch.optim.AdamW(params, lr=lr, weight_decay=opt.weight_decay, fused=fused)
     else:
         raise ValueError(f"optimizer.name {opt.name!r} must be sgd, adam or adamw")
-    built.register_load_state_dict_pre_hook(functools.partial(_keep_implementation, impl=impl))
+    built.register_load_state_dict_pre_hook(_keep_implementation)
     return built
 
 
@@ -93,13 +93,15 @@ def fused_supported(params: Sequence[torch.Tensor]) -> bool:
     )
 
 
-def _keep_implementation(_optimizer: torch.optim.Optimizer, state: dict[str, Any], *,
-                         impl: dict[str, bool]) -> dict[str, Any]:  # fmt: skip
+def _keep_implementation(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> dict[str, Any] | None:
     """A saved state dict carries the saving optimizer's `fused`/`foreach` flags, and loading it
-    would switch the kernel (a checkpoint may come from another layout or version). Set before
-    the load, the flags chosen for these parameters also decide where torch puts the loaded
-    state (a fused Adam keeps its step counts on the parameters' device)."""
-    groups = [{**g, "fused": impl.get("fused", False), "foreach": None} for g in state["param_groups"]]
+    would switch the kernel (a checkpoint may come from another layout or version). The flags
+    this optimizer was built with replace them before the load, so they also decide where torch
+    puts the loaded state (a fused Adam keeps its step counts on the parameters' device)."""
+    own, saved = optimizer.param_groups, state["param_groups"]
+    if len(own) != len(saved):
+        return None  # torch's load rejects the state with its own message
+    groups = [{**g, "fused": o["fused"], "foreach": o["foreach"]} for o, g in zip(own, saved, strict=True)]
     return {**state, "param_groups": groups}
 
 
