@@ -44,9 +44,9 @@ def trimmed_mean(x: torch.Tensor, fraction: float) -> torch.Tensor:
 def krum_scores(x: torch.Tensor, byzantine: int) -> torch.Tensor:
     """Each row's Krum score: the sum of its squared distances to its n - f - 2 nearest other rows."""
     n = x.shape[0]
-    closest = n - byzantine - 2
-    if closest < 1:
+    if n < 2 * byzantine + 3:
         raise ValueError(f"Krum with f = {byzantine} needs n > 2f + 2 updates, got {n}")
+    closest = n - byzantine - 2
     # float64: a score sums many squared differences, and ties must be real ties.
     d = torch.cdist(x.double(), x.double()).square()
     d.fill_diagonal_(math.inf)  # a row is not its own neighbour
