@@ -49,6 +49,7 @@ class Scenario:
     answered: int  # masked inputs in the sum (U3)
     unmasked_dropped: int  # U2 - U3: clients whose pairwise masks were rebuilt from shares
     abandoned: str | None = None  # the counted reason, when the round cannot be published
+    lying_u2: bool = False  # the aggregator names U1 as U2 (the clients must refuse to mask)
 
 
 SCENARIOS = {
@@ -68,7 +69,23 @@ SCENARIOS = {
     # dropout after AdvertiseKeys: the sanity check on the unmasked weight refuses the round.
     "mask_bug_is_caught": Scenario(
         {"client-3": "drop_after_advertise", "client-0": "mask_over_key_book"}, 4, 0, abandoned="weight_mismatch"),
+    # An aggregator that names a U2 with a client no share came from (one that dropped after
+    # advertising): every client refuses to mask against it, nothing is summed.
+    "lying_u2_is_refused": Scenario({"client-3": "drop_after_advertise"}, 0, 0, abandoned="too_few_answers",
+                                    lying_u2=True),
 }  # fmt: skip
+
+
+class LyingU2(Aggregator):
+    """Relays the shares honestly but names everyone who advertised keys as U2."""
+
+    async def ShareKeys(self, request, context):  # noqa: ANN001, ANN201, N802
+        reply = await super().ShareKeys(request, context)
+        if not reply.aborted:
+            assert self.current is not None and self.current.secure is not None
+            del reply.sharers[:]
+            reply.sharers.extend(sorted(self.current.secure.keys))
+        return reply
 
 
 @dataclass
@@ -76,18 +93,20 @@ class Outcome:
     aggregator: Aggregator
     metrics: FedMetrics
     init: dict[str, torch.Tensor]
+    client_log: list[str]
 
 
-async def _play(spec, ds, states: list[ClientState], faults: dict[str, str]) -> Outcome:  # noqa: ANN001
-    key = auth.new_key()
+async def _play(spec, ds, states: list[ClientState], sc: Scenario) -> Outcome:  # noqa: ANN001
+    key, faults, client_log = auth.new_key(), sc.faults, []
     init = inprocess.build_model(spec, ds).state_dict()
     metrics = FedMetrics(job="t", process=AGGREGATOR, port=0, log_path=None)
-    agg = Aggregator(fed=spec.federated, seed=0, model=init, key=key, metrics=metrics, log=lambda s: None)
+    cls = LyingU2 if sc.lying_u2 else Aggregator
+    agg = cls(fed=spec.federated, seed=0, model=init, key=key, metrics=metrics, log=lambda s: None)
     server, port = await inprocess.start_server(agg)
     groups = [states[0::2], states[1::2]]
     channels = [aio_channel(f"127.0.0.1:{port}", None) for _ in groups]
     runners = [ClientRunner(spec=spec, channel=ch, key=key, clients=g, make_model=lambda: inprocess.build_model(spec, ds),
-                            faults=faults, patience_s=30.0, log=lambda s: None)
+                            faults=faults, patience_s=30.0, log=client_log.append)
                for ch, g in zip(channels, groups, strict=True)]  # fmt: skip
     clients = [asyncio.create_task(r.run()) for r in runners]
     playing = asyncio.create_task(agg.run())
@@ -104,7 +123,7 @@ async def _play(spec, ds, states: list[ClientState], faults: dict[str, str]) -> 
         for ch in channels:
             await ch.close()
         await server.stop(0)
-    return Outcome(aggregator=agg, metrics=metrics, init=init)
+    return Outcome(aggregator=agg, metrics=metrics, init=init, client_log=client_log)
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +135,7 @@ def played(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, object, li
     states = client_states(cfg, ds, client_ids(5))
 
     async def all_at_once() -> dict[str, Outcome]:
-        outs = await asyncio.gather(*(_play(spec, ds, states, s.faults) for s in SCENARIOS.values()))
+        outs = await asyncio.gather(*(_play(spec, ds, states, s) for s in SCENARIOS.values()))
         return dict(zip(SCENARIOS, outs, strict=True))
 
     return spec, ds, states, asyncio.run(all_at_once())
@@ -138,6 +157,9 @@ def test_a_dropout_gives_the_survivors_sum_or_an_abandoned_round(played, name: s
         assert out.metrics.abandoned_count(sc.abandoned) == 1
         for n, t in out.init.items():
             assert torch.equal(agg.model[n], t), f"{n}: an abandoned round touched the model"
+        if sc.lying_u2:
+            refusals = [line for line in out.client_log if "does not match the shares held" in line]
+            assert len(refusals) == 4, out.client_log  # every client still talking refused
         return
     assert agg.attempts == 1
     [rec] = agg.history
