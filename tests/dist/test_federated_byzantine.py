@@ -3,7 +3,7 @@
 Every round client-3 sends its update sign-flipped and scaled to 0.9 x maxUpdateNorm: finite and
 in norm, so the aggregator's checks accept it. FedAvg's accuracy collapses; trimmedMean and Krum
 stay with the clean FedAvg run. Krum keeps one client's update per round, so its distance to clean
-FedAvg varies with the seed (0.3 to 3.6 points over the seeds tried while choosing this set-up);
+FedAvg varies with the seed (0.5 to 3.6 points over the seeds tried while choosing this set-up);
 what the attack costs it is measured against its own clean run as well. Seeded digits MLP,
 IID split: a few seconds per run.
 """
