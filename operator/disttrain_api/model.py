@@ -59,7 +59,9 @@ Optim = Literal["sgd", "adam", "adamw"]
 ScaleRule = Literal["none", "linear", "sqrt"]
 Decay = Literal["none", "cosine", "linear", "step"]
 DataName = Literal["digits", "pytext", "synthetic"]
-FedStrategy = Literal["fedavg", "fedprox", "fedadam"]
+FedStrategy = Literal["fedavg", "fedprox", "fedadam", "fedmedian", "trimmedMean", "krum", "multiKrum"]
+# Rules over the individual updates (a secure aggregate hides them).
+ROBUST_STRATEGIES = ("fedmedian", "trimmedMean", "krum", "multiKrum")
 FedCompression = Literal["none", "int8", "topk"]
 FedPartitionKind = Literal["iid", "dirichlet"]
 CleanPodPolicy = Literal["Running", "All", "None"]
@@ -215,6 +217,25 @@ class FedPartition:
 
 
 @dataclass(frozen=True, kw_only=True)
+class FedPrivacy:
+    """Central differential privacy at the aggregator (DP-FedAvg, McMahan et al. 2018)."""
+
+    clip_norm: float = fld(
+        minimum=0.0, exclusive_minimum=True,
+        desc="Each client's update is scaled down to at most this L2 norm before it is summed.",
+    )
+    noise_multiplier: float = fld(
+        minimum=0.0, exclusive_minimum=True,
+        desc="Gaussian noise on the sum of clipped updates has standard deviation noiseMultiplier x "
+        "clipNorm; the sum is then divided by clientsPerRound.",
+    )
+    delta: float = fld(
+        1e-5, minimum=0.0, maximum=1.0, exclusive_minimum=True,
+        desc="The delta of the (epsilon, delta) budget reported each round (must be < 1 / clients).",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
 class FederatedSpec:
     clients: int = fld(10, minimum=1, desc="Simulated clients, spread over the worker pods.")
     clients_per_round: int = fld(5, minimum=1, desc="Clients sampled per round (<= clients).")
@@ -226,8 +247,29 @@ class FederatedSpec:
     rounds: int = fld(30, minimum=1, desc="Federated rounds.")
     local_epochs: int = fld(1, minimum=1, desc="Local epochs per client per round.")
     strategy: FedStrategy = fld(
-        "fedavg", desc="fedavg (sample-weighted mean), fedprox (proximal term on the clients) or "
-        "fedadam (Adam on the server over the mean update).",
+        "fedavg", desc="fedavg (sample-weighted mean), fedprox (proximal term on the clients), "
+        "fedadam (Adam on the server over the mean update), or a Byzantine-robust rule over the "
+        "individual updates (not with secureAggregation): fedmedian (coordinate-wise median), "
+        "trimmedMean (coordinate-wise, trimFraction cut at each end), krum (the update closest to "
+        "its n - byzantineClients - 2 nearest others) or multiKrum (mean of the multiKrumSelected best by "
+        "that score).",
+    )
+    trim_fraction: float = fld(
+        0.1, minimum=0.0, maximum=0.5,
+        desc="trimmedMean: the fraction of updates cut at each end of every coordinate (< 0.5).",
+    )
+    byzantine_clients: int = fld(
+        1, minimum=0,
+        desc="krum / multiKrum: how many hostile clients a round must tolerate (f); needs "
+        "minAnsweredClients >= 2f + 3.",
+    )
+    multi_krum_selected: int | None = fld(
+        None, minimum=1,
+        desc="multiKrum: how many of the best-scored updates are averaged (m); unset: n - f of the n answered.",
+    )
+    privacy: FedPrivacy | None = fld(
+        None, desc="Central differential privacy: clip each update, add Gaussian noise to the sum; "
+        "the spent budget (epsilon at delta) is in every round record and the summary.",
     )
     proximal_mu: float = fld(0.01, minimum=0.0, desc="FedProx proximal term.")
     server_learning_rate: float = fld(

@@ -17,7 +17,15 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
-from disttrain_api.model import DistTrainJob, FieldError, JobSpec, SpecError, parse_job_partial
+from disttrain_api.model import (
+    ROBUST_STRATEGIES,
+    DistTrainJob,
+    FederatedSpec,
+    FieldError,
+    JobSpec,
+    SpecError,
+    parse_job_partial,
+)
 
 # Modes whose workers each hold a whole model replica.
 REPLICA_MODES = ("data", "federated", "paramserver")
@@ -229,6 +237,60 @@ def _mode_blocks(spec: JobSpec, c: _Checker) -> None:
                 "spec.federated.minAnsweredClients",
                 f"{fed.min_answered_clients} must be >= 2 with secureAggregation (a sum of one update reveals it)",
             )
+    if fed is not None:
+        _fed_robust(fed, c)
+        _fed_privacy(fed, c)
+
+
+def _fed_robust(fed: FederatedSpec, c: _Checker) -> None:
+    """Byzantine-robust rules: they need every update in the clear and enough of them."""
+    if not c.ok("spec.federated.strategy") or fed.strategy not in ROBUST_STRATEGIES:
+        return
+    if fed.secure_aggregation and c.ok("spec.federated.secureAggregation"):
+        c.add("spec.federated.strategy",
+              f"{fed.strategy} needs each client's update, which secureAggregation hides (the aggregator "
+              "sees only the sum): use fedavg, fedprox or fedadam with secureAggregation, or turn it off")
+    answered = fed.min_answered_clients
+    if fed.strategy == "trimmedMean" and c.ok("spec.federated.trimFraction", "spec.federated.clientsPerRound"):
+        if fed.trim_fraction >= 0.5:
+            c.add("spec.federated.trimFraction", f"{fed.trim_fraction} must be < 0.5 (it is cut at each end)")
+        elif int(fed.trim_fraction * fed.clients_per_round) < 1:
+            c.add("spec.federated.trimFraction",
+                  f"{fed.trim_fraction} trims nothing from clientsPerRound {fed.clients_per_round} updates "
+                  f"(floor({fed.trim_fraction} x {fed.clients_per_round}) = 0); raise it to at least "
+                  f"{1 / fed.clients_per_round:.3g}, or use fedavg")
+    if fed.strategy in ("krum", "multiKrum") and c.ok("spec.federated.byzantineClients",
+                                                       "spec.federated.minAnsweredClients"):
+        f = fed.byzantine_clients
+        # Blanchard et al. 2017: Krum tolerates f of n only when n > 2f + 2.
+        if answered < 2 * f + 3:
+            c.add("spec.federated.minAnsweredClients",
+                  f"{answered} must be >= 2 x byzantineClients + 3 = {2 * f + 3} with {fed.strategy} "
+                  "(Krum tolerates f hostile clients of n only when n > 2f + 2)")
+        m = fed.multi_krum_selected
+        if fed.strategy == "multiKrum" and m is not None and c.ok("spec.federated.multiKrumSelected"):
+            if m > answered - f:
+                c.add("spec.federated.multiKrumSelected",
+                      f"{m} must be <= minAnsweredClients - byzantineClients = {answered - f}: a round may "
+                      f"close with {answered} updates, up to {f} of them hostile")
+
+
+def _fed_privacy(fed: FederatedSpec, c: _Checker) -> None:
+    dp = fed.privacy
+    if dp is None or not c.ok("spec.federated.privacy"):
+        return
+    if fed.secure_aggregation and c.ok("spec.federated.secureAggregation"):
+        c.add("spec.federated.privacy",
+              "central differential privacy clips each update at the aggregator, which secureAggregation "
+              "hides; turn one of them off")
+    if c.ok("spec.federated.strategy") and fed.strategy in ROBUST_STRATEGIES:
+        c.add("spec.federated.privacy",
+              f"the noise is calibrated to a mean of clipped updates; strategy {fed.strategy} is not one "
+              "(use fedavg, fedprox or fedadam with privacy)")
+    if c.ok("spec.federated.privacy.delta", "spec.federated.clients") and dp.delta >= 1 / fed.clients:
+        # A delta of 1/N lets the mechanism expose one of N clients' data outright with that chance.
+        c.add("spec.federated.privacy.delta",
+              f"{dp.delta:g} must be < 1 / clients = {1 / fed.clients:.3g} (smaller is usual, e.g. 1e-5)")
 
 
 def _elastic(spec: JobSpec, c: _Checker) -> None:

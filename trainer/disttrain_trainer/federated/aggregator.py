@@ -3,10 +3,12 @@
 Each round: sample clientsPerRound of the registered clients (seeded), stream them
 the global model, collect updates until all answered or roundTimeoutSeconds
 passed (stragglers are dropped), aggregate when at least minAnsweredClients
-answered, else sample the round again. After each round: server step,
+answered (the strategy's rule, or central DP's clipped and noised mean), else
+abandon the attempt and sample the round again. After each round: server step,
 evaluation of the global model, checkpoint (atomic), metrics. Every call
 carries a per-client token; every refused call or update is logged with its
-reason and counted, and leaves the global model untouched.
+reason and counted, and leaves the global model untouched; so does every
+abandoned round attempt (`disttrain_federated_rounds_abandoned_total{reason}`).
 """
 
 from __future__ import annotations
@@ -30,11 +32,12 @@ from ..metrics_sink import time_fractions
 from ..tensor_transport import auth, codec
 from ..tensor_transport.protos import tensor_transport_pb2 as pb
 from ..tensor_transport.protos import tensor_transport_pb2_grpc as pbg
-from . import checks, compression, secagg
-from .rounds import RoundAttempt, SecureStage, wait_event
+from . import checks, compression
+from .privacy import PrivacyAccountant
+from .rounds import Abandoned, RoundAttempt, SecureStage, wait_event
 from .secure_server import Refused, SecureStages
 from .settings import client_ids
-from .strategy import ServerStep, WeightedSum
+from .strategy import ServerStep, WeightedMean, make_aggregation
 
 KEEP_CHECKPOINTS = 2
 
@@ -67,6 +70,8 @@ class Aggregator(SecureStages, pbg.FederatedServicer):
         self.log = log
         self.known = set(client_ids(fed.clients))
         self.server = ServerStep(fed.strategy, fed.server_learning_rate)
+        self.privacy = (PrivacyAccountant(fed.privacy, clients=fed.clients, clients_per_round=fed.clients_per_round)
+                        if fed.privacy is not None else None)  # fmt: skip
         self.round = 0  # rounds completed
         self.attempts = 0
         self.history: list[dict[str, Any]] = []
@@ -87,7 +92,8 @@ class Aggregator(SecureStages, pbg.FederatedServicer):
 
     def state(self) -> dict[str, Any]:
         return {"round": self.round, "attempts": self.attempts, "model": self.model,
-                "server": self.server.state_dict(), "history": self.history}  # fmt: skip
+                "server": self.server.state_dict(), "history": self.history,
+                "privacy": self.privacy.state_dict() if self.privacy is not None else None}  # fmt: skip
 
     def restore(self) -> None:
         if self.checkpoint_dir is None:
@@ -101,6 +107,9 @@ class Aggregator(SecureStages, pbg.FederatedServicer):
         self.attempts = int(state["attempts"])
         self.server.load_state_dict(state["server"])
         self.history = list(state["history"])
+        if self.privacy is not None:
+            # The budget is spent by every published round, before the restart too.
+            self.privacy.load_state_dict(state.get("privacy") or {})
         self.resumed_from = self.round
         self.metrics.step.set(self.round)
         self.metrics.round.set(self.round)
@@ -190,7 +199,7 @@ class Aggregator(SecureStages, pbg.FederatedServicer):
             if not 0 < n <= self.max_samples:
                 raise Refused("bad_samples", f"num_samples {n} outside (0, {self.max_samples}]")
             if kind == "masked":
-                self._add_masked(cid, ra, got.tensors)
+                self._add_masked(cid, ra, got.tensors, n)
             else:
                 try:
                     update = compression.decode(self.fed.compression, got.tensors, dict(h.scalars), self.shapes)
@@ -200,7 +209,7 @@ class Aggregator(SecureStages, pbg.FederatedServicer):
                 if bad is not None:
                     raise Refused(*bad)
                 assert ra.total is not None
-                ra.total.add(update, n)
+                ra.total.add(cid, update, n)
                 if got.buffer is not None and len(self._spare) < 2 and self.fed.compression == "none":
                     self._spare.append(got.buffer)  # summed: its bytes are no longer needed
             ra.answered.add(cid)
@@ -234,29 +243,27 @@ class Aggregator(SecureStages, pbg.FederatedServicer):
                 # the sample then depends on the seed alone, and a dead client is a straggler.
                 rng = random.Random(f"{self.seed}:{r}:{self.attempts}")
                 sampled = sorted(rng.sample(sorted(self.seen), fed.clients_per_round))
-                secure = SecureStage(threshold=secagg.threshold(len(sampled), fed.min_answered_clients)) if fed.secure_aggregation else None
+                secure = SecureStage(min_answered=fed.min_answered_clients) if fed.secure_aggregation else None
                 ra = RoundAttempt(
                     round=r, attempt=self.attempts, sampled=sampled,
                     model_chunks=self._model_chunks(r, self.attempts),
                     deadline=time.monotonic() + fed.round_timeout_seconds,
-                    total=None if secure else WeightedSum(self.shapes, reuse=self._sums), secure=secure,
+                    total=None if secure else make_aggregation(fed, self.shapes, reuse=self._sums), secure=secure,
                 )  # fmt: skip
                 self.current = ra
                 self.cond.notify_all()
             self.metrics.sampled.inc(len(sampled))
-            if secure is None:
-                mean = await self._plain_round(ra)
-            else:
-                mean = await self._secure_round(ra)
-                if mean is None:
+            try:
+                mean = await (self._plain_round(ra) if secure is None else self._secure_round(ra))
+            except Abandoned as e:
+                if secure is not None:
                     secure.abort()  # releases clients blocked in a stage
+                mean = None
+                self._abandon(ra, e)
             ra.open = False
             dropped = len(sampled) - len(ra.answered)
             self.metrics.dropped.inc(dropped)
             if mean is None:
-                self.metrics.retries.inc()
-                self.log(f"aggregator: round {ra.round_id}: {len(ra.answered)}/{len(sampled)} answered "
-                         f"(minAnsweredClients {fed.min_answered_clients}): retrying the round")  # fmt: skip
                 continue
             await self._finish_round(ra, mean, dropped)
         self.final_summary = self.summary()
@@ -285,6 +292,7 @@ class Aggregator(SecureStages, pbg.FederatedServicer):
             "bytesUp": sum(r["bytes_up"] for r in h),
             "bytesDown": sum(r["bytes_down"] for r in h),
             "roundAttempts": self.attempts,
+            **({"privacy": self.privacy.report()} if self.privacy is not None else {}),
             "resumedFromStep": self.resumed_from,
             "wallS": time.perf_counter() - self.started,
         }
@@ -297,19 +305,33 @@ class Aggregator(SecureStages, pbg.FederatedServicer):
             except TimeoutError:
                 pass
 
-    async def _plain_round(self, ra: RoundAttempt) -> dict[str, torch.Tensor] | None:
+    def _abandon(self, ra: RoundAttempt, e: Abandoned) -> None:
+        """The attempt is not published: counted by reason, logged; the round is sampled again."""
+        self.metrics.abandon(e.reason)
+        self.metrics.retries.inc()
+        self.log(f"aggregator: round {ra.round_id} abandoned ({e.reason}): {e}; "
+                 f"{len(ra.answered)}/{len(ra.sampled)} answered; the model is unchanged, sampling the round again")  # fmt: skip
+
+    async def _plain_round(self, ra: RoundAttempt) -> dict[str, torch.Tensor]:
         await wait_event(ra.all_answered, ra.remaining())
         ra.open = False
         if len(ra.answered) < self.fed.min_answered_clients:
-            return None
+            raise Abandoned("too_few_answers", f"{len(ra.answered)} updates arrived; minAnsweredClients is "
+                                               f"{self.fed.min_answered_clients}")  # fmt: skip
         assert ra.total is not None
-        mean = ra.total.mean()
-        self._sums = ra.total.sums
+        try:
+            mean = ra.total.result()
+        except ValueError as e:
+            raise Abandoned("too_few_answers", f"{self.fed.strategy}: {e}") from None
+        if isinstance(ra.total, WeightedMean):
+            self._sums = ra.total.sum.sums
         return mean
 
     async def _finish_round(self, ra: RoundAttempt, mean: dict[str, torch.Tensor], dropped: int) -> None:
         self.server.apply(self.model, mean)
         self.round = ra.round
+        if self.privacy is not None:
+            self.privacy.step()  # one step of the accountant per published round
         accuracy = await asyncio.to_thread(self.evaluate, self.model) if self.evaluate else None
         round_s = time.monotonic() - ra.started
         answered = sorted(ra.answered)
@@ -340,7 +362,12 @@ class Aggregator(SecureStages, pbg.FederatedServicer):
             "test_accuracy": accuracy, "samples": ra.samples,
             # Secure rounds: clients whose masks were removed from shares after they dropped out.
             "unmasked_dropped": len(ra.secure.plan.dropped) if ra.secure and ra.secure.plan else 0,
+            **(ra.total.info() if ra.total is not None else {}),
         }  # fmt: skip
+        if self.privacy is not None:
+            record["epsilon"] = self.privacy.epsilon()
+            record["delta"] = self.privacy.privacy.delta
+            self.metrics.epsilon.set(record["epsilon"])
         self.history.append(record)
         if self.checkpoint_dir is not None:  # after the history: a resumed run keeps every round's record
             await asyncio.to_thread(self._save)

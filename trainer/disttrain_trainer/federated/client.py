@@ -4,9 +4,14 @@ A client long-polls the aggregator for work; when sampled it receives the
 global model, trains `localEpochs` on its rows (FedProx adds the proximal
 term mu/2 ||w - w_global||^2), and sends the update (local - global):
 compressed, or masked for secure aggregation. Training is serialised per
-process (one model at a time on the process's cores); waiting is asyncio. A
-lost connection (the aggregator restarting) is retried with exponential
-backoff; the client then simply asks for work again.
+process (one model at a time on the process's cores); waiting is asyncio.
+
+Every call to the aggregator, the secure stages included, goes through `retry`:
+a call cut by an aggregator restart (the connection refused or reset, the
+stream cancelled or broken off mid-way) is repeated with exponential backoff
+for up to `patience_s`. The restarted aggregator resumes from its checkpoint
+and refuses anything about a round it no longer plays, so the client gives
+that round up and asks for work again.
 """
 
 from __future__ import annotations
@@ -31,14 +36,19 @@ from ..tensor_transport import auth, codec
 from ..tensor_transport.protos import tensor_transport_pb2 as pb
 from ..tensor_transport.protos import tensor_transport_pb2_grpc as pbg
 from . import compression, secure_client
+from . import faults as hooks
 
 T = TypeVar("T")
 # The client trusts its aggregator's model stream up to this size (the aggregator is the one that verifies).
 MAX_MODEL_BYTES = 1 << 40
 BACKOFF_FIRST_S = 0.2
 BACKOFF_MAX_S = 5.0
+# What an aggregator that restarts or is overloaded looks like from here: connection refused or reset
+# (UNAVAILABLE), its handlers cancelled as its server stops (CANCELLED), a stream reset mid-way
+# (INTERNAL / UNKNOWN), a full server (RESOURCE_EXHAUSTED). A refused credential is not in the list:
+# retrying cannot fix it.
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
-             grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)  # fmt: skip
+             grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.RESOURCE_EXHAUSTED)  # fmt: skip
 
 
 class Disconnected(RuntimeError):
@@ -115,8 +125,12 @@ def train_local(
     t = time.perf_counter()
     local = model.state_dict()
     update = [(k, (local[k] - g).float()) for k, g in global_state.items() if g.is_floating_point()]
-    if fault == "nan":
+    if fault == hooks.NAN:
         update[0][1].view(-1)[0] = float("nan")
+    elif fault == hooks.SIGN_FLIP:
+        norm = math.sqrt(sum(float(t.square().sum()) for _, t in update))
+        scale = -hooks.SIGN_FLIP_NORM_FRACTION * fed.max_update_norm / max(norm, 1e-12)
+        update = [(k, t * scale) for k, t in update]
     compute_s += time.perf_counter() - t
     return LocalResult(update=update, num_samples=n, loss=float(np.mean(losses)) if losses else math.nan,
                        compute_s=compute_s, data_s=data_s)  # fmt: skip
@@ -135,7 +149,7 @@ class ClientRunner:
         make_model: Callable[[], nn.Module],
         metrics: Any = None,  # FedMetrics
         patience_s: float = 300.0,
-        faults: dict[str, str] | None = None,  # test hooks: client id -> "drop_after_share" | "nan"
+        faults: dict[str, str] | None = None,  # test hooks: client id -> one of hooks.ALL (faults.py)
         log: Callable[[str], None] = lambda s: print(s, flush=True),
     ):
         self.spec = spec
@@ -147,6 +161,9 @@ class ClientRunner:
         self.metrics = metrics
         self.patience_s = patience_s
         self.faults = faults or {}
+        unknown = set(self.faults.values()) - set(hooks.ALL)
+        if unknown:
+            raise ValueError(f"unknown fault hooks {sorted(unknown)}; known: {', '.join(hooks.ALL)}")
         self.log = log
         self._train_lock = asyncio.Lock()
         self._models: list[nn.Module] = []
@@ -156,6 +173,11 @@ class ClientRunner:
     def md(self, cid: str) -> tuple[tuple[str, str], ...]:
         return auth.metadata_for(self.key, cid)
 
+    def fault_point(self, cid: str, stage: str) -> None:
+        """A drop hook for this client at this stage: stop talking for good (see faults.py)."""
+        if self.faults.get(cid) == stage:
+            raise hooks.Dropped(stage)
+
     async def retry(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
         delay, start = BACKOFF_FIRST_S, time.monotonic()
         while True:
@@ -164,10 +186,16 @@ class ClientRunner:
             except grpc.aio.AioRpcError as e:
                 if e.code() not in RETRYABLE:
                     raise
-                if time.monotonic() - start > self.patience_s:
-                    raise Disconnected(f"{what}: aggregator unreachable for {self.patience_s:.0f} s: {e.details()}") from None
-                await asyncio.sleep(delay)
-                delay = min(BACKOFF_MAX_S, delay * 2)
+                why = f"{e.code().name}: {e.details()}"
+            except codec.StreamError as e:
+                # A model stream that ended early without an error status: the aggregator went away
+                # mid-stream. (The client trusts its aggregator's bytes; see MAX_MODEL_BYTES.)
+                why = f"{e.reason}: {e}"
+            if time.monotonic() - start > self.patience_s:
+                raise Disconnected(f"{what}: aggregator unreachable for {self.patience_s:.0f} s: {why}")
+            self.log(f"{what}: {why}; retrying in {delay:.1f} s")
+            await asyncio.sleep(delay)
+            delay = min(BACKOFF_MAX_S, delay * 2)
 
     async def run(self) -> None:
         await asyncio.gather(*(self._client_loop(c) for c in self.clients))
@@ -187,6 +215,12 @@ class ClientRunner:
         return await self.retry(f"{cid} GetTask", call)
 
     async def _client_loop(self, st: ClientState) -> None:
+        try:
+            await self._rounds(st)
+        except hooks.Dropped as e:
+            self.log(f"{st.cid}: test fault: stopped talking at {e}")
+
+    async def _rounds(self, st: ClientState) -> None:
         cid = st.cid
         await self.retry(f"{cid} Join", lambda: self.stub.Join(pb.JoinRequest(client_ids=[cid]), metadata=self.md(cid)))
         comm_carry = 0.0  # the previous upload, charged to the next round's report
@@ -206,9 +240,6 @@ class ClientRunner:
                 sec = await secure_client.setup(self, cid, round_no, attempt)
                 if sec is None:
                     continue  # the round was aborted; ask for work again
-                if self.faults.get(cid) == "drop_after_share":
-                    self.log(f"{cid}: test fault: dropping out after sharing keys")
-                    return
             async with self._train_lock:
                 model = self._models.pop() if self._models else self.make_model()
                 try:
@@ -238,6 +269,9 @@ class ClientRunner:
                 if self.metrics is not None:
                     self.metrics.bytes_up.inc(header.ByteSize() + sum(t.numel() * t.element_size() for _, t in wire))
             comm_carry = time.perf_counter() - t1
+            if not reply.accepted and reply.reason.startswith("duplicate"):
+                # A retried push whose first try had arrived: the aggregator holds this update.
+                reply = pb.PushReply(accepted=True)
             if not reply.accepted:
                 self.log(f"{cid}: round {round_no}: update refused: {reply.reason}")
             else:

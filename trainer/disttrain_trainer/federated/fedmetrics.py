@@ -42,7 +42,12 @@ class FedMetrics(MetricsSink):
             names.FED_UPDATES_REJECTED, "Calls or updates refused, by reason.", (*keys, "reason"), registry=r
         )
         self._labels = labels
-        self.retries = counter(names.FED_ROUND_RETRIES, "Rounds retried: fewer than minAnsweredClients answered.")
+        self.retries = counter(names.FED_ROUND_RETRIES, "Round attempts abandoned and sampled again.")
+        self.abandoned = Counter(
+            names.FED_ROUNDS_ABANDONED, "Round attempts not published (the model untouched), by reason.",
+            (*keys, "reason"), registry=r,
+        )  # fmt: skip
+        self.epsilon = gauge(names.FED_PRIVACY_EPSILON, "Central DP: epsilon spent so far at the spec's delta.")
         self.bytes_up = counter(names.FED_BYTES_UP, "Bytes of updates on the wire, client to aggregator.")
         self.bytes_down = counter(names.FED_BYTES_DOWN, "Bytes of global models on the wire, aggregator to client.")
         self.accuracy = gauge(names.FED_ACCURACY, "Test accuracy of the global model after the last round.")
@@ -59,6 +64,12 @@ class FedMetrics(MetricsSink):
 
     def rejected_count(self, reason: str) -> float:
         return self.rejected.labels(**self._labels, reason=reason)._value.get()
+
+    def abandon(self, reason: str) -> None:
+        self.abandoned.labels(**self._labels, reason=reason).inc()
+
+    def abandoned_count(self, reason: str) -> float:
+        return self.abandoned.labels(**self._labels, reason=reason)._value.get()
 
     def client_times(self, client: str, compute_s: float, comm_s: float) -> None:
         self.client_compute.labels(**self._labels, client=client).inc(compute_s)

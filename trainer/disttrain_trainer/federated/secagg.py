@@ -8,7 +8,10 @@ Each sampled client u, every round:
     per peer, each encrypted (AES-GCM) under the pair's cipher key, so the
     aggregator relays them without reading them;
   - sends y_u = x_u + PRG(b_u) + sum_{v>u} PRG(s_uv) - sum_{v<u} PRG(s_uv) over the
-    ring Z_2^64 (x_u is the update in fixed point): pairwise masks cancel in the sum.
+    ring Z_2^64 (x_u is the update in fixed point), v ranging over U2, the clients whose
+    shares the aggregator received (not everyone who advertised keys: a client that
+    advertised and dropped before sharing left no shares to rebuild its masks from):
+    pairwise masks cancel in the sum.
 For the sum, the aggregator asks the survivors for shares of each survivor's b_u
 (to remove its self mask) and of each dropped client's mask key (to rebuild and
 remove the pairwise masks the survivors added for it); never both for one client.
@@ -96,6 +99,11 @@ def from_ring(y: np.ndarray) -> np.ndarray:
     return y.view(np.int64).astype(np.float64) / SCALE
 
 
+def ring_sum(values: list[float]) -> int:
+    """sum(to_ring(v)) in Z_2^64, as an int: what the unmasked sum's element for these values must be."""
+    return int(sum(int(r) for r in to_ring(np.asarray(values, dtype=np.float64))) % (1 << 64))
+
+
 def pair_sign(u: str, v: str) -> int:
     return 1 if u < v else -1
 
@@ -106,7 +114,7 @@ def masked_input(
     me: str,
     self_seed: bytes,
     mask_keys: KeyPair,
-    peers: dict[str, bytes],
+    peers: dict[str, bytes],  # U2: every client whose shares were received -> its mask public key
     round_id: str,
 ) -> np.ndarray:
     """y_u: the fixed-point input plus the self mask and the pairwise masks (wrapping uint64)."""

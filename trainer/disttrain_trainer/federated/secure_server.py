@@ -4,6 +4,13 @@ A mixin of the Aggregator: the stage RPCs (keys, shares, unmask plan, reveals),
 the masked-input sum, and the round driver that closes each stage and removes
 the masks. The aggregator relays sealed shares; it reconstructs, per client,
 either its self-mask seed (survivor) or its mask key (dropped), never both.
+
+The sets follow the paper: U1 advertised keys, U2 shared (every masked input is
+masked against exactly U2, which the ShareKeys reply names), U3 sent a masked
+input (the survivors), and U2 - U3 dropped. Before a sum is published, its
+unmasked weight (the last ring element, sum of n_u) must equal, exactly in the
+ring, the total of the sample counts the survivors declared: a mask that did not
+cancel turns into an abandoned round, never into a corrupted model.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from disttrain_api.model import FederatedSpec
 
 from ..tensor_transport.protos import tensor_transport_pb2 as pb
 from . import secagg
-from .rounds import RoundAttempt, wait_event
+from .rounds import Abandoned, RoundAttempt, wait_event
 
 
 class Refused(Exception):
@@ -38,7 +45,7 @@ class SecureStages:
     async def _client(self, context: grpc.aio.ServicerContext) -> str: ...  # noqa: D102 - the Aggregator's
     def _refuse(self, reason: str, who: str, message: str) -> None: ...  # noqa: D102
 
-    def _add_masked(self, cid: str, ra: RoundAttempt, tensors: list[tuple[str, torch.Tensor]]) -> None:
+    def _add_masked(self, cid: str, ra: RoundAttempt, tensors: list[tuple[str, torch.Tensor]], n: float) -> None:
         s = ra.secure
         assert s is not None
         if not s.shares_closed.is_set() or cid not in s.sharers:
@@ -52,6 +59,7 @@ class SecureStages:
                 s.masked_sum = y.copy()
             else:
                 s.masked_sum += y
+        s.weights[cid] = n
 
     async def AdvertiseKeys(self, request: pb.PublicKeys, context: grpc.aio.ServicerContext) -> pb.KeyBook:
         cid = await self._client(context)
@@ -60,6 +68,12 @@ class SecureStages:
             self._refuse("stale", cid, f"key advertisement for round {request.round} outside its stage")
             return pb.KeyBook(round=request.round, aborted=True)
         s = ra.secure
+        had = s.keys.get(cid)
+        if had is not None and (had.cipher_pk, had.mask_pk) != (request.cipher_pk, request.mask_pk):
+            # A retried call repeats its keys; other keys for the same client would let whoever sent
+            # them hold that client's shares.
+            self._refuse("duplicate", cid, f"a second, different key advertisement in round {ra.round_id}")
+            return pb.KeyBook(round=ra.round, aborted=True)
         s.keys[cid] = pb.PublicKeys(client_id=cid, round=ra.round, cipher_pk=request.cipher_pk, mask_pk=request.mask_pk)
         if len(s.keys) == len(ra.sampled):
             s.keys_all.set()
@@ -79,16 +93,22 @@ class SecureStages:
             if sh.sender != cid or sh.recipient not in s.keys:
                 self._refuse("bad_stream", cid, "a share names the wrong sender or an unknown recipient")
                 return pb.ShareBundle(round=ra.round, aborted=True)
+        if {sh.recipient for sh in request.shares} != set(s.keys) or len(request.shares) != len(s.keys):
+            # Every member of U1 needs exactly one share from each sharer, or the masks of a client that
+            # drops later could not be rebuilt.
+            self._refuse("bad_stream", cid, "shares must go to every client that advertised keys, one each")
+            return pb.ShareBundle(round=ra.round, aborted=True)
         for sh in request.shares:
-            s.shares.setdefault(sh.recipient, []).append(sh)
+            s.shares.setdefault(sh.recipient, {})[cid] = sh
         s.sharers.add(cid)
         if len(s.sharers) == len(s.keys):
             s.shares_all.set()
         await s.shares_closed.wait()
         if s.aborted or cid not in s.sharers:
             return pb.ShareBundle(round=ra.round, aborted=True)
-        mine = [sh for sh in s.shares.get(cid, []) if sh.sender in s.sharers]
-        return pb.ShareBundle(client_id=cid, round=ra.round, shares=mine)
+        got = s.shares.get(cid, {})
+        mine = [got[u] for u in sorted(s.sharers) if u in got]
+        return pb.ShareBundle(client_id=cid, round=ra.round, shares=mine, sharers=sorted(s.sharers))
 
     async def Unmask(self, request: pb.UnmaskRequest, context: grpc.aio.ServicerContext) -> pb.UnmaskPlan:
         await self._client(context)
@@ -113,20 +133,23 @@ class SecureStages:
             s.reveals_all.set()
         return pb.PushReply(accepted=True)
 
-    async def _secure_round(self, ra: RoundAttempt) -> dict[str, torch.Tensor] | None:
+    async def _secure_round(self, ra: RoundAttempt) -> dict[str, torch.Tensor]:
+        """The survivors' mean update; raises Abandoned when the round cannot be published."""
         s = ra.secure
         assert s is not None
         # Each stage has the whole timeout: a sampled client that never shows up costs one
         # timeout in the key stage, and must not eat the time the others need to train.
         timeout = float(self.fed.round_timeout_seconds)
         await wait_event(s.keys_all, timeout)
+        # The threshold follows |U1|, which every client sees in its key book and computes t from.
+        s.threshold = secagg.threshold(len(s.keys), s.min_answered)
         s.keys_closed.set()
         if len(s.keys) < s.threshold:
-            return None
+            raise Abandoned("too_few_keys", f"{len(s.keys)} clients advertised keys, threshold {s.threshold}")
         await wait_event(s.shares_all, timeout)
         s.shares_closed.set()
         if len(s.sharers) < s.threshold:
-            return None
+            raise Abandoned("too_few_shares", f"{len(s.sharers)} clients shared keys, threshold {s.threshold}")
         if len(ra.answered) >= len(s.sharers):
             ra.all_answered.set()
         ra.deadline = time.monotonic() + timeout
@@ -134,17 +157,21 @@ class SecureStages:
         ra.open = False
         survivors = sorted(ra.answered)
         if len(survivors) < max(s.threshold, self.fed.min_answered_clients) or s.masked_sum is None:
-            return None
+            raise Abandoned("too_few_answers", f"{len(survivors)} masked inputs arrived; need "
+                                               f"{max(s.threshold, self.fed.min_answered_clients)}")  # fmt: skip
         s.plan = pb.UnmaskPlan(round=ra.round, survivors=survivors, dropped=sorted(s.sharers - ra.answered))
         s.plan_ready.set()
         await wait_event(s.reveals_all, float(self.fed.round_timeout_seconds))
         total = self._unmask(ra)
-        if total is None:
-            return None
+        # The sanity check: the last element is sum(n_u) over U3, exactly, in the ring.
+        expected = secagg.ring_sum([s.weights[u] for u in survivors])
+        if int(total[-1]) != expected:
+            got = float(secagg.from_ring(total[-1:])[0])
+            raise Abandoned("weight_mismatch", f"the unmasked weight {got:.6g} is not the survivors' declared "
+                                               f"total {sum(s.weights[u] for u in survivors):.6g}: a mask did not "
+                                               "cancel (or a client's count differs from its input)")  # fmt: skip
         flat = torch.from_numpy(secagg.from_ring(total))
         weight = float(flat[-1])
-        if weight <= 0:
-            return None
         mean: dict[str, torch.Tensor] = {}
         pos = 0
         for n, shape in self.shapes:
@@ -153,7 +180,7 @@ class SecureStages:
             pos += k
         return mean
 
-    def _unmask(self, ra: RoundAttempt) -> np.ndarray | None:
+    def _unmask(self, ra: RoundAttempt) -> np.ndarray:
         s = ra.secure
         assert s is not None and s.plan is not None and s.masked_sum is not None
         wanted = {(u, "self") for u in s.plan.survivors} | {(u, "mask") for u in s.plan.dropped}
@@ -167,13 +194,12 @@ class SecureStages:
         secrets_: dict[tuple[str, str], bytes] = {}
         for w, pts in pieces.items():
             if len(pts) < s.threshold:
-                self.log(f"aggregator: round {ra.round_id}: only {len(pts)} shares of {w}, need {s.threshold}")
-                return None
+                raise Abandoned("too_few_reveals", f"{len(s.reveals)} survivors revealed: {len(pts)} shares of "
+                                                   f"{w[0]}'s {w[1]} secret, need {s.threshold}")  # fmt: skip
             try:
                 secrets_[w] = secagg.combine(sorted(pts.items())[: s.threshold])
             except ValueError as e:
-                self.log(f"aggregator: round {ra.round_id}: {w}: {e}")
-                return None
+                raise Abandoned("bad_shares", f"{w[0]}'s {w[1]} secret: {e}") from None
         return secagg.unmask(
             s.masked_sum,
             survivors={u: secrets_[(u, "self")] for u in s.plan.survivors},
@@ -181,4 +207,3 @@ class SecureStages:
             mask_public={u: k.mask_pk for u, k in s.keys.items()},
             round_id=ra.round_id,
         )
-

@@ -1,18 +1,24 @@
-"""Server-side aggregation: the sample-weighted mean update, then a server step.
+"""Server-side aggregation: one round's aggregate update, then a server step.
 
 Following Flower's strategy/aggregate.py: FedAvg and FedProx average the
 clients' updates weighted by their sample counts (McMahan et al. 2017; FedProx,
 Li et al. 2020, differs only on the clients); FedAdam treats the mean update as
 a pseudo-gradient for Adam on the server (Reddi et al. 2021, "Adaptive
-Federated Optimization"). The aggregator keeps a running weighted sum as
-updates arrive, so aggregation needs no list of all updates in memory.
+Federated Optimization"). For these the aggregator keeps a running weighted sum
+as updates arrive, so aggregation needs no list of all updates in memory. The
+Byzantine-robust rules (robust.py) and central differential privacy
+(privacy.py) aggregate differently; `make_aggregation` picks one per round.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import torch
+from disttrain_api.model import ROBUST_STRATEGIES, FederatedSpec
+
+from .privacy import PrivateMean
+from .robust import RobustAggregation
 
 Named = list[tuple[str, torch.Tensor]]
 
@@ -49,6 +55,47 @@ class WeightedSum:
         if self.weight <= 0:
             raise ValueError("no update to average")
         return {n: self.sums[n] / self.weight for n in self.shapes}
+
+
+class Aggregation(Protocol):
+    """One round's aggregate: updates go in as they are accepted; `result()` when the round closes."""
+
+    def add(self, cid: str, update: Named, weight: float) -> None: ...
+
+    def result(self) -> dict[str, torch.Tensor]:
+        """The aggregate update; ValueError when the collected updates do not allow one."""
+        ...
+
+    def info(self) -> dict[str, Any]:
+        """What the round record should say about this aggregation."""
+        ...
+
+
+class WeightedMean:
+    """fedavg / fedprox / fedadam: the sample-weighted mean, as a running sum."""
+
+    def __init__(self, shapes: list[tuple[str, torch.Size]], reuse: dict[str, torch.Tensor] | None = None):
+        self.sum = WeightedSum(shapes, reuse)
+
+    def add(self, cid: str, update: Named, weight: float) -> None:
+        self.sum.add(update, weight)
+
+    def result(self) -> dict[str, torch.Tensor]:
+        return self.sum.mean()
+
+    def info(self) -> dict[str, Any]:
+        return {}
+
+
+def make_aggregation(
+    fed: FederatedSpec, shapes: list[tuple[str, torch.Size]], reuse: dict[str, torch.Tensor] | None = None
+) -> Aggregation:
+    if fed.privacy is not None:
+        return PrivateMean(shapes, fed.privacy, fed.clients_per_round)
+    if fed.strategy in ROBUST_STRATEGIES:
+        return RobustAggregation(fed.strategy, shapes, trim_fraction=fed.trim_fraction,
+                                 byzantine=fed.byzantine_clients, selected=fed.multi_krum_selected)  # fmt: skip
+    return WeightedMean(shapes, reuse)
 
 
 class ServerStep:

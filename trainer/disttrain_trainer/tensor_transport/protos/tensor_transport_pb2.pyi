@@ -113,16 +113,18 @@ class EncryptedShare(_message.Message):
     def __init__(self, sender: _Optional[str] = ..., recipient: _Optional[str] = ..., ciphertext: _Optional[bytes] = ...) -> None: ...
 
 class ShareBundle(_message.Message):
-    __slots__ = ("client_id", "round", "shares", "aborted")
+    __slots__ = ("client_id", "round", "shares", "aborted", "sharers")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     SHARES_FIELD_NUMBER: _ClassVar[int]
     ABORTED_FIELD_NUMBER: _ClassVar[int]
+    SHARERS_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     round: int
     shares: _containers.RepeatedCompositeFieldContainer[EncryptedShare]
     aborted: bool
-    def __init__(self, client_id: _Optional[str] = ..., round: _Optional[int] = ..., shares: _Optional[_Iterable[_Union[EncryptedShare, _Mapping]]] = ..., aborted: bool = ...) -> None: ...
+    sharers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, client_id: _Optional[str] = ..., round: _Optional[int] = ..., shares: _Optional[_Iterable[_Union[EncryptedShare, _Mapping]]] = ..., aborted: bool = ..., sharers: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class UnmaskRequest(_message.Message):
     __slots__ = ("client_id", "round")
