@@ -120,7 +120,11 @@ def quarantine(path: Path, reason: str) -> Path | None:
     target, n = root / f"{path.name}{CORRUPT_SUFFIX}", 2
     while target.exists():
         target, n = root / f"{path.name}{CORRUPT_SUFFIX}-{n}", n + 1
-    os.rename(path, target)
+    try:
+        os.rename(path, target)
+    except FileNotFoundError:  # gone meanwhile (removed by hand, or by a writer in the fencing window)
+        print(f"disttrain-trainer: skipping checkpoint {path}: {reason}; it is gone", flush=True)
+        return None
     fsync_dir(root)
     print(f"disttrain-trainer: checkpoint {path} is unreadable ({reason}); moved aside to {target.name}", flush=True)
     return target
