@@ -137,6 +137,7 @@ def save(
     model_sd, optim_sd = get_state_dict(model, optimizer)
     dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=tmp)
     final = root / ckpt.name_for(step)
+    failed: Exception | None = None
     if _rank() == 0:
         assert mine is not None
         try:
@@ -145,8 +146,11 @@ def save(
             shutil.rmtree(tmp, ignore_errors=True)
             outcome = ("fenced", str(e))
         except Exception as e:  # noqa: BLE001 - every rank must hear of it, not wait forever
-            outcome = ("error", f"{type(e).__name__}: {e}")
-    _raise(_from_rank0(outcome))  # nobody reads or re-saves before the rename
+            outcome, failed = ("error", f"{type(e).__name__}: {e}"), e
+    outcome = _from_rank0(outcome)  # nobody reads or re-saves before the rename
+    if failed is not None:
+        raise failed  # rank 0: its own error, with its traceback
+    _raise(outcome)
     return ckpt.SaveResult(path=final, bytes=_dir_bytes(final), seconds=time.perf_counter() - start)
 
 
