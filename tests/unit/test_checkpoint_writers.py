@@ -214,3 +214,23 @@ def test_a_rename_that_slipped_past_the_fence_is_never_picked_nor_pruned(tmp_pat
     finally:
         new.close()
     assert run_writer(root, ("take-over",), ("load-latest",), attempt=2, job_uid="uid-1")[-1] == (20, 20)
+
+
+def test_a_writer_whose_claim_was_pruned_is_fenced_too(tmp_path: Path) -> None:
+    """Old claims are removed after many newer ones; the next claim after this writer's is among
+    them, so only its own missing claim can tell it that it was replaced."""
+    from disttrain_trainer.checkpoint_fence import KEEP_CLAIMS  # noqa: PLC0415
+
+    old = WriterProcess(tmp_path, attempt=0, job_uid="uid-1")
+    try:
+        old.do("take-over")
+        old.do("save", 10, 10, 3)
+        for attempt in range(1, KEEP_CLAIMS + 3):  # a crash-looping job, restarted again and again
+            run_writer(tmp_path, ("take-over",), attempt=attempt, job_uid="uid-1")
+        assert not (tmp_path / ".fence" / f"{2:012d}").exists()  # the claim after old's is gone
+        with pytest.raises(Gone) as gone:
+            old.do("save", 20, 20, 3)
+        assert gone.value.exitcode == exitcodes.FENCED
+        assert steps_in(tmp_path) == ["step-00000010"]
+    finally:
+        old.close()

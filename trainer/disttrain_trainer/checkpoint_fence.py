@@ -13,7 +13,8 @@ that its claim is still the newest right before every publish, rename and delete
 - Claiming writes the file under a temp name and hard-links it to the next generation. link()
   fails with EEXIST if another writer took that generation first (atomic on local file systems
   and on NFS), so two writers never hold one generation and the generations have no gaps: the
-  claim after generation G is G + 1, and `check` is one stat() of `.fence/<G + 1>`.
+  claim after generation G is G + 1, and `check` is a stat() of `.fence/<G + 1>` (and of its
+  own claim: old claims are removed oldest first, see KEEP_CLAIMS).
 - A writer of the same job whose restart attempt is older than the newest claim's is refused
   when it claims: a process of a replaced gang that started late never takes over.
 - Every checkpoint's meta.json names the claim that wrote it (`Claim.record`). A claim sees
@@ -53,8 +54,8 @@ _CLAIM = re.compile(r"^(\d{12})$")
 # A checkpoint present when a writer claims: `step-N`, or the old copy of a replacement that a
 # crash interrupted (checkpoint_dir.REPLACING_PREFIX), which the claimer puts back as `step-N`.
 _STEP = re.compile(r"^(?:\.replacing-)?(step-\d{8,})$")
-# Claims older than this many generations below the newest are removed: `check` only ever
-# looks one generation above its own, and a claim this old belongs to a long-gone writer.
+# Claims more than this many generations below the newest are removed (oldest first). A writer
+# still holding one finds its own claim gone at its next check and is fenced all the same.
 KEEP_CLAIMS = 16
 
 
@@ -224,6 +225,13 @@ def check(root: Path, action: str) -> Claim:
         raise Fenced(
             f"refused to {action} in {root}: restart attempt {other.get('attempt', '?')} claimed the checkpoint "
             f"directory after this writer ({mine.describe()}); this process belongs to a replaced gang"
+        )
+    if not _claim_path(root, mine.generation).exists():
+        # Claims are removed oldest first, so the next one went too: many writers came after this
+        # one (or the directory was cleared under it). Either way it is not this writer's any more.
+        raise Fenced(
+            f"refused to {action} in {root}: this writer's claim ({mine.describe()}) is gone, removed by "
+            f"newer writers or with the directory; this process belongs to a replaced gang"
         )
     return mine
 
