@@ -9,7 +9,7 @@ that its claim is still the newest right before every publish, rename and delete
 
 - A claim is a file `.fence/<generation>` (generations 1, 2, 3, ...) holding the writer's
   identity: the job's UID (DISTTRAIN_JOB_UID; empty for runs started by hand), its restart
-  attempt (DISTTRAIN_RESTART_ATTEMPT) and the names of the checkpoints present when it claimed.
+  attempt (DISTTRAIN_RESTART_ATTEMPT) and the checkpoints present then that it may pick.
 - Claiming writes the file under a temp name and hard-links it to the next generation. link()
   fails with EEXIST if another writer took that generation first (atomic on local file systems
   and on NFS), so two writers never hold one generation and the generations have no gaps: the
@@ -41,6 +41,7 @@ import re
 import sys
 import threading
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -71,7 +72,7 @@ class Writer:
     attempt: int = 0
 
     @staticmethod
-    def from_env(environ: Any = None) -> Writer:
+    def from_env(environ: Mapping[str, str] | None = None) -> Writer:
         """For a caller that saves without claiming first: the env contract's identity."""
         env = os.environ if environ is None else environ
         raw = (env.get(C.ENV_RESTART_ATTEMPT) or "0").strip()
@@ -83,7 +84,7 @@ class Claim:
     root: Path
     writer: Writer
     generation: int
-    published: frozenset[str] = field(default_factory=frozenset)  # step dirs present when claimed
+    published: frozenset[str] = field(default_factory=frozenset)  # checkpoints there at the claim it may pick
 
     def record(self) -> dict[str, Any]:
         return {"jobUID": self.writer.job_uid, "attempt": self.writer.attempt, "generation": self.generation}
