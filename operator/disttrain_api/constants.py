@@ -18,6 +18,9 @@ ENV_JOB = "DISTTRAIN_JOB"
 ENV_NAMESPACE = "DISTTRAIN_NAMESPACE"  # the job's namespace, a label of every metric series
 ENV_CONFIG = "DISTTRAIN_CONFIG"  # path of the spec rendered as JSON
 ENV_RESTART_ATTEMPT = "DISTTRAIN_RESTART_ATTEMPT"
+# The job's UID: with the restart attempt it names a checkpoint writer (checkpoint fencing);
+# absent for runs started by hand or by `disttrain local`.
+ENV_JOB_UID = "DISTTRAIN_JOB_UID"
 # Optional overrides (defaults come from the spec):
 ENV_CHECKPOINT_DIR = "DISTTRAIN_CHECKPOINT_DIR"  # default spec.checkpoint.path
 ENV_RUN_DIR = "DISTTRAIN_RUN_DIR"  # JSON-lines metrics logs, summary.json, plots

@@ -9,6 +9,11 @@ worth a restart, so they mean one thing each:
 - CONFIG (2) is permanent: the same spec fails the same way on every retry (a
   rule the spec breaks, fp16 without a GPU, a `module:factory` that does not
   import, a batch larger than the dataset). Nothing is restarted.
+- FENCED (3): a newer writer claimed the job's checkpoint directory (checkpoint
+  fencing): the process belonged to a gang that was replaced while it still ran (its
+  node was declared lost and its pod force-deleted), so it stopped without writing.
+  Its pod is gone and nobody counts the exit; on a live pod it means two jobs share
+  one checkpoint directory.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 OK = 0
 FAILED = 1
 CONFIG = 2
+FENCED = 3
 INTERRUPTED = 130
 
 # Exit codes after which a restart cannot help.
@@ -25,5 +31,6 @@ MEANING = {
     OK: "succeeded",
     FAILED: "failed; transient, retried up to runPolicy.backoffLimit",
     CONFIG: "invalid manifest or config rejected; permanent, never retried",
+    FENCED: "fenced: a newer gang claimed the checkpoint directory; this process stopped without writing",
     INTERRUPTED: "interrupted (Ctrl-C or SIGTERM)",
 }

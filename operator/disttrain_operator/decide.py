@@ -47,7 +47,7 @@ class Observed:
     progress: dict[str, float] | None = None  # rank 0's disttrain_step / disttrain_last_checkpoint_step
     now: datetime
     force_delete_after_s: float = 30.0
-    node_lost_after_s: float = 15.0
+    node_lost_after_s: float = 300.0  # settings.NODE_LOST_AFTER_S: Kubernetes' pod-eviction default
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -64,8 +64,12 @@ class TrainerLauncher:
         expect_ok: bool = True,
         timeout: float = RANK_TIMEOUT_S,
     ) -> RunResult:
+        return self.start(spec, world=world, job=job, env=env).wait(expect_ok=expect_ok, timeout=timeout)
+
+    def start(self, spec: dict[str, Any], *, world: int, job: str, env: dict[str, str] | None = None) -> Started:
+        """The job's ranks started and not waited for (`Started.wait` collects them)."""
         config = self.spec_file(spec, job)
-        run_dir = self.tmp / "runs" / job
+        run_dir = Path((env or {}).get(C.ENV_RUN_DIR) or self.tmp / "runs" / job)
         port = free_port()
         procs = []
         for rank in range(world):
@@ -97,19 +101,29 @@ class TrainerLauncher:
                     text=True,
                 )
             )
+        return Started(procs=procs, run_dir=run_dir, checkpoint_dir=self.ckpt_root / job)
+
+
+@dataclass
+class Started:
+    procs: list[subprocess.Popen[str]]
+    run_dir: Path
+    checkpoint_dir: Path
+
+    def wait(self, *, expect_ok: bool = True, timeout: float = RANK_TIMEOUT_S) -> RunResult:
         outputs = []
         try:
-            for p in procs:
+            for p in self.procs:
                 out, _ = p.communicate(timeout=timeout)
                 outputs.append(out)
         finally:
-            for p in procs:
+            for p in self.procs:
                 if p.poll() is None:
                     p.kill()
                     p.wait()
-        result = RunResult(run_dir, self.ckpt_root / job, [p.returncode for p in procs], outputs)
+        result = RunResult(self.run_dir, self.checkpoint_dir, [p.returncode for p in self.procs], outputs)
         if expect_ok:
-            assert result.returncodes == [0] * world, "\n".join(outputs)[-4000:]
+            assert result.returncodes == [0] * len(self.procs), "\n".join(outputs)[-4000:]
         return result
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -28,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "manifests" / "crd" / "disttrainjobs.yaml"
 DISTTRAIN = Path(sys.executable).parent / "disttrain"
 CHECKPOINT_HOSTPATH = "/var/lib/disttrain/checkpoints"
+NODE_LOST_AFTER_S = 15
 
 
 class Kubectl:
@@ -137,8 +139,10 @@ class OperatorProcess:
         return f"http://127.0.0.1:{self.liveness_port}/healthz"
 
     def start(self) -> None:
+        # The local cluster evicts a lost node's pods after 15 s (controlplane.py), not Kubernetes'
+        # 300 s: the operator is told the same, so node-loss tests take seconds.
         args = [str(DISTTRAIN), "operator", "--metrics-port", str(self.metrics_port), "--poll-interval", "2",
-                "--liveness", self.liveness_url]
+                "--liveness", self.liveness_url, "--node-lost-after", str(NODE_LOST_AFTER_S)]
         for ns in self.namespaces:
             args += ["--namespace", ns]
         args += list(self.extra)
@@ -259,7 +263,8 @@ def checkpoint_steps(job: str) -> list[int]:
     root = Path(CHECKPOINT_HOSTPATH) / job
     if not root.is_dir():
         return []
-    return sorted(int(p.name.split("-", 1)[1]) for p in root.iterdir() if p.name.startswith("step-"))
+    # step-N.corrupt (moved aside) and the dot-entries (.fence/, .tmp-*) are not checkpoints.
+    return sorted(int(p.name[5:]) for p in root.iterdir() if re.fullmatch(r"step-\d+", p.name))
 
 
 def remove_checkpoints(job: str) -> None:

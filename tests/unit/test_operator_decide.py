@@ -113,9 +113,19 @@ def test_config_error_exit_code_fails_without_retry() -> None:
 def test_vanished_and_lost_node_restart() -> None:
     plan = decide(obs(dict(RUNNING_STATUS), [pod(0)]))
     assert plan.status["phase"] == "Restarting" and cond(plan.status, "Restarting")["reason"] == "WorkerVanished"
-    plan = decide(obs(dict(RUNNING_STATUS), [pod(0), pod(1, not_ready_for_s=60)]))
+    plan = decide(obs(dict(RUNNING_STATUS), [pod(0), pod(1, not_ready_for_s=60)], node_lost_after_s=15.0))
     assert cond(plan.status, "Restarting")["reason"] == "NodeLost"
     assert plan.force_delete_pods == ["j-worker-1"]
+
+
+def test_a_node_counts_as_lost_after_kubernetes_own_eviction_timeout_by_default() -> None:
+    """300 s, the pod-eviction default: a pod NotReady for a minute is not replaced (its node may be
+    back soon, and its process may still run); a shorter timeout is the operator's setting."""
+    assert Observed.__dataclass_fields__["node_lost_after_s"].default == 300.0
+    plan = decide(obs(dict(RUNNING_STATUS), [pod(0), pod(1, not_ready_for_s=60)]))
+    assert plan.status["phase"] == "Running" and not plan.force_delete_pods
+    plan = decide(obs(dict(RUNNING_STATUS), [pod(0), pod(1, not_ready_for_s=300)]))
+    assert cond(plan.status, "Restarting")["reason"] == "NodeLost"
 
 
 def test_success_copies_rank0_summary() -> None:

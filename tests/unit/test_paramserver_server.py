@@ -153,7 +153,7 @@ def test_checkpoint_holds_parameters_optimizer_and_version(tmp_path: Path) -> No
     for i in range(5):
         assert shard.push(worker="worker-0", version=shard.version, incarnation=shard.incarnation,
                           tensors=grads(0.5 + i)).accepted  # fmt: skip
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000002", "step-00000004"]
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-00000002", "step-00000004"]
     at4 = make_shard(tmp_path, optimizer=momentum)
     assert at4.restore() == 4 and at4.version == 4 and at4.resumed_from == 4
     assert at4.worker_steps["worker-0"] == 4 and at4.incarnation != shard.incarnation

@@ -87,6 +87,7 @@ def test_gang_pods_env_contract_dns_and_service() -> None:
         assert env[c.ENV_NPROC_PER_NODE] == "1"
         assert env[c.ENV_JOB] == "job1"
         assert env[c.ENV_RESTART_ATTEMPT] == "3"
+        assert env[c.ENV_JOB_UID] == ctx().uid  # with the attempt, names the checkpoint writer (fencing)
         assert env[c.ENV_CONFIG] == f"{c.CONFIG_MOUNT_DIR}/{c.CONFIG_FILENAME}"
         assert env[c.ENV_CHECKPOINT_DIR] == "/checkpoints"
 

@@ -1,8 +1,9 @@
 """`python -m disttrain_trainer`: one worker process (or, without RANK, all local ranks of a pod).
 
 Exit codes (disttrain_api.exitcodes): OK on success; CONFIG for a config that
-fails the same way on every retry; FAILED for anything transient, which the
-launcher or the operator retries. The reason is one line on stderr.
+fails the same way on every retry; FENCED when a newer gang claimed the
+checkpoint directory (checkpoint_fence.py); FAILED for anything transient,
+which the launcher or the operator retries. The reason is one line on stderr.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import traceback
 
 from disttrain_api.exitcodes import CONFIG as EXIT_CONFIG
 from disttrain_api.exitcodes import FAILED as EXIT_FAILED
+from disttrain_api.exitcodes import FENCED as EXIT_FENCED
 from disttrain_api.exitcodes import INTERRUPTED as EXIT_INTERRUPTED
 from disttrain_api.exitcodes import OK as EXIT_OK
 
@@ -27,6 +29,7 @@ def _keep_until_exit(error: BaseException) -> None:
 
 def main() -> int:
     try:
+        from .checkpoint_fence import Fenced  # noqa: PLC0415
         from .config import ConfigError, load_config  # noqa: PLC0415
         from .parallel import ModeNotImplemented  # noqa: PLC0415
         from .train import check_supported, run  # noqa: PLC0415
@@ -60,6 +63,10 @@ def main() -> int:
     except (ConfigError, ModeNotImplemented) as e:
         print(f"disttrain-trainer: {e}", file=sys.stderr)
         return EXIT_CONFIG
+    except Fenced as e:
+        _keep_until_exit(e)
+        print(f"disttrain-trainer: fenced: {e}", file=sys.stderr)
+        return EXIT_FENCED
     except KeyboardInterrupt as e:
         _keep_until_exit(e)
         print("disttrain-trainer: interrupted", file=sys.stderr)

@@ -1,12 +1,9 @@
-"""Atomic, self-pruning checkpoints under <root>/<job>/.
+"""Checkpoints that rank 0 writes whole: `step-XXXXXXXX/` with `state.pt` (the full, unsharded
+state, so it loads at any world size) and `meta.json`, in the directory layout of checkpoint_dir.py
+(atomic publish, atomic re-save, newest-k pruning, unreadable ones moved aside, writers fenced).
 
-A checkpoint is a directory `step-XXXXXXXX/` with `state.pt` (the full,
-unsharded state written by rank 0, so it loads at any world size) and
-`meta.json`. It is written into a `.tmp-*` sibling, every file and the
-directory are fsynced, then renamed into place and the parent fsynced: a crash
-at any point leaves either the complete new checkpoint or none, never a torn
-one. Leftover temp dirs are ignored by `load_latest` and removed by `clean_partial`;
-`load(root, step)` reads one exact step, so every rank can load the step rank 0 chose.
+`load(root, step)` reads one exact step, so every rank can load the step rank 0 chose;
+`load_latest` returns the newest one that loads and moves the ones that do not aside.
 
 `AsyncSaver` keeps the write off the training loop: the loop pays only for a copy
 of the state into host memory (`snapshot`), a background thread serialises and
@@ -19,7 +16,6 @@ import contextlib
 import io
 import json
 import os
-import re
 import shutil
 import signal
 import sys
@@ -35,10 +31,15 @@ import numpy as np
 import torch
 from disttrain_api import constants as C
 
+from . import checkpoint_dir as cdir
+from . import checkpoint_fence as fence
+from .checkpoint_dir import META_FILE, TMP_PREFIX, clean_partial, name_for, prune
+
+__all__ = ["META_FILE", "STATE_FILE", "TMP_PREFIX", "AsyncSaver", "SaveResult", "clean_partial", "list_checkpoints",
+           "load", "load_latest", "name_for", "prune", "save", "snapshot"]  # fmt: skip
+
 STATE_FILE = "state.pt"
-META_FILE = "meta.json"
-TMP_PREFIX = ".tmp-"
-_NAME = re.compile(r"^step-(\d{8,})$")
+FORMAT = 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,47 +49,10 @@ class SaveResult:
     seconds: float
 
 
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def name_for(step: int) -> str:
-    return f"step-{step:08d}"
-
-
 def list_checkpoints(root: Path) -> list[tuple[int, Path]]:
-    """Complete checkpoints, oldest first."""
-    if not root.is_dir():
-        return []
-    found = []
-    for child in root.iterdir():
-        m = _NAME.match(child.name)
-        if m and (child / META_FILE).is_file() and (child / STATE_FILE).is_file():
-            found.append((int(m.group(1)), child))
-    return sorted(found)
-
-
-def clean_partial(root: Path) -> list[Path]:
-    """Remove temp dirs left by a writer that died mid-save (only the job's rank 0 writes here)."""
-    removed = []
-    if root.is_dir():
-        for child in root.iterdir():
-            if child.name.startswith(TMP_PREFIX):
-                shutil.rmtree(child, ignore_errors=True)
-                removed.append(child)
-    return removed
+    """Checkpoints of this format (state.pt) this process may pick, oldest first."""
+    return [(e.step, e.path) for e in cdir.entries(root)
+            if e.meta is not None and e.meta.get("format", FORMAT) == FORMAT and (e.path / STATE_FILE).is_file()]  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -123,34 +87,28 @@ def _write_state(path: Path, state: dict[str, Any], step: int) -> None:
 
 
 def save(root: Path, state: dict[str, Any], step: int, *, keep: int, world_size: int) -> SaveResult:
-    """Write `state` as checkpoint `step` atomically, then keep only the newest `keep`."""
+    """Write `state` as checkpoint `step` atomically, then keep only the newest `keep`.
+
+    Raises checkpoint_fence.Fenced, having changed nothing, when a newer writer claimed `root`."""
     start = time.perf_counter()
     root.mkdir(parents=True, exist_ok=True)
+    mine = fence.check(root, f"write {name_for(step)}")
     tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{name_for(step)}-", dir=root))
     try:
         _write_state(tmp / STATE_FILE, state, step)
         nbytes = (tmp / STATE_FILE).stat().st_size
-        meta = {
-            "step": step,
-            "world_size": world_size,
-            "bytes": nbytes,
-            "time": time.time(),
-            "format": 1,
-        }
+        meta = {"step": step, "world_size": world_size, "bytes": nbytes, "time": time.time(), "format": FORMAT,
+                "files": cdir.manifest(tmp), "writer": mine.record()}  # fmt: skip
         (tmp / META_FILE).write_text(json.dumps(meta))
-        _fsync_file(tmp / META_FILE)
-        _fsync_dir(tmp)
-        final = root / name_for(step)
-        if final.exists():  # re-saving a step after a restart: move the old one aside first
-            old = root / f"{TMP_PREFIX}old-{final.name}-{os.getpid()}"
-            os.rename(final, old)
-            shutil.rmtree(old, ignore_errors=True)
-        os.rename(tmp, final)
-        _fsync_dir(root)
-    except BaseException:
+        cdir.fsync_file(tmp / META_FILE)
+        cdir.fsync_dir(tmp)
+        final = cdir.publish(root, tmp, step)
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError):  # e.g. a newer writer removed the temp dir as partial: that is Fenced
+            fence.check(root, f"write {name_for(step)}")
         raise
-    prune(root, keep)
+    prune(root, keep, protect=final)
     return SaveResult(path=final, bytes=nbytes, seconds=time.perf_counter() - start)
 
 
@@ -249,6 +207,8 @@ class AsyncSaver:
         with self._lock:
             done, self._done = self._done, []
             error, self._error = self._error, None
+        if isinstance(error, fence.Fenced):
+            raise error  # not a failed write: this process must stop (see checkpoint_fence)
         if error is not None:
             raise RuntimeError(f"checkpoint write under {self.root} failed: {error}") from error
         return done
@@ -259,30 +219,25 @@ class AsyncSaver:
         return self.poll()
 
 
-def prune(root: Path, keep: int) -> None:
-    for _, path in list_checkpoints(root)[:-keep] if keep > 0 else []:
-        shutil.rmtree(path, ignore_errors=True)
-
-
 def load(root: Path, step: int, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """Checkpoint `step` exactly; raises when it is missing, incomplete or does not load."""
     path = root / name_for(step)
-    expected = json.loads((path / META_FILE).read_text()).get("bytes")
-    actual = (path / STATE_FILE).stat().st_size
-    if expected is not None and actual != expected:
-        raise ValueError(f"{path / STATE_FILE} has {actual} bytes, meta.json says {expected}")
+    problem = cdir.manifest_problem(path, cdir.read_meta(path))
+    if problem is not None:
+        raise ValueError(f"{path}: {problem}")
     return torch.load(path / STATE_FILE, map_location=map_location, weights_only=False)
 
 
 def load_latest(
     root: Path, map_location: str | torch.device = "cpu"
 ) -> tuple[int, dict[str, Any]] | None:
-    """The newest complete checkpoint that actually loads; a corrupt one is skipped with a warning."""
+    """The newest checkpoint that actually loads. One that does not is moved aside as
+    `step-N.corrupt` by a writer (a process that claimed `root`) and skipped by a reader."""
     for step, path in reversed(list_checkpoints(root)):
         try:
             state = load(root, step, map_location)
         except Exception as e:  # noqa: BLE001 - a damaged file must not stop the job; an older one may load
-            print(f"disttrain-trainer: skipping unreadable checkpoint {path}: {e}", flush=True)
+            cdir.quarantine(path, str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
             continue
         return step, state
     return None

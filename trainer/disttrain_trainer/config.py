@@ -17,6 +17,8 @@ from disttrain_api import constants as C
 from disttrain_api import validation
 from disttrain_api.model import JobSpec, SpecError, parse_spec
 
+from .checkpoint_fence import Writer
+
 DEFAULT_RENDEZVOUS_TIMEOUT_S = 300.0
 # Files the trainer writes into its run dir, which the local launcher reads.
 SUMMARY_FILE = "summary.json"  # rank 0's summary, also its termination message
@@ -48,6 +50,7 @@ class TrainerConfig:
     termination_log: Path | None
     device: str | None  # "cpu" | "cuda" | None (auto)
     restart_attempt: int = 0
+    job_uid: str = ""  # the job's UID (operator pods); with restart_attempt it names a checkpoint writer
     namespace: str = "default"  # the job's namespace (a metrics label)
     # Train on CPU when GPUs were asked for but none is visible (spec.workers.allowCPUFallback
     # or the operator's DISTTRAIN_ALLOW_CPU_FALLBACK); otherwise that is a config error.
@@ -55,6 +58,11 @@ class TrainerConfig:
     # How long a rank waits for MASTER_ADDR to resolve and for the gang to join. Peer
     # pods may stay Pending for minutes; past this the rank exits FAILED and is retried.
     rendezvous_timeout_s: float = DEFAULT_RENDEZVOUS_TIMEOUT_S
+
+    @property
+    def checkpoint_writer(self) -> Writer:
+        """Who this process's checkpoint writes are from (checkpoint_fence.py): the job and its restart attempt."""
+        return Writer(job_uid=self.job_uid, attempt=self.restart_attempt)
 
     def for_local_rank(self, local_rank: int) -> TrainerConfig:
         """The config of local rank i in a pod that runs NPROC_PER_NODE processes."""
@@ -171,6 +179,7 @@ def load_config(environ: Mapping[str, str] | None = None) -> TrainerConfig:
         termination_log=Path(term) if term else _default_termination_log(),
         device=device,
         restart_attempt=_int(env, C.ENV_RESTART_ATTEMPT, 0),
+        job_uid=env.get(C.ENV_JOB_UID) or "",
         namespace=env.get(C.ENV_NAMESPACE) or "default",
         allow_cpu_fallback=spec.workers.allow_cpu_fallback
         or (env.get(C.ENV_ALLOW_CPU_FALLBACK) or "").strip().lower() in ("1", "true", "yes", "on"),

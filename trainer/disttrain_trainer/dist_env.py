@@ -27,6 +27,7 @@ import torch.distributed as dist
 from disttrain_api import constants as C
 from disttrain_api import exitcodes
 
+from .checkpoint_fence import Fenced
 from .config import ConfigError, TrainerConfig
 
 SPAWN_GRACE_S = 3.0  # peers that hit the same config error exit with it themselves within this
@@ -185,6 +186,9 @@ def _spawned(local_rank: int, cfg: TrainerConfig, main: Callable[[TrainerConfig]
         # a config error fails again on every retry, so it must reach the pod as CONFIG.
         print(f"disttrain-trainer: rank {child.rank}: {e}", file=sys.stderr, flush=True)
         exit_process(exitcodes.CONFIG)
+    except Fenced as e:  # a replaced gang's rank: FENCED, not a failure to retry
+        print(f"disttrain-trainer: rank {child.rank}: fenced: {e}", file=sys.stderr, flush=True)
+        exit_process(exitcodes.FENCED)
     exit_process(exitcodes.OK)
 
 
@@ -206,6 +210,8 @@ def spawn_local_ranks(cfg: TrainerConfig, main: Callable[[TrainerConfig], Any]) 
             pass
     except ProcessException:
         codes = [p.exitcode for p in procs.processes]
+        if exitcodes.FENCED in codes:
+            raise Fenced(f"local rank {codes.index(exitcodes.FENCED)} was fenced (see its message above)") from None
         if exitcodes.CONFIG in codes:
             raise ConfigError(
                 f"local rank {codes.index(exitcodes.CONFIG)} rejected the config (see its message above)"

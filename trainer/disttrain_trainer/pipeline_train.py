@@ -45,6 +45,7 @@ from torch.distributed.tensor import DTensor
 
 from . import checkpoint as ckpt
 from . import resume
+from .checkpoint_fence import Fenced
 from .config import ConfigError, TrainerConfig
 from .data import Dataset, GlobalBatchSampler
 from .dist_env import DistContext
@@ -138,7 +139,7 @@ class PipeRun:
             if self.tp_rank == 0:
                 part |= {"pp_rank": self.pp_rank, "optimizer": optim}
         parts = self._gather(part)
-        info = [0.0, 0]
+        info: list[Any] = [0.0, 0, ""]  # seconds, bytes, why rank 0 was fenced
         if parts is not None:
             state = {
                 "step": self.step, "world_size": self.ctx.world_size, "plan": self.plan.to_json(),
@@ -147,10 +148,15 @@ class PipeRun:
                 "scheduler": self.scheduler.state_dict(), "sampler": self.sampler.state_dict(),
                 "rng": [p["rng"] for p in parts], "summary": self.summary,
             }  # fmt: skip
-            res = ckpt.save(self.cfg.checkpoint_dir, state, self.step, keep=self.cfg.spec.checkpoint.keep,
-                            world_size=self.ctx.world_size)  # fmt: skip
-            info = [res.seconds, res.bytes]
+            try:
+                res = ckpt.save(self.cfg.checkpoint_dir, state, self.step, keep=self.cfg.spec.checkpoint.keep,
+                                world_size=self.ctx.world_size)  # fmt: skip
+                info = [res.seconds, res.bytes, ""]
+            except Fenced as e:
+                info = [0.0, 0, str(e)]
         dist.broadcast_object_list(info, src=0)  # also a barrier: nobody runs ahead of a half-written save
+        if info[2]:
+            raise Fenced(info[2])  # on every rank: the whole replaced gang stops
         self.metrics.observe_checkpoint(self.step, float(info[0]), int(info[1]))
 
     def restore(self, state: dict[str, Any]) -> None:
@@ -199,7 +205,7 @@ def setup(cfg: TrainerConfig, ctx: DistContext, ds: Dataset, model: nn.Module, m
     if len(blocks) < n_stages:
         raise ConfigError(f"model {spec.model.name} has {len(blocks)} blocks, fewer than the {n_stages} stages of "
                           f"parallelism.pipeline {pp} x virtualStages; use more layers or fewer stages")  # fmt: skip
-    loaded = resume.agree_on_checkpoint(cfg.checkpoint_dir, ctx)
+    loaded = resume.agree_on_checkpoint(cfg.checkpoint_dir, ctx, writer=cfg.checkpoint_writer)
     saved_plan = Plan.from_json(loaded[1]["plan"]) if loaded else None
     sampler = GlobalBatchSampler(ds.num_train, spec.data.batch_size, spec.data.seed, dp_rank, dp)
     mb = spec.data.batch_size // dp // par.microbatches

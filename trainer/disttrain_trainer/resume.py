@@ -1,11 +1,14 @@
 """What a resumed rank needs besides model and optimizer: the agreed checkpoint, RNG streams, hook state.
 
-- The checkpoint: rank 0 picks the newest checkpoint that is complete *and
-  loads*, then broadcasts its step; every other rank loads exactly that step.
-  A corrupt newest checkpoint therefore makes the whole gang fall back to the
-  previous one together. When the caller can take a sharded (DCP) checkpoint
-  and the newest complete one is one, rank 0 names it instead: every rank
-  reads its own shards of it (sharded_checkpoint.py).
+- The checkpoint: rank 0 claims the checkpoint directory for this gang's
+  restart attempt (checkpoint_fence.py: a writer of a replaced gang is fenced
+  off from then on), then picks the newest checkpoint that is complete *and
+  loads*, and broadcasts its step; every other rank loads exactly that step.
+  An unreadable one is moved aside (`step-N.corrupt`), so the whole gang falls
+  back to the previous one together. When the caller can take a sharded (DCP)
+  checkpoint and the newest good one is one, rank 0 verifies it
+  (sharded_checkpoint.verify) and names it instead: every rank reads its own
+  shards of it; a load that still fails on it (`reject`) moves it aside too.
 - RNG: every rank's streams (torch, CUDA, numpy, random) are saved; at the same
   world size each rank gets its own back, so dropout continues exactly. At a
   new world size there is no stream to give back, and each rank is seeded from
@@ -32,6 +35,8 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 
 from . import checkpoint as ckpt
+from . import checkpoint_dir as cdir
+from . import checkpoint_fence as fence
 from . import sharded_checkpoint as sharded_ckpt
 from .dist_env import DistContext
 
@@ -41,23 +46,26 @@ class CheckpointNotVisible(RuntimeError):
 
 
 def agree_on_checkpoint(
-    root: Path, ctx: DistContext, *, sharded: bool = False
+    root: Path, ctx: DistContext, *, writer: fence.Writer, sharded: bool = False
 ) -> tuple[int, dict[str, Any] | Path] | None:
     """The newest checkpoint that rank 0 can load completely, loaded on every rank; None: start fresh.
 
-    With `sharded`, a DCP checkpoint newer than every full one comes back as its path: every
-    rank then reads its own shards of it (sharded_checkpoint.load). One broadcast either way, so
-    every rank issues the same collectives whatever it finds on its volume."""
+    Rank 0 first takes the directory over as `writer` (raises checkpoint_fence.Fenced when a newer
+    attempt claimed it). With `sharded`, a verified DCP checkpoint newer than every good full one
+    comes back as its path: every rank then reads its own shards of it (sharded_checkpoint.load).
+    One broadcast either way, so every rank issues the same collectives whatever it finds on its volume."""
     loaded: tuple[int, dict[str, Any] | Path] | None = None
+    refused = ""
     if ctx.is_main:
-        ckpt.clean_partial(root)
-        found = sharded_ckpt.list_checkpoints(root) if sharded else []
-        if found and sharded_ckpt.is_sharded_checkpoint(found[-1][1]):
-            loaded = found[-1]
-        else:
-            loaded = ckpt.load_latest(root)
-    choice = [(loaded[0], isinstance(loaded[1], Path)) if loaded is not None else None]
+        try:
+            cdir.take_over(root, writer)
+            loaded = _pick(root, sharded=sharded)
+        except fence.Fenced as e:
+            refused = str(e)
+    choice = [refused or ((loaded[0], isinstance(loaded[1], Path)) if loaded is not None else None)]
     dist.broadcast_object_list(choice, src=0)
+    if isinstance(choice[0], str):
+        raise fence.Fenced(choice[0])
     if choice[0] is None:
         return None
     step, is_dcp = choice[0]
@@ -72,6 +80,33 @@ def agree_on_checkpoint(
                 f"loaded ({e}); the checkpoint volume must be shared by all workers"
             ) from None
     return loaded
+
+
+def _pick(root: Path, *, sharded: bool) -> tuple[int, dict[str, Any] | Path] | None:
+    """Rank 0: the newest checkpoint that loads (full) or verifies (DCP, with `sharded`); the ones
+    in between are moved aside. Without `sharded` DCP checkpoints are not candidates."""
+    if not sharded:
+        return ckpt.load_latest(root)
+    for step, path in reversed(sharded_ckpt.list_checkpoints(root)):
+        if sharded_ckpt.is_sharded_checkpoint(path):
+            problem = sharded_ckpt.verify(path)
+            if problem is None:
+                return step, path
+            cdir.quarantine(path, problem)
+            continue
+        try:
+            return step, ckpt.load(root, step)
+        except Exception as e:  # noqa: BLE001 - a damaged file must not stop the job; an older one may load
+            cdir.quarantine(path, f"{type(e).__name__}: {e}")
+    return None
+
+
+def reject(path: Path, ctx: DistContext, error: BaseException) -> None:
+    """Every rank failed to load the agreed DCP checkpoint `path` (DCP raises a read error on all
+    ranks alike): rank 0 moves it aside, so the next agree_on_checkpoint picks the one before."""
+    if ctx.is_main:
+        cdir.quarantine(path, f"{type(error).__name__}: {str(error).strip()[:300]}")
+    dist.barrier()
 
 
 # ----------------------------------------------------------------- RNG streams

@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.checkpoint import CheckpointException
 from torch.distributed.tensor.parallel import loss_parallel
 
 from . import checkpoint as ckpt
@@ -273,23 +274,34 @@ def _settle_buckets(run: Run) -> None:
 
 def _resume(run: Run) -> None:
     """The newest checkpoint of either format into this run's model, whatever layout wrote it."""
-    root = run.cfg.checkpoint_dir
-    loaded = resume.agree_on_checkpoint(root, run.ctx, sharded=True)
-    if loaded is None:
+    state = _load_agreed(run)
+    if state is None:
         return
-    saved = loaded[1]
-    if isinstance(saved, Path):  # DCP: every rank reads the byte ranges its own shards need
-        state = sharded_ckpt.load(saved, model=run.inner, optimizer=run.optimizer)
-    elif run.sharded:  # every rank holds the full tensors; each keeps its own shard of them
-        state = sharded_ckpt.load_full(saved, model=run.inner, optimizer=run.optimizer)
-    else:
-        state = saved
-        hooks = state.get("comm_hook") or []
-        if len(hooks) == run.ctx.world_size and any(h is not None for h in hooks):
-            _settle_buckets(run)
     run.restore(state)
     if run.ctx.is_main:
-        print(f"disttrain-trainer: resumed from step {run.step} ({root})", flush=True)
+        print(f"disttrain-trainer: resumed from step {run.step} ({run.cfg.checkpoint_dir})", flush=True)
+
+
+def _load_agreed(run: Run) -> dict[str, Any] | None:
+    """Model and optimizer loaded from the checkpoint the gang agreed on; the rest of its state."""
+    writer = run.cfg.checkpoint_writer
+    while True:
+        loaded = resume.agree_on_checkpoint(run.cfg.checkpoint_dir, run.ctx, writer=writer, sharded=True)
+        if loaded is None:
+            return None
+        saved = loaded[1]
+        if isinstance(saved, Path):  # DCP: every rank reads the byte ranges its own shards need
+            try:
+                return sharded_ckpt.load(saved, model=run.inner, optimizer=run.optimizer)
+            except CheckpointException as e:  # raised on every rank alike: all fall back together
+                resume.reject(saved, run.ctx, e)
+                continue  # the next checkpoint's load overwrites whatever this one half-loaded
+        if run.sharded:  # every rank holds the full tensors; each keeps its own shard of them
+            return sharded_ckpt.load_full(saved, model=run.inner, optimizer=run.optimizer)
+        hooks = saved.get("comm_hook") or []
+        if len(hooks) == run.ctx.world_size and any(h is not None for h in hooks):
+            _settle_buckets(run)
+        return saved
 
 
 def _batch(run: Run) -> list[tuple[torch.Tensor, torch.Tensor]]:

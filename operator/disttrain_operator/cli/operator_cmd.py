@@ -31,6 +31,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                    help="seconds between progress scrapes of a running job's rank 0; also the most often "
                    "pod counts/progress alone are written to its status (default 3) "
                    "[DISTTRAIN_OPERATOR_POLL_INTERVAL]")
+    p.add_argument("--node-lost-after", type=float, default=None, dest="node_lost_after_s", metavar="SECONDS",
+                   help="seconds a running pod may stay NotReady (its node lost) before its gang is replaced and "
+                   "its pods force-deleted (default 300, Kubernetes' pod-eviction default) "
+                   "[DISTTRAIN_OPERATOR_NODE_LOST_AFTER]")
     p.add_argument("--leader-elect", action="store_true", default=None,
                    help="run only while holding the Lease disttrain-operator (one active replica, the others "
                    "standing by) [DISTTRAIN_OPERATOR_LEADER_ELECT]")
@@ -54,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
             liveness=args.liveness,
             default_image=args.default_image,
             poll_interval_s=args.poll_interval_s,
+            node_lost_after_s=args.node_lost_after_s,
             leader_elect=args.leader_elect,
             lease_namespace=args.lease_namespace,
         )

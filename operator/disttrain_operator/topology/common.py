@@ -199,6 +199,8 @@ def contract_env(
         c.ENV_METRICS_PORT: str(spec.metrics.port),
         c.ENV_TERMINATION_LOG: c.DEFAULT_TERMINATION_LOG,
     }
+    if ctx.uid:  # names the checkpoint writer with the attempt: a replaced gang is fenced off
+        env[c.ENV_JOB_UID] = ctx.uid
     if ctx.allow_cpu_fallback:
         env[c.ENV_ALLOW_CPU_FALLBACK] = "true"
     if nproc == 1:

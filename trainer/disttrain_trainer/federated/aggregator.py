@@ -28,6 +28,8 @@ import torch
 from disttrain_api.model import FederatedSpec
 
 from .. import checkpoint as ckpt
+from .. import checkpoint_dir as cdir
+from ..checkpoint_fence import Writer
 from ..metrics_sink import time_fractions
 from ..tensor_transport import auth, codec
 from ..tensor_transport.protos import tensor_transport_pb2 as pb
@@ -53,6 +55,7 @@ class Aggregator(SecureStages, pbg.FederatedServicer):
         metrics: Any,  # FedMetrics
         evaluate: Callable[[dict[str, torch.Tensor]], float] | None = None,
         checkpoint_dir: Path | None = None,
+        writer: Writer | None = None,  # who writes its checkpoints (checkpoint_fence.py)
         max_samples: float = math.inf,
         log: Callable[[str], None] = lambda s: print(s, flush=True),
     ):
@@ -66,6 +69,7 @@ class Aggregator(SecureStages, pbg.FederatedServicer):
         self.metrics = metrics
         self.evaluate = evaluate
         self.checkpoint_dir = checkpoint_dir
+        self.writer = writer or Writer()
         self.max_samples = max_samples
         self.log = log
         self.known = set(client_ids(fed.clients))
@@ -98,6 +102,9 @@ class Aggregator(SecureStages, pbg.FederatedServicer):
     def restore(self) -> None:
         if self.checkpoint_dir is None:
             return
+        # Claim the directory first: an aggregator pod replaced while it still ran (a lost node)
+        # must not publish or prune any more (checkpoint_fence.py).
+        cdir.take_over(self.checkpoint_dir, self.writer)
         found = ckpt.load_latest(self.checkpoint_dir)
         if found is None:
             return

@@ -128,7 +128,7 @@ def run_aggregator(cfg: TrainerConfig, s: FedSettings) -> dict[str, Any]:
     try:
         agg = Aggregator(
             fed=s.fed, seed=s.seed, model=model.state_dict(), key=aggregator_key(s), metrics=metrics,
-            evaluate=make_evaluator(cfg, ds), checkpoint_dir=cfg.checkpoint_dir,
+            evaluate=make_evaluator(cfg, ds), checkpoint_dir=cfg.checkpoint_dir, writer=cfg.checkpoint_writer,
             max_samples=float(ds.num_train * s.fed.local_epochs),
         )  # fmt: skip
         agg.restore()

@@ -56,7 +56,7 @@ def shard_config(cfg: TrainerConfig, s: PSSettings, checkpoint_root: Path | None
         index=s.index, workers=s.workers, steps=spec.training.steps, max_staleness=s.ps.max_staleness,
         optimizer=spec.optimizer, push_batch=check_batch(cfg, s.workers),
         checkpoint_dir=checkpoint_root / f"server-{s.index}" if checkpoint_root else None,
-        checkpoint_interval=spec.checkpoint.interval_steps, keep=spec.checkpoint.keep,
+        checkpoint_interval=spec.checkpoint.interval_steps, keep=spec.checkpoint.keep, writer=cfg.checkpoint_writer,
     )  # fmt: skip
 
 

@@ -26,7 +26,7 @@ import time
 import uuid
 from collections import Counter as Tally
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,8 @@ import torch
 from disttrain_api.model import OptimizerSpec
 
 from .. import checkpoint as ckpt
+from .. import checkpoint_dir as cdir
+from ..checkpoint_fence import Fenced, Writer, exit_fenced
 from ..optim import build_optimizer, lr_at
 from ..tensor_transport import codec, frames
 from ..tensor_transport.protos import tensor_transport_pb2 as pb
@@ -54,6 +56,7 @@ class ShardConfig:
     checkpoint_dir: Path | None
     checkpoint_interval: int  # versions between checkpoints
     keep: int
+    writer: Writer = field(default_factory=Writer)  # who writes its checkpoints (checkpoint_fence.py)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,7 +123,8 @@ class Shard:
         root = self.cfg.checkpoint_dir
         if root is None:
             return None
-        ckpt.clean_partial(root)
+        # A shard replaced while it still ran (a lost node) must not publish or prune any more.
+        cdir.take_over(root, self.cfg.writer)
         loaded = ckpt.load_latest(root)
         if loaded is None:
             return None
@@ -149,7 +153,10 @@ class Shard:
             return
         with self._save_lock:  # one writer at a time: saves of two versions must not prune each other
             state = self.state()
-            res = ckpt.save(root, state, state["version"], keep=self.cfg.keep, world_size=1)
+            try:
+                res = ckpt.save(root, state, state["version"], keep=self.cfg.keep, world_size=1)
+            except Fenced as e:  # a replaced shard: stop serving at once, from whichever thread saves
+                exit_fenced(e)
         self.metrics.checkpoint(state["version"], res.seconds, res.bytes)
 
     # ------------------------------------------------------------------ push
