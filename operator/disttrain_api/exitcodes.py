@@ -9,6 +9,13 @@ worth a restart, so they mean one thing each:
 - CONFIG (2) is permanent: the same spec fails the same way on every retry (a
   rule the spec breaks, fp16 without a GPU, a `module:factory` that does not
   import, a batch larger than the dataset). Nothing is restarted.
+- STOPPED (3) is "stopped on request": the process got SIGTERM (Kubernetes
+  deleting, evicting, draining or preempting its pod, a suspend, `disttrain
+  local` stopping its gang) or a peer did, every rank stopped at the same step
+  and the state of that step is checkpointed. The operator counts such a pod as
+  a disruption (status.disruptions), never against runPolicy.backoffLimit, and
+  the next gang resumes from that step. A process killed before it could save
+  (SIGKILL after the grace period) exits 137, which is a failure.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 OK = 0
 FAILED = 1
 CONFIG = 2
+STOPPED = 3
 INTERRUPTED = 130
 
 # Exit codes after which a restart cannot help.
@@ -25,5 +33,6 @@ MEANING = {
     OK: "succeeded",
     FAILED: "failed; transient, retried up to runPolicy.backoffLimit",
     CONFIG: "invalid manifest or config rejected; permanent, never retried",
-    INTERRUPTED: "interrupted (Ctrl-C or SIGTERM)",
+    STOPPED: "stopped on request (SIGTERM) after checkpointing its step; a disruption, not counted as a restart",
+    INTERRUPTED: "interrupted (Ctrl-C)",
 }

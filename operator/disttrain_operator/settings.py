@@ -45,8 +45,6 @@ class OperatorSettings:
     force_delete_after_s: float = 30.0
     # A Running pod whose Ready condition turned False (node lost) this long counts as failed.
     node_lost_after_s: float = 15.0
-    # Pod termination grace: trainers checkpoint periodically, nothing to flush on SIGTERM.
-    termination_grace_s: int = 5
     scrape_timeout_s: float = 1.5
     gpu: GpuPods = field(default_factory=GpuPods)
     # Every job may train on CPU when its GPUs are missing (passed to pods as

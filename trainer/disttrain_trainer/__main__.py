@@ -2,7 +2,8 @@
 
 Exit codes (disttrain_api.exitcodes): OK on success; CONFIG for a config that
 fails the same way on every retry; FAILED for anything transient, which the
-launcher or the operator retries. The reason is one line on stderr.
+launcher or the operator retries; STOPPED after SIGTERM, with the step every rank
+stopped at checkpointed (stop_request.py). The reason is one line on stderr.
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ from disttrain_api.exitcodes import CONFIG as EXIT_CONFIG
 from disttrain_api.exitcodes import FAILED as EXIT_FAILED
 from disttrain_api.exitcodes import INTERRUPTED as EXIT_INTERRUPTED
 from disttrain_api.exitcodes import OK as EXIT_OK
+from disttrain_api.exitcodes import STOPPED as EXIT_STOPPED
+
+from . import stop_request
 
 
 def _keep_until_exit(error: BaseException) -> None:
@@ -26,6 +30,17 @@ def _keep_until_exit(error: BaseException) -> None:
 
 
 def main() -> int:
+    # First: as PID 1 in a container the trainer would never see SIGTERM without a handler.
+    stop_request.install()
+    try:
+        return _main()
+    except stop_request.StopRequested as e:
+        _keep_until_exit(e)
+        print(f"disttrain-trainer: stopped on request ({e})", file=sys.stderr, flush=True)
+        return EXIT_STOPPED
+
+
+def _main() -> int:
     try:
         from .config import ConfigError, load_config  # noqa: PLC0415
         from .parallel import ModeNotImplemented  # noqa: PLC0415

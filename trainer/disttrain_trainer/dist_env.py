@@ -12,8 +12,10 @@ time raises `RendezvousError`, which exits FAILED so the gang is retried.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
+import signal
 import socket
 import sys
 import time
@@ -27,6 +29,7 @@ import torch.distributed as dist
 from disttrain_api import constants as C
 from disttrain_api import exitcodes
 
+from . import stop_request
 from .config import ConfigError, TrainerConfig
 
 SPAWN_GRACE_S = 3.0  # peers that hit the same config error exit with it themselves within this
@@ -175,6 +178,7 @@ def exit_process(code: int) -> NoReturn:
 
 
 def _spawned(local_rank: int, cfg: TrainerConfig, main: Callable[[TrainerConfig], Any]) -> None:
+    stop_request.install()  # the pod's first process forwards SIGTERM here (spawn_local_ranks)
     child = cfg.for_local_rank(local_rank)
     os.environ[C.ENV_RANK] = str(child.rank)
     os.environ[C.ENV_LOCAL_RANK] = str(local_rank)
@@ -185,7 +189,18 @@ def _spawned(local_rank: int, cfg: TrainerConfig, main: Callable[[TrainerConfig]
         # a config error fails again on every retry, so it must reach the pod as CONFIG.
         print(f"disttrain-trainer: rank {child.rank}: {e}", file=sys.stderr, flush=True)
         exit_process(exitcodes.CONFIG)
+    except stop_request.StopRequested as e:
+        keep_until_exit(e)
+        exit_process(exitcodes.STOPPED)
     exit_process(exitcodes.OK)
+
+
+def _forward_stop(procs: Any) -> None:
+    """SIGTERM reaches only a container's first process: pass it on to the local ranks."""
+    for p in procs.processes:
+        if p.is_alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, signal.SIGTERM)
 
 
 def spawn_local_ranks(cfg: TrainerConfig, main: Callable[[TrainerConfig], Any]) -> None:
@@ -200,10 +215,23 @@ def spawn_local_ranks(cfg: TrainerConfig, main: Callable[[TrainerConfig], Any]) 
     procs = mp.start_processes(
         _spawned, args=(cfg, main), nprocs=cfg.nproc_per_node, join=False, start_method="spawn"
     )
+    # Not deferred: the handler raises StopRequested out of procs.join, which would otherwise
+    # SIGKILL the other ranks SPAWN_GRACE_S after the first one exits STOPPED, mid-checkpoint.
+    remove = stop_request.on_request(lambda: _forward_stop(procs))
     try:
         # The grace period lets every rank that hits the same config error exit with it itself.
         while not procs.join(grace_period=SPAWN_GRACE_S):
             pass
+    except stop_request.StopRequested:
+        with stop_request.deferred():
+            for p in procs.processes:  # they stop after an agreed step and checkpoint it
+                p.join()
+        codes = [p.exitcode for p in procs.processes]
+        if all(code == exitcodes.OK for code in codes):
+            return  # the run ended before the request reached a check: it finished
+        if any(code not in (exitcodes.OK, exitcodes.STOPPED) for code in codes):
+            raise RuntimeError(f"local ranks exited {codes} while stopping") from None
+        raise
     except ProcessException:
         codes = [p.exitcode for p in procs.processes]
         if exitcodes.CONFIG in codes:
@@ -211,3 +239,5 @@ def spawn_local_ranks(cfg: TrainerConfig, main: Callable[[TrainerConfig], Any]) 
                 f"local rank {codes.index(exitcodes.CONFIG)} rejected the config (see its message above)"
             ) from None
         raise
+    finally:
+        remove()
