@@ -22,8 +22,9 @@ import torch
 from disttrain_api import exitcodes
 from disttrain_trainer import checkpoint
 
-STEPS = 240
-SIGNAL_AFTER_STEP = 60
+# Long enough that a stop lands mid-run: the loop checks for one about every second (stop_agreement.py).
+STEPS = 3000
+SIGNAL_AFTER_STEP = 100
 
 DATA = """\
 apiVersion: disttrain.dev/v1alpha1
@@ -120,12 +121,13 @@ def test_sigterm_checkpoints_the_step_reached_and_the_resumed_run_ends_equal(tmp
     ref = subprocess.run(local(path, ref_dir, "--fresh"), capture_output=True, text=True, timeout=400)
     assert ref.returncode == 0, ref.stdout + ref.stderr
 
+    # 1. SIGTERM to `disttrain local`: it passes it on to the gang, as the kubelet does to pods.
     proc = subprocess.Popen(local(path, run_dir, "--fresh"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)  # fmt: skip
     try:
         seen = wait_for_step(proc, run_dir, SIGNAL_AFTER_STEP)
         sent = time.monotonic()
-        proc.send_signal(signal.SIGTERM)  # the launcher passes it on to the gang, as the kubelet would
+        proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=120)
         took = time.monotonic() - sent
     finally:
@@ -134,7 +136,8 @@ def test_sigterm_checkpoints_the_step_reached_and_the_resumed_run_ends_equal(tmp
             proc.wait()
     context = f"{out}\n{err}\n{logs(run_dir)[-4000:]}"
     assert proc.returncode == exitcodes.INTERRUPTED, context
-    # Promptly: a step and a small checkpoint, far inside the grace period (60 s) that would SIGKILL it.
+    # Promptly: a couple of seconds of steps and a small checkpoint, far inside the grace period
+    # (60 s) after which the launcher would SIGKILL it.
     assert took < 45, f"{took:.1f} s from SIGTERM to exit\n{context}"
     (stopped_at,) = saved_steps(run_dir, job)  # no periodic checkpoint: this one was written on the stop
     assert seen <= stopped_at < STEPS, context
@@ -143,11 +146,25 @@ def test_sigterm_checkpoints_the_step_reached_and_the_resumed_run_ends_equal(tmp
     assert f"stopped on request after step {stopped_at}" in context
     assert "Traceback" not in logs(run_dir), context
 
-    resumed = subprocess.run(local(path, run_dir), capture_output=True, text=True, timeout=400)
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    # 2. Resumed; then SIGTERM to rank 1 alone (a drained pod): rank 0 stops after the same step and
+    # saves it, and the launcher restarts the gang from there without counting a restart.
+    proc = subprocess.Popen(local(path, run_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_step(proc, run_dir, stopped_at + SIGNAL_AFTER_STEP)
+        os.kill(int(json.loads((run_dir / "pids.json").read_text())["pids"]["1"]), signal.SIGTERM)
+        out, err = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    context = f"{out}\n{err}\n{logs(run_dir)[-4000:]}"
+    assert proc.returncode == 0, context
+    assert "stopped on request: restarting the gang" in out, context
+    assert json.loads((run_dir / "local-summary.json").read_text())["restarts"] == 0, context
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["resumedFromStep"] == stopped_at and summary["steps"] == STEPS, summary
-    # Dropout: each rank's RNG stream, the sampler and the optimizer resume exactly.
+    assert stopped_at < summary["resumedFromStep"] < STEPS and summary["steps"] == STEPS, summary
+    assert f"stopped on request after step {summary['resumedFromStep']}" in (run_dir / "logs" / "rank0.log").read_text()
+    # Dropout: each rank's RNG stream, the sampler and the optimizer resume exactly, twice.
     assert max_diff(final_model(ref_dir, job), final_model(run_dir, job)) <= 1e-6
 
 

@@ -2,21 +2,23 @@
 
 SIGTERM reaches one pod first (the drained one) or every pod at slightly different times, but
 the checkpoint must hold one step of every rank. The loop has no collective of its own between
-DDP's gradient buckets to carry a flag, and one more blocking collective per step would cost
-the small-model loop measurably (a gloo round trip of ~100 us against a ~1 ms step). So the
-flag travels in a non-blocking all-reduce (MAX of [stop requested, seconds per step]) on a
-gloo group of its own (CPU tensors: no device sync on GPUs, nothing queued in front of
-DDP's buckets), started at a check step and read at the next check step, by when it has long
-completed. Every rank starts and reads it at the same steps and computes the next check step
-from the reduced values, so all stop after the same step.
+DDP's gradient buckets to carry a flag, and one more collective per step would cost the
+small-model loop measurably (benchmarks/stop_check.py: a check costs 0.1-0.7 ms of a 1-3 ms
+digits step on 2 busy cores). So the flag travels in a non-blocking all-reduce (MAX of [stop
+requested, seconds per step]) on a gloo group of its own (CPU tensors: no device sync on GPUs,
+nothing queued in front of DDP's buckets), started at a check step and read at the next one, by
+when it has long completed. Every rank starts and reads it at the same steps and computes the
+next check step from the reduced values, so all of them stop after the same step.
 
-Checks are `every` steps apart: every = clamp(floor(grace / 4 / s), 1, log interval), with s
-the slowest rank's mean seconds per step since the previous check. A request is seen by the
-launch after it and read one check later, so the loop stops at most 2 x every steps after the
-request: about grace / 2 or less (2 steps when one step alone takes more than grace / 4),
-which leaves the other half of the grace period for the checkpoint write. Small models check
-once per log interval (a launch costs tens of microseconds); a job whose checkpoint takes
-longer than half its grace period needs a longer runPolicy.terminationGracePeriodSeconds.
+Checks are about CHECK_PERIOD_S of training apart, and never more than a quarter of the grace
+period: every = clamp(floor(min(CHECK_PERIOD_S, grace / 4) / s), 1, max_every) steps, with s the
+slowest rank's mean seconds per step since the previous check. A request is seen by the launch
+after it and read one check later, so the loop stops at most 2 x every steps after it: within
+2 x CHECK_PERIOD_S (and at most grace / 2) when a step is shorter than that, else within two
+steps; the rest of the grace period is left for the checkpoint write. A small model's loop pays
+one check per second (a fraction of a millisecond), a slow one a check per step it can afford.
+A job whose steps or checkpoint take longer than about half its grace period needs a longer
+runPolicy.terminationGracePeriodSeconds.
 """
 
 from __future__ import annotations
@@ -28,15 +30,17 @@ import torch.distributed as dist
 
 from . import stop_request
 
-# Share of the grace period one check interval may take: a request waits at most two.
-INTERVAL_SHARE = 0.25
+# Seconds of training between two checks, unless a quarter of the grace period is shorter.
+CHECK_PERIOD_S = 1.0
+GRACE_SHARE = 0.25
+MAX_EVERY = 100_000
 
 
 class StopAgreement:
-    def __init__(self, *, grace_s: float, max_every: int, group: dist.ProcessGroup | None = None) -> None:
+    def __init__(self, *, grace_s: float, max_every: int = MAX_EVERY, group: dist.ProcessGroup | None = None) -> None:
         """Collective: every rank constructs it at the same point (a new gloo group)."""
         self.group = group if group is not None else dist.new_group(backend="gloo")
-        self.budget_s = grace_s * INTERVAL_SHARE
+        self.period_s = min(CHECK_PERIOD_S, grace_s * GRACE_SHARE)
         self.max_every = max(1, max_every)
         self.next_check = 0
         self._work: dist.Work | None = None
@@ -71,7 +75,7 @@ class StopAgreement:
         """Steps to the next check (a pure function of reduced values: the same on every rank)."""
         if seconds_per_step <= 0:
             return self.max_every
-        return max(1, min(self.max_every, int(self.budget_s / seconds_per_step)))
+        return max(1, min(self.max_every, int(self.period_s / seconds_per_step)))
 
     def close(self) -> None:
         """Wait for the check in flight (a normal end: every rank started it, so it completes)."""

@@ -549,8 +549,7 @@ def run(cfg: TrainerConfig, *, metrics: Metrics | None = None) -> dict[str, Any]
         if r.summary is not None and r.step >= spec.training.steps:
             summary = r.summary  # a finished run resumed: nothing to train, its figures stand
         else:
-            r.stop = StopAgreement(grace_s=spec.run_policy.termination_grace_period_seconds,
-                                   max_every=spec.training.log_interval_steps)  # fmt: skip
+            r.stop = StopAgreement(grace_s=spec.run_policy.termination_grace_period_seconds)
             with stop_request.deferred():  # from here SIGTERM stops the loop at an agreed step
                 summary = _loop(r)
                 if summary is None:
