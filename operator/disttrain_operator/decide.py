@@ -154,8 +154,9 @@ def _failure(p: PodView, node_lost_after_s: float) -> str:
 
 def _disruption(p: PodView, obs: Observed) -> str:
     """Why this pod of the live gang ended by a disruption (an eviction, a drain, a preemption,
-    a deletion by someone other than this operator, a trainer stopped on request), or ''."""
-    if p.disruption:
+    a deletion by someone other than this operator, a trainer stopped on request), or ''.
+    A pod still running is not disrupted yet, whatever its DisruptionTarget condition says."""
+    if p.disruption and _failure(p, obs.node_lost_after_s):
         return p.disruption
     if p.deleting and p.uid not in obs.deleted_by_operator:
         return f"pod {p.name} was deleted by someone other than the operator (a drain, an eviction, a user)"

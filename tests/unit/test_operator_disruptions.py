@@ -108,6 +108,12 @@ def test_a_crash_still_counts_as_a_restart(exit_code: int, reason: str) -> None:
     assert plan.status["phase"] == "Failed" and reason_of(plan, "Failed") == "BackoffLimitExceeded"
 
 
+def test_a_running_pod_about_to_be_evicted_does_not_excuse_a_crash_beside_it() -> None:
+    target = [{"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}]
+    plan = decide(observed(status(), views(raw_pod(0, conditions=target), raw_pod(1, "Failed", exit_code=1))))
+    assert plan.status["restarts"] == 1 and plan.status["disruptions"] == 0
+
+
 def test_a_pod_the_operator_deleted_itself_is_not_a_disruption() -> None:
     pods = views(raw_pod(0), raw_pod(1, deleting=True))
     plan = decide(observed(status(), pods, deleted_by_operator=frozenset({"uid-1"})))
