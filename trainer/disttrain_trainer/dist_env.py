@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import multiprocessing.connection
 import os
 import signal
 import socket
@@ -33,6 +34,7 @@ from . import stop_request
 from .config import ConfigError, TrainerConfig
 
 SPAWN_GRACE_S = 3.0  # peers that hit the same config error exit with it themselves within this
+STOP_POLL_S = 0.5  # how often a pod's first process looks for a stop request while its local ranks run
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -195,6 +197,18 @@ def _spawned(local_rank: int, cfg: TrainerConfig, main: Callable[[TrainerConfig]
     exit_process(exitcodes.OK)
 
 
+def _join_stopping(procs: Any) -> None:
+    """Wait for every local rank of a stopping pod; raise StopRequested unless all finished."""
+    for p in procs.processes:
+        p.join()
+    codes = [p.exitcode for p in procs.processes]
+    if all(code == exitcodes.OK for code in codes):
+        return  # the run ended before the request reached a check: it finished
+    if any(code not in (exitcodes.OK, exitcodes.STOPPED) for code in codes):
+        raise RuntimeError(f"local ranks exited {codes} while stopping")
+    raise stop_request.StopRequested(f"local ranks {codes}")
+
+
 def _forward_stop(procs: Any) -> None:
     """SIGTERM reaches only a container's first process: pass it on to the local ranks."""
     for p in procs.processes:
@@ -215,23 +229,21 @@ def spawn_local_ranks(cfg: TrainerConfig, main: Callable[[TrainerConfig], Any]) 
     procs = mp.start_processes(
         _spawned, args=(cfg, main), nprocs=cfg.nproc_per_node, join=False, start_method="spawn"
     )
-    # Not deferred: the handler raises StopRequested out of procs.join, which would otherwise
-    # SIGKILL the other ranks SPAWN_GRACE_S after the first one exits STOPPED, mid-checkpoint.
     remove = stop_request.on_request(lambda: _forward_stop(procs))
     try:
-        # The grace period lets every rank that hits the same config error exit with it itself.
-        while not procs.join(grace_period=SPAWN_GRACE_S):
-            pass
-    except stop_request.StopRequested:
+        # Deferred: the local ranks save the step they stop at; this process waits for them.
         with stop_request.deferred():
-            for p in procs.processes:  # they stop after an agreed step and checkpoint it
-                p.join()
-        codes = [p.exitcode for p in procs.processes]
-        if all(code == exitcodes.OK for code in codes):
-            return  # the run ended before the request reached a check: it finished
-        if any(code not in (exitcodes.OK, exitcodes.STOPPED) for code in codes):
-            raise RuntimeError(f"local ranks exited {codes} while stopping") from None
-        raise
+            while True:
+                ready = multiprocessing.connection.wait(list(procs.sentinels), timeout=STOP_POLL_S)
+                if stop_request.requested() or exitcodes.STOPPED in [p.exitcode for p in procs.processes]:
+                    # Asked here, or a peer in another pod was (its ranks stopped at the agreed step):
+                    # every local rank stops and saves. procs.join would kill the others
+                    # SPAWN_GRACE_S after the first exits, maybe mid-checkpoint: wait for each.
+                    _join_stopping(procs)
+                    return
+                # The grace period lets every rank that hits the same config error exit with it itself.
+                if ready and procs.join(grace_period=SPAWN_GRACE_S):
+                    return
     except ProcessException:
         codes = [p.exitcode for p in procs.processes]
         if exitcodes.CONFIG in codes:

@@ -10,13 +10,18 @@ One mechanism for every mode and role: `install()` (first thing in `python -m
 disttrain_trainer` and in every spawned local rank) sets a handler that records the request
 (`requested()`, `event`), runs the callbacks registered with `on_request` (a pod's spawning
 parent forwards the signal to its local ranks; an asyncio server wakes its loop), and then:
-- outside `deferred()`: raises StopRequested where the process is. That is start-up
-  (rendezvous, loading data, resuming): nothing there is worth saving, so the process leaves
-  at once and the kubelet does not wait out the grace period;
-- inside `deferred()` (a training loop, a server): returns. The code polls `requested()` at
-  its step boundaries, finishes the step, saves, waits for the write to be durable and raises
-  StopRequested itself. Ranks of a collective loop agree on the step first (StopAgreement,
-  or a flag in a collective the loop makes anyway), so all of them save the same step.
+- outside `deferred()`: the process leaves at once with STOPPED. That is start-up (rendezvous,
+  loading data, resuming): nothing there is worth saving, and the kubelet need not wait out the
+  grace period. Python runs signal handlers in the main thread only, between bytecodes, so a
+  main thread blocked in C++ (a rendezvous waits minutes for a peer that is gone) would never
+  see it: a watcher thread reads the signal from the interpreter's wakeup fd and exits for it.
+  In Python code the handler raises StopRequested first, which `python -m disttrain_trainer`
+  turns into the same exit code;
+- inside `deferred()` (a training loop, a server, a parent waiting for its local ranks): the
+  request is only recorded. The code polls `requested()` at its step boundaries, finishes the
+  step, saves, waits for the write to be durable and raises StopRequested itself. Ranks of a
+  collective loop agree on the step first (StopAgreement, or a flag in a collective the loop
+  makes anyway), so all of them save the same step.
 
 `python -m disttrain_trainer` turns StopRequested into exit code exitcodes.STOPPED, which the
 operator and the launcher count as a disruption, not a failure. If the step or the write does
@@ -34,12 +39,15 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from disttrain_api import exitcodes
+
 SIGNALS = (signal.SIGTERM,)
 
 event = threading.Event()  # set once a stop was requested; threads may wait on it
 _callbacks: list[Callable[[], None]] = []
 _deferred = 0
 _installed = False
+_lock = threading.Lock()  # the handler and the watcher thread may both report one signal
 
 
 class StopRequested(BaseException):  # noqa: N818 - a request, like KeyboardInterrupt, not an error
@@ -56,6 +64,26 @@ def install() -> None:
     for sig in SIGNALS:
         signal.signal(sig, _on_signal)
     _installed = True
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)  # the C handler writes each signal number
+    threading.Thread(target=_watch, args=(read_fd,), name="sigterm-watch", daemon=True).start()
+
+
+def _watch(read_fd: int) -> None:
+    """A SIGTERM while the main thread is blocked in C++ during start-up: leave at once."""
+    while True:
+        try:
+            data = os.read(read_fd, 64)
+        except OSError:
+            return
+        if not data:
+            return
+        if any(b in data for b in SIGNALS):
+            request()
+            if not _deferred:
+                _say(b"disttrain-trainer: stopped on request before training started\n")
+                os._exit(exitcodes.STOPPED)
 
 
 def _on_signal(signum: int, frame: Any) -> None:
@@ -66,14 +94,19 @@ def _on_signal(signum: int, frame: Any) -> None:
 
 def request() -> None:
     """Record a stop request (what the signal handler does; also for in-process tests)."""
-    if event.is_set():
-        return
-    event.set()
-    # os.write, not print: the handler may interrupt a print, and a buffered stream is not reentrant.
-    with contextlib.suppress(OSError):
-        os.write(sys.stderr.fileno(), b"disttrain-trainer: stop requested (SIGTERM)\n")
+    with _lock:
+        if event.is_set():
+            return
+        event.set()
+    _say(b"disttrain-trainer: stop requested (SIGTERM)\n")
     for callback in list(_callbacks):
         callback()
+
+
+def _say(line: bytes) -> None:
+    # os.write, not print: the handler may interrupt a print, and a buffered stream is not reentrant.
+    with contextlib.suppress(OSError, ValueError):
+        os.write(sys.stderr.fileno(), line)
 
 
 def requested() -> bool:

@@ -527,9 +527,9 @@ def run(cfg: TrainerConfig, *, metrics: Metrics | None = None) -> dict[str, Any]
             keep_until_exit(prun)
             with stop_request.deferred():  # the loop stops at an agreed step on SIGTERM
                 summary = pipeline_train.run_to_end(prun, amp, wall0)
-            if ctx.is_main:
-                write_summary(cfg, summary)
-            mark_finished(cfg, ctx.rank, prun.step)
+                if ctx.is_main:
+                    write_summary(cfg, summary)
+                mark_finished(cfg, ctx.rank, prun.step)
             finished = True
             return summary
         wrapped = parallel.apply(inner, mesh=ctx, cfg=cfg)
@@ -550,7 +550,8 @@ def run(cfg: TrainerConfig, *, metrics: Metrics | None = None) -> dict[str, Any]
             summary = r.summary  # a finished run resumed: nothing to train, its figures stand
         else:
             r.stop = StopAgreement(grace_s=spec.run_policy.termination_grace_period_seconds)
-            with stop_request.deferred():  # from here SIGTERM stops the loop at an agreed step
+            # From here SIGTERM stops the loop at an agreed step; once trained, the run finishes.
+            with stop_request.deferred():
                 summary = _loop(r)
                 if summary is None:
                     _checkpoint_on_stop(r)
@@ -558,6 +559,11 @@ def run(cfg: TrainerConfig, *, metrics: Metrics | None = None) -> dict[str, Any]
                 r.summary = summary
                 r.save_checkpoint()
                 r.report_checkpoints(wait=True)  # the final write finishes before the trainer reports success
+                if ctx.is_main:
+                    write_summary(cfg, summary)
+                mark_finished(cfg, ctx.rank, r.step)
+            finished = True
+            return summary
         if ctx.is_main:
             write_summary(cfg, summary)
         mark_finished(cfg, ctx.rank, r.step)
