@@ -48,6 +48,8 @@ PRINTER_COLUMNS = [
     {"name": "Comm", "type": "number", "jsonPath": ".status.commFraction",
      "description": "Communication seconds / step seconds of rank 0."},
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "description": "Gang restarts."},
+    {"name": "Disruptions", "type": "integer", "jsonPath": ".status.disruptions", "priority": 1,
+     "description": "Pods ended by evictions, drains, preemptions (not counted as restarts)."},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

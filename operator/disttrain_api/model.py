@@ -319,6 +319,12 @@ class RunPolicy:
     ttl_seconds_after_finished: int | None = fld(None, minimum=0, desc="Delete the finished job after this long.")
     clean_pod_policy: CleanPodPolicy = fld("Running", desc="Pods deleted when the job finishes.")
     suspend: bool = fld(False, desc="Delete the pods, keep checkpoints; false resumes.")
+    termination_grace_period_seconds: int = fld(
+        30, minimum=1,
+        desc="The pods' terminationGracePeriodSeconds: on SIGTERM (suspend, drain, eviction, preemption) the "
+        "trainer finishes its step, checkpoints it and exits within this; the kubelet kills it after "
+        "(the previous checkpoint is then used).",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -400,6 +406,17 @@ class JobStatus:
     workers: WorkerCounts = fld(factory=WorkerCounts, desc="Worker pods by state.")
     replicas: int = fld(0, minimum=0, desc="Current gang size in pods (smaller than spec with elastic shrinking).")
     restarts: int = fld(0, minimum=0, desc="Gang restarts after failures so far.")
+    disruptions: int = fld(
+        0, minimum=0,
+        desc="Pods ended by a disruption (eviction, drain, preemption, deletion by someone other than the "
+        "operator, a trainer stopped on request): the gang restarts (federated, paramserver: the pod is "
+        "replaced) without counting against runPolicy.backoffLimit.",
+    )
+    counted_pods: Object = fld(
+        factory=Object,
+        desc="Live pods whose end is counted already in restarts or disruptions, UID: name (federated and "
+        "paramserver replace pods one by one); the operator's bookkeeping.",
+    )
     attempt: int = fld(
         0,
         minimum=0,

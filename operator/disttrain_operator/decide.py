@@ -33,6 +33,8 @@ PERMANENT_EXIT_CODES = exitcodes.PERMANENT
 # Modes without gang restart: a failed worker (paramserver) or client (federated) pod is replaced
 # alone while the others go on; its Deployment restarts a server.
 SOLO_REPLACE_MODES = ("paramserver", "federated")
+# The reason (condition, Event) of a gang restart or pod replacement caused by a disruption.
+DISRUPTED = "Disrupted"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,6 +50,9 @@ class Observed:
     now: datetime
     force_delete_after_s: float = 30.0
     node_lost_after_s: float = 300.0  # settings.NODE_LOST_AFTER_S: Kubernetes' pod-eviction default
+    # UIDs of pods this operator deleted lately (reconcile.Expectations): a pod deleted by
+    # anyone else (a drain, an eviction, a user) is a disruption, not a failure.
+    deleted_by_operator: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,7 +114,7 @@ class _Builder:
     def _event(self, type_: str, reason: str, message: str) -> None:
         if type_ in STATE_CONDITIONS:
             return
-        warn = type_ in ("Failed", "InvalidSpec", "Restarting") or reason in ("Unschedulable",)
+        warn = (type_ in ("Failed", "InvalidSpec", "Restarting") or reason in ("Unschedulable",)) and reason != DISRUPTED
         self.event("Warning" if warn else "Normal", reason, message or type_)
 
     def event(self, kind: str, reason: str, message: str) -> None:
@@ -144,6 +149,17 @@ def _failure(p: PodView, node_lost_after_s: float) -> str:
         return f"pod {p.name} failed{code}: {detail or 'no message'}"
     if p.not_ready_for_s >= node_lost_after_s:
         return f"pod {p.name} lost its node (not ready for {int(p.not_ready_for_s)}s)"
+    return ""
+
+
+def _disruption(p: PodView, obs: Observed) -> str:
+    """Why this pod of the live gang ended by a disruption (an eviction, a drain, a preemption,
+    a deletion by someone other than this operator, a trainer stopped on request), or ''.
+    A pod still running is not disrupted yet, whatever its DisruptionTarget condition says."""
+    if p.disruption and _failure(p, obs.node_lost_after_s):
+        return p.disruption
+    if p.deleting and p.uid not in obs.deleted_by_operator:
+        return f"pod {p.name} was deleted by someone other than the operator (a drain, an eviction, a user)"
     return ""
 
 
@@ -199,6 +215,7 @@ def _decide(obs: Observed, foreign: list[PodView]) -> Plan:
     phase = st.get("phase") or ""
     current = [p for p in pods if p.attempt == attempt]
     st.setdefault("restarts", restarts)
+    st.setdefault("disruptions", 0)
     st["attempt"], st["replicas"] = attempt, replicas
     st["workers"] = _counts(current)
     plan: dict[str, Any] = {"spec": spec}
@@ -303,10 +320,21 @@ def _decide(obs: Observed, foreign: list[PodView]) -> Plan:
     if reasons:
         permanent = [p for p in current if p.exit_code in PERMANENT_EXIT_CODES]
         limit = spec.run_policy.backoff_limit
+        # A disrupted pod is counted in status.disruptions, never against backoffLimit. In a gang
+        # its peers fail with it (they stop at the step it stopped at, or lose their connection
+        # to it): the whole restart is the disruption's.
+        disrupted = [d for p in current if (d := _disruption(p, obs))]
         if spec.mode in SOLO_REPLACE_MODES and not permanent and (
-            restarts < limit or not any(not p.deleting and _failure(p, obs.node_lost_after_s) for p in current)
-        ):  # below the limit, or only finishing replacements already counted
+            restarts < limit or not any(not p.deleting and _failure(p, obs.node_lost_after_s)
+                                        and not _disruption(p, obs) for p in current)
+        ):  # below the limit, or only disruptions and finishing replacements already counted
             return _replace_alone(b, st, finish, current, missing, restarts, obs)
+        if disrupted and not permanent and spec.mode not in SOLO_REPLACE_MODES:
+            st["disruptions"] = int(st.get("disruptions") or 0) + 1
+            return _restart(b, st, plan, current, pods, attempt + 1, replicas, DISRUPTED,
+                            f"{disrupted[0]}; restarting the gang from its checkpoint (a disruption: not counted "
+                            f"against runPolicy.backoffLimit)", count=False,
+                            force=_stuck(current, obs) + [p.name for p in current if p.not_ready_for_s > 0])
         if permanent or restarts >= limit:
             why = "TrainerConfigError" if permanent else "BackoffLimitExceeded"
             msg = reasons[0] if permanent else f"{reasons[0]}; {restarts} restarts reached runPolicy.backoffLimit={limit}"
@@ -400,13 +428,30 @@ def _replace_alone(b: _Builder, st: dict[str, Any], finish: Any, current: list[P
                    restarts: int, obs: Observed) -> Plan:  # fmt: skip
     """Modes whose workers never wait for each other (paramserver, federated): only the failed pods are
     replaced, in the same attempt, while the others keep training. A failed pod is deleted (one
-    restart counted); once gone it is missing and created again with the others left as they are."""
+    restart counted, or one disruption); once gone it is missing and created again with the others
+    left as they are. A pod someone else deletes (a drain) counts as a disruption when first seen
+    Terminating. status.countedPods remembers the pods counted, so none is counted twice while it
+    is going (pods are replaced within one attempt: the attempt cannot tell)."""
+    counted = dict(st.get("countedPods") or {})
     failed = [p for p in current if not p.deleting and _failure(p, obs.node_lost_after_s)]
-    if failed:
-        st["restarts"] = restarts + len(failed)
-        for p in failed:
-            b.events.append(("Warning", "WorkerReplaced",
-                             f"{_failure(p, obs.node_lost_after_s)}; replacing only this pod"))  # fmt: skip
+    going = [p for p in current if p.deleting and p.uid not in counted and _disruption(p, obs)]
+    for p in [p for p in failed if not p.uid or p.uid not in counted]:
+        if why := _disruption(p, obs):
+            st["disruptions"] = int(st.get("disruptions") or 0) + 1
+            b.event("Normal", DISRUPTED, f"{why}; replacing only this pod (not counted against runPolicy.backoffLimit)")
+        else:
+            st["restarts"] = restarts = restarts + 1
+            b.event("Warning", "WorkerReplaced", f"{_failure(p, obs.node_lost_after_s)}; replacing only this pod")
+    for p in going:
+        st["disruptions"] = int(st.get("disruptions") or 0) + 1
+        b.event("Normal", DISRUPTED, f"{_disruption(p, obs)}; replacing only this pod once it is gone "
+                                     "(not counted against runPolicy.backoffLimit)")  # fmt: skip
+    counted.update((p.uid, p.name) for p in failed + going if p.uid)
+    live = {p.uid for p in current}
+    if keep := {uid: name for uid, name in counted.items() if uid in live}:
+        st["countedPods"] = keep
+    else:
+        st.pop("countedPods", None)
     return finish(delete_pods=[p.name for p in failed], force_delete_pods=_stuck(failed, obs),
                   create=bool(missing) and not failed)  # fmt: skip
 

@@ -187,6 +187,7 @@ class Reconciler:
             now=now,
             force_delete_after_s=settings.force_delete_after_s,
             node_lost_after_s=settings.node_lost_after_s,
+            deleted_by_operator=frozenset(self.expect.already_deleted(key, mono)),
         )
         plan = decide(obs)
         # Scrape the pod that reports progress while the job runs, from the reconcile that
@@ -259,7 +260,6 @@ class Reconciler:
                 image_pull_policy=settings.image_pull_policy,
                 attempt=int(new.get("attempt") or 0),
                 replicas=int(new.get("replicas") or plan.spec.workers.replicas),
-                termination_grace_s=settings.termination_grace_s,
                 gpu=settings.gpu,
                 allow_cpu_fallback=settings.allow_cpu_fallback,
             )

@@ -51,8 +51,6 @@ class OperatorSettings:
     # sooner, but a pod on a partitioned node keeps running meanwhile: checkpoint fencing
     # (trainer checkpoint_fence.py) is what keeps such a process from writing.
     node_lost_after_s: float = NODE_LOST_AFTER_S
-    # Pod termination grace: trainers checkpoint periodically, nothing to flush on SIGTERM.
-    termination_grace_s: int = 5
     scrape_timeout_s: float = 1.5
     gpu: GpuPods = field(default_factory=GpuPods)
     # Every job may train on CPU when its GPUs are missing (passed to pods as

@@ -214,6 +214,8 @@ def job_manifest(name: str, ns: str, *, steps: int = 20, sleep: int | None = Non
     }
     if sleep is not None:
         body["workers"]["template"] = {"containers": [{"name": "trainer", "command": ["sh", "-c", f"sleep {sleep}"]}]}
+        # `sh` as PID 1 ignores SIGTERM (the trainer handles it): do not wait out the default 30 s.
+        body["runPolicy"] = {"terminationGracePeriodSeconds": 1}
     for key, value in spec.items():
         if isinstance(value, dict) and isinstance(body.get(key), dict):
             body[key] = {**body[key], **value}

@@ -1,5 +1,6 @@
 """Every recovery path the operator claims, on a real cluster: elastic shrink after a node
-is lost, suspend and resume, activeDeadlineSeconds, ttlSecondsAfterFinished.
+is lost, activeDeadlineSeconds, ttlSecondsAfterFinished (suspend and resume:
+test_disruptions.py).
 
 Training jobs keep checkpoints in the shared hostPath (the local cluster's nodes share
 this machine's folder), so a gang recreated on any node resumes from them.
@@ -99,33 +100,6 @@ def test_elastic_shrink_after_a_node_is_stopped(
     assert "ElasticShrink" in reasons, reasons
     (pod,) = [p for p in kubectl.pods(namespace, name) if not p["metadata"].get("deletionTimestamp")]
     assert pod["spec"]["nodeName"] != victim
-
-
-def test_suspend_then_resume_continues_from_the_checkpoint(
-    kubectl: Kubectl, operator: OperatorProcess, namespace: str, job_name: str
-) -> None:
-    name = job_name
-    # Long enough that the suspend lands mid-run on an idle machine: with 600 steps the run
-    # could end before the suspend was applied, and the "resume" then found a finished run.
-    steps = 4000
-    kubectl.apply(training_job(name, namespace, steps=steps, interval=20,
-                               workers={"replicas": 2, "resources": {"cpu": "500m", "memory": "768Mi"}}))
-    kubectl.wait_phase(namespace, name, ("Running",), timeout=300)
-    saved = wait_for_checkpoint(kubectl, name, 20)
-    kubectl.run("patch", JOBS, name, "-n", namespace, "--type=merge", "-p", '{"spec":{"runPolicy":{"suspend":true}}}')
-    job = kubectl.wait_phase(namespace, name, ("Suspended",), timeout=60)
-    assert condition(job, "Suspended")["status"] == "True"
-    kubectl.wait_for("the suspended job's pods to go", lambda: not kubectl.pods(namespace, name), timeout=90)
-    suspended_at = max(checkpoint_steps(name))
-    assert saved <= suspended_at < steps, f"checkpoint {suspended_at}: the run ended before the suspend landed"
-    kubectl.run("patch", JOBS, name, "-n", namespace, "--type=merge", "-p", '{"spec":{"runPolicy":{"suspend":false}}}')
-    job = kubectl.wait_phase(namespace, name, ("Succeeded", "Failed"), timeout=400)
-    status = job["status"]
-    assert status["phase"] == "Succeeded", status
-    assert status["restarts"] == 0 and status["attempt"] == 1, status  # a resume is not a failure
-    assert status["result"]["resumedFromStep"] == suspended_at, status["result"]
-    reasons = [e["reason"] for e in assert_no_repeated_events(kubectl, namespace, name)]
-    assert "Suspended" in reasons and "Resumed" in reasons, reasons
 
 
 def test_active_deadline_fails_the_job_and_removes_its_pods(

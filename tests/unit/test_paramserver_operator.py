@@ -23,7 +23,7 @@ def spec(**ps: Any) -> api.JobSpec:
 
 def ctx() -> BuildContext:
     return BuildContext(name="job1", namespace="ns1", uid="u1", image="img", image_pull_policy="IfNotPresent",
-                        attempt=0, replicas=3, termination_grace_s=30)  # fmt: skip
+                        attempt=0, replicas=3)  # fmt: skip
 
 
 def env_of(obj: dict[str, Any]) -> dict[str, str]:

@@ -146,6 +146,15 @@ def test_security_context_is_restricted() -> None:
     assert {"name": "metrics", "containerPort": 9400, "protocol": "TCP"} in container["ports"]
 
 
+@pytest.mark.parametrize("mode", sorted(BUILDERS))
+def test_grace_period_comes_from_the_spec(mode: str) -> None:
+    """The trainer checkpoints its step on SIGTERM: the pods (servers too) give it the job's grace period."""
+    for s, want in ((spec(mode=mode), 30), (spec(mode=mode, runPolicy={"terminationGracePeriodSeconds": 90}), 90)):
+        children = build_children(s, ctx())
+        pod_specs = [p["spec"] for p in children.pods] + [d["spec"]["template"]["spec"] for d in children.deployments]
+        assert pod_specs and {ps["terminationGracePeriodSeconds"] for ps in pod_specs} == {want}
+
+
 def test_resources_and_gpu_toleration() -> None:
     pod = build_children(spec(workers={"replicas": 1, "resources": {"cpu": "500m", "memory": "1Gi"}}),
                          ctx(replicas=1)).pods[0]

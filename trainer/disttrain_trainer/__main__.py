@@ -1,9 +1,10 @@
 """`python -m disttrain_trainer`: one worker process (or, without RANK, all local ranks of a pod).
 
 Exit codes (disttrain_api.exitcodes): OK on success; CONFIG for a config that
-fails the same way on every retry; FENCED when a newer gang claimed the
-checkpoint directory (checkpoint_fence.py); FAILED for anything transient,
-which the launcher or the operator retries. The reason is one line on stderr.
+fails the same way on every retry; FAILED for anything transient, which the
+launcher or the operator retries; STOPPED after SIGTERM, with the step every rank
+stopped at checkpointed (stop_request.py); FENCED when a newer gang claimed the
+checkpoint directory (checkpoint_fence.py). The reason is one line on stderr.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ from disttrain_api.exitcodes import FAILED as EXIT_FAILED
 from disttrain_api.exitcodes import FENCED as EXIT_FENCED
 from disttrain_api.exitcodes import INTERRUPTED as EXIT_INTERRUPTED
 from disttrain_api.exitcodes import OK as EXIT_OK
+from disttrain_api.exitcodes import STOPPED as EXIT_STOPPED
+
+from . import stop_request
 
 
 def _keep_until_exit(error: BaseException) -> None:
@@ -28,6 +32,17 @@ def _keep_until_exit(error: BaseException) -> None:
 
 
 def main() -> int:
+    # First: as PID 1 in a container the trainer would never see SIGTERM without a handler.
+    stop_request.install()
+    try:
+        return _main()
+    except stop_request.StopRequested as e:
+        _keep_until_exit(e)
+        print(f"disttrain-trainer: stopped on request ({e})", file=sys.stderr, flush=True)
+        return EXIT_STOPPED
+
+
+def _main() -> int:
     try:
         from .checkpoint_fence import Fenced  # noqa: PLC0415
         from .config import ConfigError, load_config  # noqa: PLC0415

@@ -12,8 +12,11 @@ time raises `RendezvousError`, which exits FAILED so the gang is retried.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import multiprocessing.connection
 import os
+import signal
 import socket
 import sys
 import time
@@ -27,10 +30,12 @@ import torch.distributed as dist
 from disttrain_api import constants as C
 from disttrain_api import exitcodes
 
+from . import stop_request
 from .checkpoint_fence import Fenced
 from .config import ConfigError, TrainerConfig
 
 SPAWN_GRACE_S = 3.0  # peers that hit the same config error exit with it themselves within this
+STOP_POLL_S = 0.5  # how often a pod's first process looks for a stop request while its local ranks run
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -176,6 +181,7 @@ def exit_process(code: int) -> NoReturn:
 
 
 def _spawned(local_rank: int, cfg: TrainerConfig, main: Callable[[TrainerConfig], Any]) -> None:
+    stop_request.install()  # the pod's first process forwards SIGTERM here (spawn_local_ranks)
     child = cfg.for_local_rank(local_rank)
     os.environ[C.ENV_RANK] = str(child.rank)
     os.environ[C.ENV_LOCAL_RANK] = str(local_rank)
@@ -189,7 +195,30 @@ def _spawned(local_rank: int, cfg: TrainerConfig, main: Callable[[TrainerConfig]
     except Fenced as e:  # a replaced gang's rank: FENCED, not a failure to retry
         print(f"disttrain-trainer: rank {child.rank}: fenced: {e}", file=sys.stderr, flush=True)
         exit_process(exitcodes.FENCED)
+    except stop_request.StopRequested as e:
+        keep_until_exit(e)
+        exit_process(exitcodes.STOPPED)
     exit_process(exitcodes.OK)
+
+
+def _join_stopping(procs: Any) -> None:
+    """Wait for every local rank of a stopping pod; raise StopRequested unless all finished."""
+    for p in procs.processes:
+        p.join()
+    codes = [p.exitcode for p in procs.processes]
+    if all(code == exitcodes.OK for code in codes):
+        return  # the run ended before the request reached a check: it finished
+    if any(code not in (exitcodes.OK, exitcodes.STOPPED) for code in codes):
+        raise RuntimeError(f"local ranks exited {codes} while stopping")
+    raise stop_request.StopRequested(f"local ranks {codes}")
+
+
+def _forward_stop(procs: Any) -> None:
+    """SIGTERM reaches only a container's first process: pass it on to the local ranks."""
+    for p in procs.processes:
+        if p.is_alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, signal.SIGTERM)
 
 
 def spawn_local_ranks(cfg: TrainerConfig, main: Callable[[TrainerConfig], Any]) -> None:
@@ -204,10 +233,21 @@ def spawn_local_ranks(cfg: TrainerConfig, main: Callable[[TrainerConfig], Any]) 
     procs = mp.start_processes(
         _spawned, args=(cfg, main), nprocs=cfg.nproc_per_node, join=False, start_method="spawn"
     )
+    remove = stop_request.on_request(lambda: _forward_stop(procs))
     try:
-        # The grace period lets every rank that hits the same config error exit with it itself.
-        while not procs.join(grace_period=SPAWN_GRACE_S):
-            pass
+        # Deferred: the local ranks save the step they stop at; this process waits for them.
+        with stop_request.deferred():
+            while True:
+                ready = multiprocessing.connection.wait(list(procs.sentinels), timeout=STOP_POLL_S)
+                if stop_request.requested() or exitcodes.STOPPED in [p.exitcode for p in procs.processes]:
+                    # Asked here, or a peer in another pod was (its ranks stopped at the agreed step):
+                    # every local rank stops and saves. procs.join would kill the others
+                    # SPAWN_GRACE_S after the first exits, maybe mid-checkpoint: wait for each.
+                    _join_stopping(procs)
+                    return
+                # The grace period lets every rank that hits the same config error exit with it itself.
+                if ready and procs.join(grace_period=SPAWN_GRACE_S):
+                    return
     except ProcessException:
         codes = [p.exitcode for p in procs.processes]
         if exitcodes.FENCED in codes:
@@ -217,3 +257,5 @@ def spawn_local_ranks(cfg: TrainerConfig, main: Callable[[TrainerConfig], Any]) 
                 f"local rank {codes.index(exitcodes.CONFIG)} rejected the config (see its message above)"
             ) from None
         raise
+    finally:
+        remove()

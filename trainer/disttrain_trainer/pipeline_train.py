@@ -44,7 +44,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.tensor import DTensor
 
 from . import checkpoint as ckpt
-from . import resume
+from . import resume, stop_request
 from .checkpoint_fence import Fenced
 from .config import ConfigError, TrainerConfig
 from .data import Dataset, GlobalBatchSampler
@@ -294,17 +294,29 @@ def _grad_bytes(run: PipeRun) -> int:
 
 def run_to_end(run: PipeRun, amp: Amp, wall0: float) -> dict[str, Any]:
     """Train the rest of the steps and write the final checkpoint, which carries the summary;
-    a finished run resumed has nothing left to train and returns its summary."""
+    a finished run resumed has nothing left to train and returns its summary. When every rank
+    stopped on request, checkpoints the step they stopped after and raises StopRequested."""
     if run.summary is not None and run.step >= run.cfg.spec.training.steps:
         return run.summary
     summary = loop(run, amp)
+    if summary is None:
+        if run.step % run.cfg.spec.checkpoint.interval_steps:  # else the loop saved this step already
+            run.save_checkpoint()  # synchronous: written, fsynced and renamed when it returns
+        if run.ctx.is_main:
+            print(f"disttrain-trainer: stopped on request after step {run.step}; checkpoint of step {run.step} "
+                  f"in {run.cfg.checkpoint_dir}", flush=True)  # fmt: skip
+        raise stop_request.StopRequested(f"after step {run.step}")
     summary["wallS"] = time.perf_counter() - wall0
     run.summary = summary
     run.save_checkpoint()
     return summary
 
 
-def loop(run: PipeRun, amp: Amp) -> dict[str, Any]:
+def loop(run: PipeRun, amp: Amp) -> dict[str, Any] | None:
+    """Train to spec.training.steps and return the summary; None when every rank stopped on request.
+
+    The stop flag rides in the all_gather_object every step makes anyway (a SIGTERM to any rank
+    stops all of them after the same step, at no extra cost)."""
     spec, ctx = run.cfg.spec, run.ctx
     tr, pp = spec.training, spec.parallelism.pipeline
     n_stages = run.plan.stages
@@ -326,13 +338,16 @@ def loop(run: PipeRun, amp: Amp) -> dict[str, Any]:
             work = time.perf_counter() - t1
             # Every rank's timeline and loss: the pipeline's ranks split their idle time with them.
             everyone: list[Any] = [None] * ctx.world_size
-            dist.all_gather_object(everyone, ((run.dp_rank, run.tp_rank), out.intervals, out.loss))
+            dist.all_gather_object(everyone, ((run.dp_rank, run.tp_rank), out.intervals, out.loss,
+                                              stop_request.requested()))  # fmt: skip
             mine = (run.dp_rank, run.tp_rank)
-            times = split_idle(out.intervals, [ivs for d, ivs, _ in everyone if d == mine], n_stages)
-            step_losses = [ls for (_, t), _, ls in everyone if ls is not None and t == 0]  # one per replica
+            times = split_idle(out.intervals, [ivs for d, ivs, _, _ in everyone if d == mine], n_stages)
+            step_losses = [ls for (_, t), _, ls, _ in everyone if ls is not None and t == 0]  # one per replica
+            stop_now = any(asked for *_, asked in everyone)
             last_loss = float(np.mean(step_losses)) if step_losses else float("nan")
             losses.append(last_loss)
             run.step += 1
+            stop_now = stop_now and run.step < tr.steps
             if tr.eval_interval_steps and run.step % tr.eval_interval_steps == 0 and run.step < tr.steps:
                 eval_result = _evaluate(run, amp)
             if run.step % spec.checkpoint.interval_steps == 0 and run.step < tr.steps:  # the final one: run_to_end
@@ -348,7 +363,7 @@ def loop(run: PipeRun, amp: Amp) -> dict[str, Any]:
             run.peak_bytes = max(run.peak_bytes, out.act_peak_bytes)
             run.bubble["bubble"] += times.bubble_s
             run.bubble["window"] += times.window_s
-            if ends_interval(run.step, log_every=tr.log_interval_steps, steps=tr.steps):
+            if stop_now or ends_interval(run.step, log_every=tr.log_interval_steps, steps=tr.steps):
                 lr = run.scheduler.get_last_lr()[0]
                 loss = float(np.mean(losses))
                 run.metrics.observe_interval(
@@ -365,6 +380,8 @@ def loop(run: PipeRun, amp: Amp) -> dict[str, Any]:
                 run.totals.merge(interval)
                 interval, losses = Tally(), []
             loop_gc.after_step(run.step)
+            if stop_now:
+                return None
     train_s = time.perf_counter() - start
     eval_result = _evaluate(run, amp)
     stage_totals: list[Any] = [None] * ctx.world_size

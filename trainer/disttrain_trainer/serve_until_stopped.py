@@ -5,7 +5,9 @@ A Deployment restarts a container that exits, even with status 0; the restarted 
 resume from its final checkpoint and exit again, over and over, until the operator deletes
 the Deployment once the gang has finished. So, when the operator asks for it
 (DISTTRAIN_SERVE_UNTIL_STOPPED), a finished server keeps answering "done" (a client pod
-replaced late still hears it) and keeps its metrics endpoint up, until SIGTERM.
+replaced late still hears it) and keeps its metrics endpoint up, until SIGTERM
+(stop_request.py, the one SIGTERM handler of the trainer) or SIGINT. A finished server
+stopped this way exits 0: its work is done and saved.
 """
 
 from __future__ import annotations
@@ -13,12 +15,11 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import threading
 from collections.abc import Mapping
 
 from disttrain_api import constants as C
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+from . import stop_request
 
 
 def requested(env: Mapping[str, str] | None = None) -> bool:
@@ -27,23 +28,28 @@ def requested(env: Mapping[str, str] | None = None) -> bool:
 
 def block() -> None:
     """Block the main thread until SIGTERM or SIGINT (threaded servers keep serving)."""
-    stop = threading.Event()
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, lambda *_: stop.set())
-    print("finished: serving until stopped", flush=True)
-    while not stop.wait(1.0):
-        pass
+    stop_request.install()
+    previous = signal.signal(signal.SIGINT, lambda *_: stop_request.request())
+    try:
+        with stop_request.deferred():
+            print("finished: serving until stopped", flush=True)
+            while not stop_request.event.wait(1.0):
+                pass
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 async def wait() -> None:
     """The asyncio form of block(), for a server on the running loop."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    for sig in STOP_SIGNALS:
-        loop.add_signal_handler(sig, stop.set)
-    print("finished: serving until stopped", flush=True)
+    stop_request.install()
+    remove = stop_request.on_request(lambda: loop.call_soon_threadsafe(stop.set))
+    loop.add_signal_handler(signal.SIGINT, stop.set)
     try:
-        await stop.wait()
+        with stop_request.deferred():
+            print("finished: serving until stopped", flush=True)
+            await stop.wait()
     finally:
-        for sig in STOP_SIGNALS:
-            loop.remove_signal_handler(sig)
+        remove()
+        loop.remove_signal_handler(signal.SIGINT)

@@ -23,7 +23,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -34,7 +34,7 @@ from torch.distributed.checkpoint import CheckpointException
 from torch.distributed.tensor.parallel import loss_parallel
 
 from . import checkpoint as ckpt
-from . import parallel, resume
+from . import parallel, resume, stop_request
 from . import sharded_checkpoint as sharded_ckpt
 from .config import SUMMARY_FILE, ConfigError, TrainerConfig, finished_path
 from .data import Dataset, GlobalBatchSampler, load_dataset
@@ -45,6 +45,7 @@ from .model_flops import throughput_fields
 from .models import build_model, resolve
 from .optim import build_optimizer, build_scheduler
 from .precision import Amp, make_amp
+from .stop_agreement import StopAgreement
 
 EVAL_BATCH = 512
 # On a CPU, the steps whose communication is read from DDP's timer (besides each log interval's last).
@@ -141,6 +142,8 @@ class Run:
     summary: dict[str, Any] | None = None
     totals: Tally = field(default_factory=Tally)
     saver: ckpt.AsyncSaver | None = None  # rank 0's background checkpoint writer
+    stop: StopAgreement | None = None  # when every rank stops on request (None: trains to the end)
+    saved_step: int | None = None  # the step of the newest checkpoint this run wrote or resumed from
     _gather: resume.PendingGather | None = None  # the last checkpoint's per-rank parts, possibly in flight
 
     @property
@@ -187,7 +190,7 @@ class Run:
         if self.amp.scaler is not None and state.get("scaler"):
             self.amp.scaler.load_state_dict(state["scaler"])
         self.sampler.load_state_dict(state["sampler"])
-        self.step = self.resumed_from = int(state["step"])
+        self.step = self.resumed_from = self.saved_step = int(state["step"])
         self.summary = state.get("summary")
         layout = parallel.layout(self.cfg).describe()
         # Checkpoints without a layout were written by data parallel over their whole world.
@@ -211,6 +214,7 @@ class Run:
         copies the state while that collective runs, and its writer thread waits for it. The caller
         times this and the barrier after it as idle time, not as communication.
         A sharded model's checkpoint is written by every rank, synchronously (DCP)."""
+        self.saved_step = self.step
         if self.sharded:
             state = self.state()
             res = sharded_ckpt.save(self.cfg.checkpoint_dir, self.step, model=self.inner, optimizer=self.optimizer,
@@ -349,7 +353,9 @@ def measures_comm(step: int, *, log_every: int, steps: int, cuda: bool) -> bool:
     return ends_interval(step, log_every=log_every, steps=steps) or (not cuda and step % CPU_COMM_SAMPLE_EVERY == 0)
 
 
-def _loop(run: Run) -> dict[str, Any]:
+def _loop(run: Run) -> dict[str, Any] | None:
+    """Train to spec.training.steps and return the summary; None when every rank stopped on
+    request (run.stop) after run.step."""
     spec, ctx, metrics = run.cfg.spec, run.ctx, run.metrics
     tr = spec.training
     comm = run.comm if metrics.enabled else None
@@ -382,9 +388,13 @@ def _loop(run: Run) -> dict[str, Any]:
     def last_of_interval(step: int) -> bool:
         return ends_interval(step, log_every=log_every, steps=tr.steps)
 
+    stop = run.stop
+    stopped = False
     start = time.perf_counter()
     try:
         with LoopGC() as loop_gc:
+            if stop is not None:
+                stop.start(run.step)
             while run.step < tr.steps:
                 step = run.step + 1
                 evaluate_now = bool(eval_every) and step % eval_every == 0 and step < tr.steps
@@ -419,9 +429,19 @@ def _loop(run: Run) -> dict[str, Any]:
                     run.totals.merge(interval)
                     interval, losses = Tally(), []
                 loop_gc.after_step(run.step)
+                if stop is not None and run.step < tr.steps and stop.should_stop(run.step):
+                    stopped = True
+                    break
         train_s = time.perf_counter() - start
     finally:
         run.report_checkpoints(wait=True)  # the last write finishes before the trainer exits
+    if stopped:
+        if steps:  # the interval cut short: its figures and its progress line, like a full one
+            fold_steps(steps, interval, metrics)
+            _log_interval(run, interval, losses, grad_bytes, dp)
+        return None
+    if stop is not None:
+        stop.close()
     loss_t = torch.tensor([float(last_loss) if last_loss is not None else float("nan")],
                           dtype=torch.float64, device=ctx.device)  # fmt: skip
     dist.all_reduce(loss_t)  # the mean over ranks = the loss of the global batch
@@ -458,6 +478,18 @@ def _loop(run: Run) -> dict[str, Any]:
     if eval_result is not None:
         summary[SUMMARY_EVAL_KEY[eval_result[0]]] = eval_result[1]
     return summary
+
+
+def _checkpoint_on_stop(run: Run) -> NoReturn:
+    """Every rank stopped after run.step: save that step unless it is saved already, wait until
+    the write is durable (fsynced and renamed), then leave with StopRequested."""
+    if run.saved_step != run.step:
+        run.save_checkpoint()
+    run.report_checkpoints(wait=True)
+    if run.ctx.is_main:
+        print(f"disttrain-trainer: stopped on request after step {run.step}; checkpoint of step {run.step} "
+              f"in {run.cfg.checkpoint_dir}", flush=True)  # fmt: skip
+    raise stop_request.StopRequested(f"after step {run.step}")
 
 
 def _log_interval(run: Run, interval: Tally, losses: list[torch.Tensor], grad_bytes: int, dp: int) -> None:
@@ -505,10 +537,11 @@ def run(cfg: TrainerConfig, *, metrics: Metrics | None = None) -> dict[str, Any]
 
             prun = pipeline_train.setup(cfg, ctx, ds, inner, m)
             keep_until_exit(prun)
-            summary = pipeline_train.run_to_end(prun, amp, wall0)
-            if ctx.is_main:
-                write_summary(cfg, summary)
-            mark_finished(cfg, ctx.rank, prun.step)
+            with stop_request.deferred():  # the loop stops at an agreed step on SIGTERM
+                summary = pipeline_train.run_to_end(prun, amp, wall0)
+                if ctx.is_main:
+                    write_summary(cfg, summary)
+                mark_finished(cfg, ctx.rank, prun.step)
             finished = True
             return summary
         wrapped = parallel.apply(inner, mesh=ctx, cfg=cfg)
@@ -528,11 +561,21 @@ def run(cfg: TrainerConfig, *, metrics: Metrics | None = None) -> dict[str, Any]
         if r.summary is not None and r.step >= spec.training.steps:
             summary = r.summary  # a finished run resumed: nothing to train, its figures stand
         else:
-            summary = _loop(r)
-            summary["wallS"] = time.perf_counter() - wall0
-            r.summary = summary
-            r.save_checkpoint()
-            r.report_checkpoints(wait=True)  # the final write finishes before the trainer reports success
+            r.stop = StopAgreement(grace_s=spec.run_policy.termination_grace_period_seconds)
+            # From here SIGTERM stops the loop at an agreed step; once trained, the run finishes.
+            with stop_request.deferred():
+                summary = _loop(r)
+                if summary is None:
+                    _checkpoint_on_stop(r)
+                summary["wallS"] = time.perf_counter() - wall0
+                r.summary = summary
+                r.save_checkpoint()
+                r.report_checkpoints(wait=True)  # the final write finishes before the trainer reports success
+                if ctx.is_main:
+                    write_summary(cfg, summary)
+                mark_finished(cfg, ctx.rank, r.step)
+            finished = True
+            return summary
         if ctx.is_main:
             write_summary(cfg, summary)
         mark_finished(cfg, ctx.rank, r.step)

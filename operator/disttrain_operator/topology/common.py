@@ -36,7 +36,6 @@ class BuildContext:
     image_pull_policy: str = "IfNotPresent"
     attempt: int = 0
     replicas: int  # current gang size (spec.workers.replicas unless elastic shrank it)
-    termination_grace_s: int = 5
     gpu: GpuPods = field(default_factory=GpuPods)  # placement of pods that ask for GPUs
     allow_cpu_fallback: bool = False  # the operator's setting, passed to every pod
 
@@ -297,7 +296,8 @@ def build_pod(
             gpu_placement["runtimeClassName"] = ctx.gpu.runtime_class_name
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",  # the operator restarts whole gangs, never single ranks
-        "terminationGracePeriodSeconds": ctx.termination_grace_s,
+        # The trainer checkpoints its step on SIGTERM and exits within this (stop_request.py).
+        "terminationGracePeriodSeconds": spec.run_policy.termination_grace_period_seconds,
         "enableServiceLinks": False,  # no service env vars leaking into the trainer's env
         "automountServiceAccountToken": False,  # the trainer never talks to the API
         "securityContext": {

@@ -1,4 +1,10 @@
-"""`python -m disttrain_trainer` in mode federated: build what a role needs and run it."""
+"""`python -m disttrain_trainer` in mode federated: build what a role needs and run it.
+
+On SIGTERM (stop_request.py) the aggregator stops between or inside a round: every finished
+round is checkpointed before the next one starts (a save in flight completes: asyncio.run
+waits for its thread), so a resumed aggregator redoes at most the round it was in. A client
+process stops at once: its clients keep no state of their own between rounds.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +19,7 @@ import numpy as np
 import torch
 from disttrain_api import constants as C
 
-from .. import serve_until_stopped
+from .. import serve_until_stopped, stop_request
 from ..config import ConfigError, TrainerConfig
 from ..data import Dataset, load_dataset
 from ..models import build_model
@@ -112,10 +118,13 @@ async def serve(agg: Aggregator, s: FedSettings, *, linger_s: float = DONE_LINGE
     add_port(server, listen_address(s), s.tls)
     await server.start()
     try:
-        await agg.run()
-        await agg.wait_clients_told(linger_s)
-        if serve_until_stopped.requested():
-            await serve_until_stopped.wait()
+        with stop_request.deferred():
+            if await stop_request.run_until_requested(agg.run()):
+                print("aggregator: stopped on request; it resumes from its last checkpointed round", flush=True)
+                raise stop_request.StopRequested(f"aggregator after round {agg.round}")
+            await agg.wait_clients_told(linger_s)
+            if serve_until_stopped.requested():
+                await serve_until_stopped.wait()
     finally:
         await server.stop(grace=1.0)
 
@@ -185,7 +194,9 @@ def run_clients(cfg: TrainerConfig, s: FedSettings) -> dict[str, Any] | None:
             runner = ClientRunner(spec=spec, channel=channel, key=key, clients=states,
                                   make_model=lambda: build_model(spec, ds), metrics=metrics,
                                   patience_s=max(300.0, 5.0 * s.fed.round_timeout_seconds))  # fmt: skip
-            await runner.run()
+            with stop_request.deferred():
+                if await stop_request.run_until_requested(runner.run()):
+                    raise stop_request.StopRequested(f"client process {indices}")
             return runner.final_summary
         finally:
             await channel.close()

@@ -13,7 +13,7 @@ import grpc
 import torch
 from disttrain_api import constants as C
 
-from .. import serve_until_stopped
+from .. import serve_until_stopped, stop_request
 from ..config import ConfigError, TrainerConfig
 from ..data import load_dataset
 from ..models import build_model
@@ -28,6 +28,7 @@ from .settings import PSSettings, load
 from .worker import Worker
 
 DONE_LINGER_S = 10.0  # after the last update: time for every worker to hear "done"
+STOP_POLL_S = 0.5  # how often a serving shard looks for a stop request
 
 
 def run(cfg: TrainerConfig) -> dict[str, Any] | None:
@@ -93,7 +94,10 @@ def run_server(cfg: TrainerConfig, s: PSSettings) -> dict[str, Any]:
         server, _ = start_server(shard, s.listen_address(), s.workers)
         print(f"paramserver shard {s.index}: serving {len(shard.names)} tensors on {s.listen_address()}", flush=True)
         try:
-            shard.wait_done()
+            with stop_request.deferred():
+                while not shard.wait_done(STOP_POLL_S):
+                    if stop_request.requested():
+                        _stop_shard(shard, server)
             shard.save()
             end = time.monotonic() + DONE_LINGER_S
             while not shard.all_told() and time.monotonic() < end:
@@ -110,6 +114,15 @@ def run_server(cfg: TrainerConfig, s: PSSettings) -> dict[str, Any]:
     }  # fmt: skip
     write_json(cfg.run_dir / f"server{s.index}-summary.json", summary)
     return summary
+
+
+def _stop_shard(shard: Shard, server: grpc.Server) -> None:
+    """SIGTERM: refuse new calls (those in flight get a second to finish), save the shard's state
+    as of now (atomic and fsynced), and leave; the shard resumes from it, workers retry meanwhile."""
+    server.stop(grace=1.0).wait()
+    shard.save()
+    print(f"paramserver shard {shard.cfg.index}: stopped on request at version {shard.version}", flush=True)
+    raise stop_request.StopRequested(f"shard {shard.cfg.index} at version {shard.version}")
 
 
 # ------------------------------------------------------------------ worker
@@ -131,7 +144,8 @@ def run_worker(cfg: TrainerConfig, s: PSSettings) -> dict[str, Any] | None:
     main = s.index == 0
     try:
         t0 = time.perf_counter()
-        worker.run(evaluate=(lambda m: evaluate(m, ds, amp)[1]) if main else None)
+        with stop_request.deferred():  # SIGTERM: the worker stops after its iteration in flight
+            worker.run(evaluate=(lambda m: evaluate(m, ds, amp)[1]) if main else None)
         train_s = time.perf_counter() - t0
         if not main:
             return None

@@ -5,7 +5,9 @@ progress (how many iterations it has pushed) is kept by the servers, so a
 replaced worker carries on where its predecessor stopped, on the same batches.
 Iteration k of worker w trains on the w-th slice of the k-th global batch, as
 rank w of a synchronous run would. When the servers are unreachable (a shard
-restarting) it retries with backoff; that time counts as idle.
+restarting) it retries with backoff; that time counts as idle. On SIGTERM it
+finishes the iteration in flight (its push) and stops: its progress is the
+servers' count, so there is nothing of its own to save.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 from disttrain_api.model import JobSpec
 from torch import nn
 
+from .. import stop_request
 from ..data import Dataset, GlobalBatchSampler
 from ..metrics import ends_interval
 from ..precision import make_amp
@@ -95,6 +98,8 @@ class Worker:
                     raise
                 if time.monotonic() - start > self.patience_s:
                     raise ServerLost(f"{what}: server unreachable for {self.patience_s:.0f} s ({code})") from e
+                if stop_request.requested():  # nothing half-done: the servers count what arrived
+                    raise stop_request.StopRequested(f"worker {self.index} while the servers were unreachable") from e
                 pause = BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)]
                 attempt += 1
                 time.sleep(pause)
@@ -154,6 +159,9 @@ class Worker:
         interval = WorkerTally()
         first = True
         while True:
+            if stop_request.requested():  # between iterations: the last push is through
+                self.totals.merge(interval)
+                raise stop_request.StopRequested(f"worker {self.index} after iteration {self.step}")
             t0 = time.perf_counter()
             self.pull(interval)
             k = self.server_steps()
