@@ -8,8 +8,17 @@ the split can never disagree.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+
 # The file (and Secret key) holding the key every credential is derived from: only a server mounts it.
 SERVER_KEY = "server.key"
+_CREDENTIAL_DOMAIN = b"disttrain-credential-v1\n"
+
+
+def credential(server_key: bytes, identity: str) -> bytes:
+    """The credential of one identity: HMAC-SHA256(server key, identity), domain-separated."""
+    return hmac.new(server_key, _CREDENTIAL_DOMAIN + identity.encode(), hashlib.sha256).digest()
 
 
 def client_ids(clients: int) -> list[str]:

@@ -20,6 +20,7 @@ from torch import nn
 from ..data import Dataset
 from ..models import build_model  # noqa: F401 - re-exported for tests
 from ..tensor_transport.channel import Tls, add_port, aio_channel
+from ..tensor_transport.limits import Limits
 from . import serving
 from .aggregator import Aggregator
 from .client import ClientRunner, ClientState
@@ -33,8 +34,9 @@ class InProcessRun:
     port: int = 0
 
 
-async def start_server(agg: Aggregator, tls: Tls | None = None, port: int = 0) -> tuple[grpc.aio.Server, int]:
-    server = serving.build_server(agg)
+async def start_server(agg: Aggregator, tls: Tls | None = None, port: int = 0,
+                       limits: Limits | None = None) -> tuple[grpc.aio.Server, int]:  # fmt: skip
+    server = serving.build_server(agg, limits)
     port = add_port(server, f"127.0.0.1:{port}", tls)
     await server.start()
     return server, port

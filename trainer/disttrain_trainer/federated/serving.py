@@ -75,9 +75,9 @@ def limits_for(agg: Aggregator) -> Limits:
     return federated_limits(clients=agg.fed.clients, update_bytes=max(masked, plain))
 
 
-def build_server(agg: Aggregator) -> grpc.aio.Server:
+def build_server(agg: Aggregator, limits: Limits | None = None) -> grpc.aio.Server:
     """The aggregator's servicer behind the gate, with its limits (logged once)."""
-    limits = limits_for(agg)
+    limits = limits or limits_for(agg)
     g = gate.Gate(keyring=agg.keyring, limits=limits, authorize=lambda m, c: authorize(agg, m, c),
                   count=agg.metrics.reject, log=agg.log, service="aggregator")  # fmt: skip
     guard = gate.AioGuard(g, soft=SOFT_REPLIES, size=lambda chunk: chunk.ByteSize())

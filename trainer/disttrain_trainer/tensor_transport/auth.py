@@ -26,6 +26,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from disttrain_api.identities import credential
+
 IDENTITY_KEY = "x-disttrain-identity"
 SESSION_KEY = "x-disttrain-session"
 BINDING_KEY = "x-disttrain-binding"
@@ -33,7 +35,6 @@ TOKEN_KEY = "authorization"
 SCHEME = "Bearer "
 REFUSAL_KEY = "x-disttrain-refusal"  # trailing metadata of a refused call: the reason label
 KEY_BYTES = 32
-_DOMAIN = b"disttrain-credential-v1\n"
 
 # Rejection reasons (labels of the services' rejection counters).
 NO_TOKEN = "no_token"  # identity or token metadata missing
@@ -44,18 +45,15 @@ EXPIRED_SESSION = "expired_session"  # bound to another server process (a replay
 EXPIRED_ROUND = "expired_round"  # bound to another round / push than the current one
 WRONG_BINDING = "wrong_binding"  # an authentic token made for another kind of call
 EXPIRED = (EXPIRED_SESSION, EXPIRED_ROUND)
-# Bound to a search over every credential for diagnosing WRONG_IDENTITY: a flood of bad tokens
-# must not cost more than this share of a core.
+# Bounds of the search over every credential that diagnoses WRONG_IDENTITY: a flood of bad tokens
+# must cost little (searches per second, and a burst of them, then plain BAD_TOKEN).
 _SEARCH_MAX_IDENTITIES = 4096
-_SEARCH_MIN_INTERVAL_S = 0.1
+_SEARCHES_PER_S = 10.0
+_SEARCH_BURST = 10.0
 
 
 def new_key() -> bytes:
     return secrets.token_bytes(KEY_BYTES)
-
-
-def credential(server_key: bytes, identity: str) -> bytes:
-    return hmac.new(server_key, _DOMAIN + identity.encode(), hashlib.sha256).digest()
 
 
 def _message(identity: str, session: str, binding: str) -> bytes:
@@ -144,7 +142,7 @@ class Keyring:
     def __init__(self, server_key: bytes, identities: Iterable[str]):
         self._creds = {i: credential(server_key, i) for i in identities}
         self._lock = threading.Lock()
-        self._last_search = 0.0
+        self._searches = (_SEARCH_BURST, time.monotonic())  # token bucket: (allowance, at)
 
     def __contains__(self, identity: str) -> bool:
         return identity in self._creds
@@ -159,22 +157,28 @@ class Keyring:
             return None
         other = self._whose(claim)
         if other is not None:
-            return Refusal(WRONG_IDENTITY, f"a token made with {other}'s credential claims to be {claim.identity}")
+            return Refusal(WRONG_IDENTITY, f"{claim.identity!r} presented {other}")
         return Refusal(BAD_TOKEN, f"wrong token for {claim.identity}")
 
     def _whose(self, claim: Claim) -> str | None:
-        """Which other identity's credential made this token, if any (diagnosis only, rate-bounded)."""
+        """Which other identity's credential made this token, if any (diagnosis only, rate-bounded):
+        a token signed with another's credential for this identity, or another's token relabelled."""
         if len(self._creds) > _SEARCH_MAX_IDENTITIES:
             return None
         with self._lock:
+            allowance, at = self._searches
             now = time.monotonic()
-            if now - self._last_search < _SEARCH_MIN_INTERVAL_S:
+            allowance = min(_SEARCH_BURST, allowance + (now - at) * _SEARCHES_PER_S)
+            if allowance < 1.0:
+                self._searches = (allowance, now)
                 return None
-            self._last_search = now
+            self._searches = (allowance - 1.0, now)
         msg = _message(claim.identity, claim.session, claim.binding)
         for identity, cred in self._creds.items():
-            if identity != claim.identity and hmac.compare_digest(
-                claim.token, hmac.new(cred, msg, hashlib.sha256).hexdigest()
-            ):
-                return identity
+            if identity == claim.identity:
+                continue
+            if hmac.compare_digest(claim.token, hmac.new(cred, msg, hashlib.sha256).hexdigest()):
+                return f"a token made with {identity}'s credential"
+            if hmac.compare_digest(claim.token, token(cred, identity, claim.session, claim.binding)):
+                return f"{identity}'s own token"
         return None
