@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +25,14 @@ OPTIONS = [
     ("grpc.max_reconnect_backoff_ms", 2000),
 ]
 SERVER_OPTIONS = [*OPTIONS, ("grpc.http2.min_ping_interval_without_data_ms", 10_000)]
+# Clients: a call the server refused for its rate or its calls in flight (limits.py) is tried
+# again after a short backoff by gRPC itself, up to 5 times (unary calls, and streams whose first
+# 256 KiB were all that was sent); a refusal that must not be retried says so (gate.trailer).
+# Callers' own retry loops cover the rest.
+OPTIONS.append(("grpc.service_config", json.dumps({"methodConfig": [{
+    "name": [{}],  # every method of every service on the channel
+    "retryPolicy": {"maxAttempts": 5, "initialBackoff": "0.05s", "maxBackoff": "1s", "backoffMultiplier": 2,
+                    "retryableStatusCodes": ["RESOURCE_EXHAUSTED"]}}]})))  # fmt: skip
 
 
 def server_options(limits: Limits) -> list[tuple[str, int]]:

@@ -109,6 +109,9 @@ class Gate:
 
 
 def trailer(refusal: auth.Refusal) -> tuple[tuple[str, str], ...]:
+    """The refusal's reason; a stream too long is not to be sent again (gRPC's retry pushback)."""
+    if refusal.reason == STREAM_TOO_LARGE:
+        return ((auth.REFUSAL_KEY, refusal.reason), ("grpc-retry-pushback-ms", "-1"))
     return ((auth.REFUSAL_KEY, refusal.reason),)
 
 
