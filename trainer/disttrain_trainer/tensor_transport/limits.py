@@ -58,17 +58,18 @@ class Limits:
 
 def federated_limits(*, clients: int, update_bytes: int) -> Limits:
     """A client id makes at most six calls per round (the task, four secure stages, its update),
-    one at a time; rounds of a tiny model with evaluation and checkpoint take tens of
-    milliseconds at the very least, so 100 calls/s binds only a client that floods. Clients back
-    off and retry when refused (their channel retries unary calls, see channel.OPTIONS)."""
+    one at a time; a round of a tiny model, with the aggregator's evaluation and checkpoint, takes
+    20 ms at the very least (measured: 300 rounds of a 32-unit MLP on digits, 4 clients), so 500
+    calls/s binds only a client that floods. Clients back off and retry when refused (their
+    channel retries unary calls, see channel.OPTIONS)."""
     return Limits(
         max_stream_bytes=update_bytes + MAX_MESSAGE_BYTES,
         # One connection per client process, which may host every client id.
         max_concurrent_streams=2 * clients + 8,
         max_concurrent_rpcs=2 * clients + 16,
         max_calls_in_flight=4,
-        calls_per_s=100.0,
-        burst=200,
+        calls_per_s=500.0,
+        burst=1000,
     )
 
 
