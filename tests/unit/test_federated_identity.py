@@ -13,12 +13,12 @@ import grpc
 import pytest
 import torch
 from disttrain_api.model import parse_spec
-from disttrain_trainer.federated import inprocess
+from disttrain_trainer.federated import inprocess, serving
 from disttrain_trainer.federated.aggregator import Aggregator
 from disttrain_trainer.federated.bindings import JOIN, round_binding, wait_binding
 from disttrain_trainer.federated.fedmetrics import FedMetrics
 from disttrain_trainer.tensor_transport import auth, codec
-from disttrain_trainer.tensor_transport.channel import aio_channel
+from disttrain_trainer.tensor_transport.channel import add_port, aio_channel
 from disttrain_trainer.tensor_transport.limits import Limits
 from disttrain_trainer.tensor_transport.protos import tensor_transport_pb2 as pb
 from disttrain_trainer.tensor_transport.protos import tensor_transport_pb2_grpc as pbg
@@ -191,3 +191,35 @@ def test_a_client_over_its_rate_and_a_stream_over_its_bytes_are_refused_and_coun
     # The channel retries a call refused for its rate 5 times (channel.OPTIONS), never a stream too long.
     assert agg.metrics.rejected_count("stream_too_large") == 1 and agg.metrics.rejected_count("rate_limited") == 2 * 5
     assert torch.equal(agg.model["w"], MODEL["w"]) and agg.round == 0
+
+
+async def too_many_at_once() -> tuple[Aggregator, str]:
+    key = auth.new_key()
+    agg = aggregator(key)  # not running: a GetTask waits for a round that never opens
+    two = Limits(max_stream_bytes=1 << 20, max_concurrent_streams=8, max_concurrent_rpcs=16, max_calls_in_flight=2,
+                 calls_per_s=1000.0, burst=1000)  # fmt: skip
+    g = serving.build_gate(agg, two)
+    server = serving.build_server(agg, g=g)
+    port = add_port(server, "127.0.0.1:0", None)
+    await server.start()
+    channel = aio_channel(f"127.0.0.1:{port}", None)
+    pod = Pod(pbg.FederatedStub(channel), auth.Credentials.derive(key, ["client-0"]))
+    try:
+        await pod.join("client-0")
+        waiting = [asyncio.create_task(pod.task("client-0", 0)) for _ in range(2)]
+        while g.admission.in_flight("client-0") < 2:  # both long polls are past the gate
+            await asyncio.sleep(0.01)
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await asyncio.wait_for(pod.task("client-0", 0), 30)
+        for t in waiting:
+            t.cancel()
+        return agg, f"{e.value.code().name} {refusal(e.value)}"
+    finally:
+        await channel.close()
+        await server.stop(0)
+
+
+def test_a_client_with_too_many_calls_in_flight_is_refused() -> None:
+    agg, third = asyncio.run(too_many_at_once())
+    assert third == "RESOURCE_EXHAUSTED too_many_calls"
+    assert agg.metrics.rejected_count("too_many_calls") == 5  # each of the channel's 5 tries

@@ -75,11 +75,15 @@ def limits_for(agg: Aggregator) -> Limits:
     return federated_limits(clients=agg.fed.clients, update_bytes=max(masked, plain))
 
 
-def build_server(agg: Aggregator, limits: Limits | None = None) -> grpc.aio.Server:
+def build_gate(agg: Aggregator, limits: Limits | None = None) -> gate.Gate:
+    return gate.Gate(keyring=agg.keyring, limits=limits or limits_for(agg), authorize=lambda m, c: authorize(agg, m, c),
+                     count=agg.metrics.reject, log=agg.log, service="aggregator")  # fmt: skip
+
+
+def build_server(agg: Aggregator, limits: Limits | None = None, g: gate.Gate | None = None) -> grpc.aio.Server:
     """The aggregator's servicer behind the gate, with its limits (logged once)."""
-    limits = limits or limits_for(agg)
-    g = gate.Gate(keyring=agg.keyring, limits=limits, authorize=lambda m, c: authorize(agg, m, c),
-                  count=agg.metrics.reject, log=agg.log, service="aggregator")  # fmt: skip
+    g = g or build_gate(agg, limits)
+    limits = g.limits
     guard = gate.AioGuard(g, soft=SOFT_REPLIES, size=lambda chunk: chunk.ByteSize())
     server = grpc.aio.server(interceptors=[guard], options=server_options(limits),
                              maximum_concurrent_rpcs=limits.max_concurrent_rpcs)  # fmt: skip

@@ -114,6 +114,10 @@ class Admission:
             self._in_flight[identity] = self._in_flight.get(identity, 0) + 1
             return None
 
+    def in_flight(self, identity: str) -> int:
+        with self._lock:
+            return self._in_flight.get(identity, 0)
+
     def leave(self, identity: str) -> None:
         with self._lock:
             n = self._in_flight.get(identity, 0) - 1
