@@ -318,8 +318,9 @@ MINTED_KINDS = ("Secret", "NetworkPolicy")
 
 def _create_children(kube: Kube, children: topology.Children, uid: str) -> bool:
     """Create the job's children: first every object the pods refer to (ConfigMap, Services,
-    Secrets, Deployments) at once, then every pod at once. 409 (AlreadyExists) is expected
-    after a crash or a lagging cache: an existing object is ours only when its controller
+    Secrets, NetworkPolicies, Deployments) at once, then every pod at once. 409 (AlreadyExists)
+    is expected after a crash or a lagging cache: a Secret or NetworkPolicy that exists is ours
+    (its name carries this job's UID); any other existing object is ours only when its controller
     reference carries this job's UID (a re-created gang replaces its ConfigMap); one of an
     earlier job with the same name, or an orphan, is deleted and no pod is created: returns
     False, the caller retries later."""
