@@ -56,8 +56,13 @@ async def main():
     stub = pbg.FederatedStub(channel)
     deadline = time.monotonic() + 240
     while True:  # until a round has closed (its tokens can then be replayed)
-        joined = await stub.Join(pb.JoinRequest(client_ids=[me]), metadata=creds.metadata(me, "", JOIN))
-        if joined.round >= 1 or time.monotonic() > deadline:
+        try:
+            joined = await stub.Join(pb.JoinRequest(client_ids=[me]), metadata=creds.metadata(me, "", JOIN))
+        except grpc.aio.AioRpcError as e:  # not listening yet
+            if e.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                raise
+            joined = None
+        if (joined is not None and joined.round >= 1) or time.monotonic() > deadline:
             break
         await asyncio.sleep(0.5)
     out["rounds done"] = joined.round
@@ -114,8 +119,11 @@ def test_a_client_pod_can_neither_borrow_an_identity_nor_replay_a_token(
         return next((p for p in kubectl.pods(namespace, name) if p["metadata"]["labels"].get("disttrain.dev/role") == role
                      and p["status"].get("phase") == "Running" and p["status"].get("podIP")), None)  # fmt: skip
 
-    aggregator = kubectl.wait_for("the aggregator running", lambda: running("aggregator"), timeout=300)
-    client = kubectl.wait_for("a client pod running", lambda: running("client"), timeout=300)
+    # A round done: the aggregator serves, and a closed round's tokens exist to be replayed.
+    kubectl.wait_for("round 1", lambda: (kubectl.job(namespace, name).get("status") or {}).get("step", 0) >= 1,
+                     timeout=400)  # fmt: skip
+    aggregator = kubectl.wait_for("the aggregator running", lambda: running("aggregator"), timeout=60)
+    client = kubectl.wait_for("a client pod running", lambda: running("client"), timeout=60)
     got = kubectl.run("exec", "-n", namespace, client["metadata"]["name"], "-c", "trainer", "--", "python", "-c",
                       ATTACK, aggregator["status"]["podIP"], "4", timeout=300)  # fmt: skip
     out = json.loads(got.stdout.strip().splitlines()[-1])
