@@ -228,6 +228,7 @@ RAW_METHOD = "/bench.Raw/Push"
 
 def sender(agg_port: int, raw_port: int, key: bytes, numel: int, repeats: int, out: Any) -> None:
     import grpc
+    from disttrain_trainer.federated.bindings import JOIN, round_binding, wait_binding
     from disttrain_trainer.tensor_transport import auth, codec
     from disttrain_trainer.tensor_transport.channel import OPTIONS, aio_channel
     from disttrain_trainer.tensor_transport.protos import tensor_transport_pb2 as pb
@@ -242,15 +243,20 @@ def sender(agg_port: int, raw_port: int, key: bytes, numel: int, repeats: int, o
         push_raw = raw_channel.stream_unary(RAW_METHOD)
         channel = aio_channel(f"127.0.0.1:{agg_port}", None)
         stub = pbg.FederatedStub(channel)
-        md = auth.metadata_for(key, "client-0")
+        creds = auth.Credentials.derive(key, ["client-0"])
+        joined = await stub.Join(pb.JoinRequest(client_ids=["client-0"]), metadata=creds.metadata("client-0", "", JOIN))
+        heard = joined.round
         for _ in range(repeats):
             t = time.perf_counter()
             await push_raw(iter(raw_chunks))
             times["raw"].append(time.perf_counter() - t)
-            task = codec.decode_all([c async for c in stub.GetTask(pb.TaskRequest(client_id="client-0"), metadata=md)],
+            wait = creds.metadata("client-0", joined.session, wait_binding(heard))
+            task = codec.decode_all([c async for c in stub.GetTask(pb.TaskRequest(client_id="client-0"), metadata=wait)],
                                     1 << 40)  # fmt: skip
+            heard, attempt = task.header.round, int(task.header.scalars["attempt"])
+            md = creds.metadata("client-0", joined.session, round_binding(heard, attempt))
             header = codec.make_header(kind="update", round=task.header.round, tensors=update,
-                                       scalars={"attempt": task.header.scalars["attempt"], "num_samples": 1})  # fmt: skip
+                                       scalars={"attempt": attempt, "num_samples": 1})  # fmt: skip
             chunks = list(codec.encode(header, update))  # built before the clock starts, like raw_chunks
             t = time.perf_counter()
             reply = await stub.PushUpdate(iter(chunks), metadata=md)

@@ -59,16 +59,17 @@ ENV_SERVER_ADDR = "DISTTRAIN_SERVER_ADDR"  # paramserver: every shard's host:por
 # Set on servers run by a Deployment: after the last round / step keep serving "done" until
 # stopped (SIGTERM), since a container that exits would be restarted and replay the end.
 ENV_SERVE_UNTIL_STOPPED = "DISTTRAIN_SERVE_UNTIL_STOPPED"
-# Federated channel security, mounted from Secrets by the operator:
-# a folder with ca.crt / tls.crt / tls.key (clients read only ca.crt), and the
-# file holding the key that per-client tokens are derived from (HMAC).
-ENV_FED_TLS_DIR = "DISTTRAIN_FED_TLS_DIR"
-ENV_FED_TOKEN_KEY_FILE = "DISTTRAIN_FED_TOKEN_KEY_FILE"
+# Channel security of the federated aggregator and the parameter servers, mounted from
+# Secrets by the operator: a folder with ca.crt / tls.crt / tls.key (clients read only
+# ca.crt), and a folder of identity credentials: a server finds the key every credential
+# is derived from (identities.SERVER_KEY), a client or worker pod one file per identity it
+# hosts, named by the identity (client-07, worker-3) and nothing else.
+ENV_TLS_DIR = "DISTTRAIN_TLS_DIR"
+ENV_IDENTITY_DIR = "DISTTRAIN_IDENTITY_DIR"
 # Name the server certificate is issued for, when clients dial it by another name (an IP).
-ENV_FED_TLS_SERVER_NAME = "DISTTRAIN_FED_TLS_SERVER_NAME"
-FED_TLS_MOUNT_DIR = "/etc/disttrain/federated-tls"
-FED_TOKEN_MOUNT_DIR = "/etc/disttrain/federated-token"
-FED_TOKEN_SECRET_KEY = "token-key"
+ENV_TLS_SERVER_NAME = "DISTTRAIN_TLS_SERVER_NAME"
+TLS_MOUNT_DIR = "/etc/disttrain/tls"
+IDENTITY_MOUNT_DIR = "/etc/disttrain/identity"
 LABEL_MODE = "disttrain.dev/mode"
 # Mesh layout of a gang, for humans (kubectl describe): "dp=2,pp=2,tp=1".
 ANNOTATION_MESH = "disttrain.dev/mesh"

@@ -292,8 +292,8 @@ class FederatedSpec:
     )
     token_secret_name: str | None = fld(
         None, pattern=DNS_LABEL_PATTERN,
-        desc="Secret with key 'token-key': per-client tokens are HMAC(key, client id); unset: the "
-        "operator creates one.",
+        desc="Not supported: one shared token key would let every client pod speak for every client. "
+        "The operator mints one credential per client and mounts each pod only its own; leave unset.",
     )
 
 
@@ -310,6 +310,12 @@ class ParamServerSpec:
         "loaded), so no single server carries all the traffic.",
     )
     port: int = fld(50052, minimum=1, maximum=65535, desc="Parameter-server gRPC port (every shard).")
+    tls: bool = fld(True, desc="TLS on the parameter-server channels in the cluster; workers verify the servers against the CA.")
+    tls_secret_name: str | None = fld(
+        None, pattern=DNS_LABEL_PATTERN,
+        desc="Secret (ca.crt, tls.crt, tls.key) for the servers, valid for every shard's Service name; unset: "
+        "the operator creates a self-signed CA and server certificate.",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -293,6 +293,17 @@ def _fed_privacy(fed: FederatedSpec, c: _Checker) -> None:
               f"{dp.delta:g} must be < 1 / clients = {1 / fed.clients:.3g} (smaller is usual, e.g. 1e-5)")
 
 
+def _channel_security(spec: JobSpec, c: _Checker) -> None:
+    fed = spec.federated
+    if fed is not None and fed.token_secret_name and c.ok("spec.federated.tokenSecretName"):
+        # Every client pod would mount the one key and could mint a token for any client id.
+        c.add(
+            "spec.federated.tokenSecretName",
+            "is not supported: a token key shared by every client pod lets any of them speak for any "
+            "client; remove it: the operator mints one credential per client and mounts each pod only its own",
+        )
+
+
 def _elastic(spec: JobSpec, c: _Checker) -> None:
     el = spec.elastic
     if el is None or not c.ok("spec.workers.replicas"):
@@ -419,6 +430,7 @@ def validate_spec(spec: JobSpec, *, skip: Iterable[FieldError] = ()) -> list[Fie
     _size_dependent(spec, c)
     _strategies(spec, c)
     _mode_blocks(spec, c)
+    _channel_security(spec, c)
     _elastic(spec, c)
     _devices(spec, c)
     _model(spec, c)

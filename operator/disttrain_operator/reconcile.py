@@ -311,17 +311,24 @@ def _progress_source(mode: str, status: dict[str, Any], views: list[PodView], al
     return next((v for v in views if v.index == 0 and v.attempt == attempt and v.phase == "Running"), None)
 
 
+# Created once and never read back (RBAC: create only); their names carry the job's UID
+# (topology.common.minted_name).
+MINTED_KINDS = ("Secret", "NetworkPolicy")
+
+
 def _create_children(kube: Kube, children: topology.Children, uid: str) -> bool:
     """Create the job's children: first every object the pods refer to (ConfigMap, Services,
-    Secrets, Deployments) at once, then every pod at once. 409 (AlreadyExists) is expected
-    after a crash or a lagging cache: an existing object is ours only when its controller
+    Secrets, NetworkPolicies, Deployments) at once, then every pod at once. 409 (AlreadyExists)
+    is expected after a crash or a lagging cache: a Secret or NetworkPolicy that exists is ours
+    (its name carries this job's UID); any other existing object is ours only when its controller
     reference carries this job's UID (a re-created gang replaces its ConfigMap); one of an
     earlier job with the same name, or an orphan, is deleted and no pod is created: returns
     False, the caller retries later."""
-    support = [*children.secrets, *children.config_maps, *children.services, *children.deployments]
+    support = [*children.secrets, *children.network_policies, *children.config_maps, *children.services,
+               *children.deployments]  # fmt: skip
     clear = True
     for obj, created in zip(support, kube.each(kube.create, support), strict=True):
-        if created:
+        if created or obj["kind"] in MINTED_KINDS:  # named with the job's UID: one that exists is ours
             continue
         live = kube.get(obj)
         owner = controller_of(live) if live else None

@@ -42,6 +42,10 @@ def test_paramserver_example_succeeds(kubectl: Kubectl, operator: OperatorProces
     assert status["phase"] == "Succeeded", status
     assert status["result"]["testAccuracy"] >= 0.95, status["result"]
     assert status["result"]["mode"] == "paramserver" and status["restarts"] == 0
+    # Over TLS with per-worker credentials: the operator minted both Secrets and mounted them.
+    uid = job["metadata"]["uid"].replace("-", "")[:8]
+    secrets = kubectl.run("get", "secrets", "-n", namespace, "-l", f"disttrain.dev/job-name={name}", "-o", "name")
+    assert sorted(secrets.stdout.split()) == [f"secret/{name}-identity-{uid}", f"secret/{name}-tls-{uid}"]
 
 
 def test_paramserver_killed_worker_is_replaced_alone(

@@ -12,7 +12,7 @@ import grpc
 import pytest
 import torch
 from disttrain_api.model import parse_spec
-from disttrain_operator.topology.federated_secrets import self_signed_server_cert
+from disttrain_operator.topology.credentials import self_signed_server_cert
 from disttrain_trainer.config import config_for
 from disttrain_trainer.data import load_dataset
 from disttrain_trainer.federated import inprocess

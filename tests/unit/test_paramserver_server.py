@@ -18,12 +18,16 @@ from disttrain_trainer.paramserver import shards as shardmap
 from disttrain_trainer.paramserver.entry import start_server
 from disttrain_trainer.paramserver.psmetrics import ServerMetrics
 from disttrain_trainer.paramserver.server import Shard, ShardConfig
+from disttrain_trainer.tensor_transport import auth
 from disttrain_trainer.tensor_transport.channel import OPTIONS
 from disttrain_trainer.tensor_transport.protos import tensor_transport_pb2 as pb
 
 SPEC = parse_spec({"mode": "paramserver", "optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.0,
                                                         "scaleLR": "none", "decay": "none"}})  # fmt: skip
 W_SHAPE, B_SHAPE = (4, 3), (4,)
+KEY = auth.new_key()
+# worker-7 is not one of the job's workers: its credential is not one the shard derives.
+CREDS = auth.Credentials.derive(KEY, ["worker-0", "worker-1", "worker-7"])
 
 
 def initial() -> list[tuple[str, torch.Tensor]]:
@@ -41,8 +45,8 @@ def make_shard(tmp_path: Path | None = None, *, max_staleness: int = 2, workers:
 @pytest.fixture
 def served() -> Iterator[tuple[Shard, service.ShardClient]]:
     shard = make_shard()
-    server, port = start_server(shard, "127.0.0.1:0", workers=2)
-    client = service.ShardClient(f"127.0.0.1:{port}", max_bytes=shard.nbytes)
+    server, port = start_server(shard, "127.0.0.1:0", key=KEY, log=lambda s: None)
+    client = service.ShardClient(f"127.0.0.1:{port}", max_bytes=shard.nbytes, creds=CREDS)
     try:
         yield shard, client
     finally:
@@ -79,8 +83,9 @@ def test_bad_pushes_are_rejected_and_leave_the_parameters_untouched(served) -> N
         assert not r.accepted and r.reason.startswith(reason + ":"), (reason, r.reason)
     r = client.push(worker="worker-0", version=first.version, incarnation=inc, grads=inf)
     assert not r.accepted and r.reason.startswith("non_finite:")
-    r = client.push(worker="worker-7", version=first.version, incarnation=inc, grads=grads())
-    assert not r.accepted and r.reason.startswith("unknown_worker:")
+    with pytest.raises(grpc.RpcError) as e:
+        client.push(worker="worker-7", version=first.version, incarnation=inc, grads=grads())
+    assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED and "unknown_identity" in e.value.details()
     # A stream larger than the shard holds is refused from its header, before any allocation.
     r = client.push(worker="worker-0", version=first.version, incarnation=inc,
                     grads=[("w", torch.ones(1000, 1000))])  # fmt: skip
@@ -190,7 +195,8 @@ def test_a_stream_without_header_is_refused(served) -> None:  # noqa: ANN001
     channel = grpc.insecure_channel(client.address, options=OPTIONS)
     push = channel.stream_unary(service.PUSH, request_serializer=pb.Chunk.SerializeToString,
                                 response_deserializer=pb.PushReply.FromString)  # fmt: skip
-    reply = push(iter([pb.Chunk(data=b"\0" * 16)]))
+    md = CREDS.metadata("worker-0", shard.incarnation, "0")
+    reply = push(iter([pb.Chunk(data=b"\0" * 16)]), metadata=md)
     channel.close()
     assert not reply.accepted and reply.reason.startswith("no_header:")
     assert shard.metrics.rejected_count("no_header") == 1 and shard.version == 0

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from disttrain_api import constants as c
 from disttrain_api.model import JobSpec
 
-from . import data, federated, hybrid, paramserver, pipeline, tensor
+from . import data, federated, hybrid, networkpolicy, paramserver, pipeline, tensor
 from .common import BuildContext, Children
 
 Builder = Callable[[JobSpec, BuildContext], Children]
@@ -23,7 +23,9 @@ BUILDERS: dict[str, Builder] = {
 
 
 def build_children(spec: JobSpec, ctx: BuildContext) -> Children:
-    return BUILDERS[spec.mode](spec, ctx)
+    children = BUILDERS[spec.mode](spec, ctx)
+    children.network_policies.insert(0, networkpolicy.build_gang_policy(spec, ctx, gang_role(spec.mode)))
+    return children
 
 
 def gang_role(mode: str) -> str:

@@ -50,9 +50,12 @@ class Children:
     pods: list[dict[str, Any]] = field(default_factory=list)
     # Created once and never replaced (e.g. federated TLS keys: a new CA would cut off clients).
     secrets: list[dict[str, Any]] = field(default_factory=list)
+    # Who may connect to the job's pods (networkpolicy.py); created once, like the Secrets.
+    network_policies: list[dict[str, Any]] = field(default_factory=list)
 
     def all(self) -> list[dict[str, Any]]:
-        return [*self.secrets, *self.config_maps, *self.services, *self.deployments, *self.pods]
+        return [*self.secrets, *self.network_policies, *self.config_maps, *self.services, *self.deployments,
+                *self.pods]
 
 
 # ----------------------------------------------------------------------------- names
@@ -68,6 +71,14 @@ def config_map_name(job: str) -> str:
 
 def pod_name(job: str, role: str, index: int) -> str:
     return f"{job}-{role}-{index}"
+
+
+def minted_name(ctx: BuildContext, purpose: str) -> str:
+    """`<job>-<purpose>-<first 8 hex of the job UID>`: for objects the operator creates once and
+    never reads back (Secrets, NetworkPolicies), an "already exists" then means this very job
+    made it; one left by an earlier job of the same name has another name."""
+    uid = ctx.uid.replace("-", "")[:8]
+    return f"{ctx.name}-{purpose}-{uid}" if uid else f"{ctx.name}-{purpose}"
 
 
 def fqdn(host: str, subdomain: str, namespace: str) -> str:

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from disttrain_api import constants as c
 from disttrain_api.model import JobSpec
 
-from . import common
+from . import common, credentials, networkpolicy
 from .common import BuildContext, Children
 
 
@@ -99,4 +100,24 @@ def build_served(
         services=[*services, common.build_headless_service(ctx, client_role, [("metrics", spec.metrics.port)])],
         deployments=deployments,
         pods=pods,
+        network_policies=[networkpolicy.build_server_policy(spec, ctx, server_role=server_role, gang_role=client_role,
+                                                            port=port)],  # fmt: skip
     )
+
+
+def secure_served(children: Children, ctx: BuildContext, *, tls: bool, tls_secret_name: str | None,
+                  identities: Sequence[str], pod_identities: Callable[[int], list[str]]) -> None:  # fmt: skip
+    """Mint the job's Secrets (credentials.py) into `children` and mount them: every server the TLS
+    key pair and the server key, client pod i the CA and the credentials of pod_identities(i)."""
+    tls_secret = credentials.tls_secret_name(ctx, tls_secret_name) if tls else None
+    servers = [d["metadata"]["name"] for d in children.deployments]
+    for deployment in children.deployments:
+        credentials.secure_pod(deployment["spec"]["template"]["spec"], ctx, tls_secret=tls_secret, identities=(),
+                               server=True)  # fmt: skip
+    for pod in children.pods:
+        index = int(pod["metadata"]["labels"][c.LABEL_REPLICA_INDEX])
+        credentials.secure_pod(pod["spec"], ctx, tls_secret=tls_secret, identities=pod_identities(index), server=False)
+    # The Secrets the user did not name; the reconciler creates them once (never replaced).
+    if tls and not tls_secret_name:
+        children.secrets.append(credentials.build_tls_secret(ctx, servers))
+    children.secrets.append(credentials.build_identity_secret(ctx, identities))

@@ -6,9 +6,11 @@ passed (stragglers are dropped), aggregate when at least minAnsweredClients
 answered (the strategy's rule, or central DP's clipped and noised mean), else
 abandon the attempt and sample the round again. After each round: server step,
 evaluation of the global model, checkpoint (atomic), metrics. Every call
-carries a per-client token; every refused call or update is logged with its
-reason and counted, and leaves the global model untouched; so does every
-abandoned round attempt (`disttrain_federated_rounds_abandoned_total{reason}`).
+passes the gate (serving.py): a token made with the calling client's own
+credential, bound to this process's session and the round it belongs to; every
+refused call or update is logged with its reason and counted, and leaves the
+global model untouched; so does every abandoned round attempt
+(`disttrain_federated_rounds_abandoned_total{reason}`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import asyncio
 import json
 import math
 import random
+import secrets
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -31,7 +34,7 @@ from .. import checkpoint as ckpt
 from .. import checkpoint_dir as cdir
 from ..checkpoint_fence import Writer
 from ..metrics_sink import time_fractions
-from ..tensor_transport import auth, codec
+from ..tensor_transport import auth, codec, gate
 from ..tensor_transport.protos import tensor_transport_pb2 as pb
 from ..tensor_transport.protos import tensor_transport_pb2_grpc as pbg
 from . import checks, compression
@@ -51,7 +54,7 @@ class Aggregator(SecureStages, pbg.FederatedServicer):
         fed: FederatedSpec,
         seed: int,
         model: dict[str, torch.Tensor],
-        key: bytes,
+        key: bytes,  # the server key every client credential derives from
         metrics: Any,  # FedMetrics
         evaluate: Callable[[dict[str, torch.Tensor]], float] | None = None,
         checkpoint_dir: Path | None = None,
@@ -65,7 +68,10 @@ class Aggregator(SecureStages, pbg.FederatedServicer):
         self.model = {n: t.detach().clone() for n, t in model.items()}
         self.shapes = [(n, t.shape) for n, t in self.model.items() if t.is_floating_point()]
         self.numel = sum(math.prod(s) for _, s in self.shapes)
-        self.key = key
+        self.keyring = auth.Keyring(key, client_ids(fed.clients))
+        # Tokens name the session: one of an earlier process (whose round numbers repeat after a
+        # restart from the checkpoint) is refused here.
+        self.session = secrets.token_hex(8)
         self.metrics = metrics
         self.evaluate = evaluate
         self.checkpoint_dir = checkpoint_dir
@@ -134,11 +140,11 @@ class Aggregator(SecureStages, pbg.FederatedServicer):
         self.log(f"aggregator: refused {who}: {reason}: {message}")
 
     async def _client(self, context: grpc.aio.ServicerContext) -> str:
-        cid, why = auth.check(self.key, context.invocation_metadata())
-        if cid is not None and cid not in self.known:
-            cid, why = None, f"unknown client {cid!r}"
+        """The client the gate verified for this call (serving.build_server puts it in front)."""
+        cid = gate.verified_identity()
         if cid is None:
-            self._refuse("auth", context.peer(), why)
+            why = "the call did not pass the aggregator's gate"
+            self._refuse(auth.NO_TOKEN, context.peer(), why)
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, why)
         assert cid is not None
         return cid
@@ -164,7 +170,7 @@ class Aggregator(SecureStages, pbg.FederatedServicer):
         async with self.cond:
             self.seen.add(cid)
             self.cond.notify_all()
-        return pb.JoinReply(round=self.round, rounds=self.fed.rounds)
+        return pb.JoinReply(round=self.round, rounds=self.fed.rounds, session=self.session)
 
     async def GetTask(self, request: pb.TaskRequest, context: grpc.aio.ServicerContext):  # noqa: ANN201
         cid = await self._client(context)

@@ -37,6 +37,7 @@ from ..tensor_transport.protos import tensor_transport_pb2 as pb
 from ..tensor_transport.protos import tensor_transport_pb2_grpc as pbg
 from . import compression, secure_client
 from . import faults as hooks
+from .bindings import JOIN, round_binding, wait_binding
 
 T = TypeVar("T")
 # The client trusts its aggregator's model stream up to this size (the aggregator is the one that verifies).
@@ -49,6 +50,9 @@ BACKOFF_MAX_S = 5.0
 # retrying cannot fix it.
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
              grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.RESOURCE_EXHAUSTED)  # fmt: skip
+# Joins in a row that a GetTask may ask for (its token named a passed session or round): more means
+# the rounds run faster than this client can join, or something refuses every token.
+MAX_REJOINS = 20
 
 
 class Disconnected(RuntimeError):
@@ -144,7 +148,7 @@ class ClientRunner:
         *,
         spec: JobSpec,
         channel: grpc.aio.Channel,
-        key: bytes,
+        key: bytes | auth.Credentials,
         clients: list[ClientState],
         make_model: Callable[[], nn.Module],
         metrics: Any = None,  # FedMetrics
@@ -155,7 +159,11 @@ class ClientRunner:
         self.spec = spec
         self.fed = spec.federated
         self.stub = pbg.FederatedStub(channel)
-        self.key = key
+        # A pod holds only its own clients' credentials; in-process runs and tests pass the server key.
+        self.creds = key if isinstance(key, auth.Credentials) else auth.Credentials.derive(key, [c.cid for c in clients])
+        self.session = ""  # the aggregator process's, learnt from Join
+        self.heard = 0  # the highest round heard of in this session
+        self._bound: dict[str, str] = {}  # client id -> the round attempt of its current task
         self.clients = clients
         self.make_model = make_model
         self.metrics = metrics
@@ -170,20 +178,40 @@ class ClientRunner:
         self.pushed: dict[str, int] = {}
         self.final_summary: dict[str, Any] | None = None  # sent by the aggregator with "done"
 
-    def md(self, cid: str) -> tuple[tuple[str, str], ...]:
-        return auth.metadata_for(self.key, cid)
+    def md(self, cid: str, binding: str | None = None) -> tuple[tuple[str, str], ...]:
+        """A call's metadata for `cid`: a token bound to this session and, unless `binding` names
+        another, to the round attempt of the client's current task."""
+        if binding == JOIN:
+            return self.creds.metadata(cid, "", JOIN)
+        return self.creds.metadata(cid, self.session, self._bound.get(cid, "") if binding is None else binding)
 
     def fault_point(self, cid: str, stage: str) -> None:
         """A drop hook for this client at this stage: stop talking for good (see faults.py)."""
         if self.faults.get(cid) == stage:
             raise hooks.Dropped(stage)
 
-    async def retry(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+    async def join(self, cid: str) -> pb.JoinReply:
+        reply = await self.retry(f"{cid} Join", lambda: self.stub.Join(pb.JoinRequest(client_ids=[cid]),
+                                                                      metadata=self.md(cid, JOIN)))  # fmt: skip
+        if reply.session != self.session:  # a new aggregator process: its rounds are what it says
+            self.session, self.heard = reply.session, int(reply.round)
+        else:
+            self.heard = max(self.heard, int(reply.round))
+        return reply
+
+    async def retry(self, what: str, call: Callable[[], Awaitable[T]], *, rejoin: str | None = None) -> T:
+        """`call` until it succeeds, backing off on a lost connection; with `rejoin` (a client id),
+        a token refused for a passed session or round has that client join again first."""
         delay, start = BACKOFF_FIRST_S, time.monotonic()
+        rejoins = 0
         while True:
             try:
                 return await call()
             except grpc.aio.AioRpcError as e:
+                if rejoin is not None and refusal_of(e) in auth.EXPIRED and rejoins < MAX_REJOINS:
+                    rejoins += 1
+                    await self.join(rejoin)
+                    continue
                 if e.code() not in RETRYABLE:
                     raise
                 why = f"{e.code().name}: {e.details()}"
@@ -204,7 +232,7 @@ class ClientRunner:
         """The task and the seconds its bytes took (waiting to be sampled is idle, not communication)."""
 
         async def call() -> tuple[codec.Received, float]:
-            stream = self.stub.GetTask(pb.TaskRequest(client_id=cid), metadata=self.md(cid))
+            stream = self.stub.GetTask(pb.TaskRequest(client_id=cid), metadata=self.md(cid, wait_binding(self.heard)))
             d = codec.Decoder(max_bytes=MAX_MODEL_BYTES)
             first: float | None = None
             async for chunk in stream:
@@ -212,7 +240,11 @@ class ClientRunner:
                 d.feed(chunk)
             return d.finish(), time.perf_counter() - (first or time.perf_counter())
 
-        return await self.retry(f"{cid} GetTask", call)
+        task, seconds = await self.retry(f"{cid} GetTask", call, rejoin=cid)
+        if task.header.kind == "train":  # the client's calls of this round carry its round attempt
+            self.heard = max(self.heard, int(task.header.round))
+            self._bound[cid] = round_binding(int(task.header.round), int(task.header.scalars["attempt"]))
+        return task, seconds
 
     async def _client_loop(self, st: ClientState) -> None:
         try:
@@ -222,7 +254,7 @@ class ClientRunner:
 
     async def _rounds(self, st: ClientState) -> None:
         cid = st.cid
-        await self.retry(f"{cid} Join", lambda: self.stub.Join(pb.JoinRequest(client_ids=[cid]), metadata=self.md(cid)))
+        await self.join(cid)
         comm_carry = 0.0  # the previous upload, charged to the next round's report
         while True:
             task, t_recv = await self._get_task(cid)
@@ -283,3 +315,11 @@ class ClientRunner:
                 self.metrics.write({"event": "client_round", "client": cid, "round": round_no,
                                     "compute_s": res.compute_s, "data_s": res.data_s, "loss": res.loss,
                                     "accepted": reply.accepted})  # fmt: skip
+
+
+def refusal_of(e: grpc.aio.AioRpcError) -> str:
+    """The reason label a refused call carries in its trailing metadata ("" when none)."""
+    for k, v in e.trailing_metadata() or ():
+        if k == auth.REFUSAL_KEY:
+            return v if isinstance(v, str) else v.decode()
+    return ""

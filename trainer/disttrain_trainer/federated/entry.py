@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
-from pathlib import Path
 from typing import Any
 
-import grpc
 import numpy as np
 import torch
 from disttrain_api import constants as C
+from disttrain_api.identities import SERVER_KEY
 
 from .. import serve_until_stopped, stop_request
 from ..config import ConfigError, TrainerConfig
@@ -25,9 +23,8 @@ from ..data import Dataset, load_dataset
 from ..models import build_model
 from ..precision import make_amp
 from ..tensor_transport import auth
-from ..tensor_transport.channel import SERVER_OPTIONS, add_port, aio_channel
-from ..tensor_transport.protos import tensor_transport_pb2_grpc as pbg
-from . import partition
+from ..tensor_transport.channel import add_port, aio_channel
+from . import partition, serving
 from .aggregator import Aggregator
 from .client import ClientRunner, ClientState
 from .fedmetrics import AGGREGATOR, FedMetrics
@@ -35,7 +32,6 @@ from .settings import FedSettings, hosted_clients, load
 
 AGGREGATOR_LOG = "metrics-rank0.jsonl"  # the launcher follows rank 0's log for progress and the plot
 DONE_LINGER_S = 10.0  # after the last round: time for clients to hear "done"
-KEY_WAIT_S = 120.0
 
 
 def run(cfg: TrainerConfig) -> dict[str, Any] | None:
@@ -54,39 +50,26 @@ def run(cfg: TrainerConfig) -> dict[str, Any] | None:
     return summary
 
 
-# ------------------------------------------------------------------ token key
+# ------------------------------------------------------------------ credentials
 
 
 def aggregator_key(s: FedSettings) -> bytes:
-    path = s.token_key_file
-    if s.token_key_mounted or path.exists():
-        return _read_key(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(auth.new_key().hex().encode())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return _read_key(path)
+    path = s.identity_dir / SERVER_KEY
+    try:
+        return auth.read_key(path)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"the aggregator's server key: {e} ({C.ENV_IDENTITY_DIR}={s.identity_dir})") from None
 
 
-def client_key(s: FedSettings) -> bytes:
-    end = time.monotonic() + KEY_WAIT_S
-    while not s.token_key_file.exists():
-        if s.token_key_mounted or time.monotonic() > end:
-            raise ConfigError(f"token key {s.token_key_file} not found; mount the token Secret "
-                              f"({C.ENV_FED_TOKEN_KEY_FILE})")  # fmt: skip
-        time.sleep(0.2)
-    return _read_key(s.token_key_file)
-
-
-def _read_key(path: Path) -> bytes:
-    raw = path.read_bytes().strip()
-    if not raw:
-        raise ConfigError(f"token key file {path} is empty")
-    return raw
+def client_credentials(s: FedSettings, hosted: list[str]) -> auth.Credentials:
+    try:
+        return auth.Credentials.load(s.identity_dir, hosted)
+    except (OSError, ValueError) as e:
+        raise ConfigError(
+            f"credentials of this process's clients ({', '.join(hosted)}): {e}. The operator mounts one per "
+            f"client the pod hosts ({C.ENV_IDENTITY_DIR}={s.identity_dir}); one missing means federated.clients "
+            "or the gang size changed after the job's credentials were minted: create the job anew"
+        ) from None
 
 
 # ------------------------------------------------------------------ aggregator
@@ -113,8 +96,7 @@ def listen_address(s: FedSettings) -> str:
 
 
 async def serve(agg: Aggregator, s: FedSettings, *, linger_s: float = DONE_LINGER_S) -> None:
-    server = grpc.aio.server(options=SERVER_OPTIONS)
-    pbg.add_FederatedServicer_to_server(agg, server)
+    server = serving.build_server(agg)
     add_port(server, listen_address(s), s.tls)
     await server.start()
     try:
@@ -183,7 +165,7 @@ def run_clients(cfg: TrainerConfig, s: FedSettings) -> dict[str, Any] | None:
     indices = process_indices(cfg)
     hosted = sorted(c for i in indices for c in hosted_clients(s.fed.clients, i, cfg.world_size))
     states = client_states(cfg, ds, hosted)
-    key = client_key(s)
+    key = client_credentials(s, hosted)
     metrics = FedMetrics(job=cfg.job, process=f"client-rank{indices[0]}", port=cfg.metrics_port,
                          log_path=cfg.run_dir / f"metrics-client{indices[0]}.jsonl")  # fmt: skip
     print(f"federated client process {indices}: hosting {', '.join(hosted) or 'no clients'}", flush=True)

@@ -19,8 +19,9 @@ from torch import nn
 
 from ..data import Dataset
 from ..models import build_model  # noqa: F401 - re-exported for tests
-from ..tensor_transport.channel import SERVER_OPTIONS, Tls, add_port, aio_channel
-from ..tensor_transport.protos import tensor_transport_pb2_grpc as pbg
+from ..tensor_transport.channel import Tls, add_port, aio_channel
+from ..tensor_transport.limits import Limits
+from . import serving
 from .aggregator import Aggregator
 from .client import ClientRunner, ClientState
 from .fedmetrics import AGGREGATOR, FedMetrics
@@ -33,9 +34,9 @@ class InProcessRun:
     port: int = 0
 
 
-async def start_server(agg: Aggregator, tls: Tls | None = None, port: int = 0) -> tuple[grpc.aio.Server, int]:
-    server = grpc.aio.server(options=SERVER_OPTIONS)
-    pbg.add_FederatedServicer_to_server(agg, server)
+async def start_server(agg: Aggregator, tls: Tls | None = None, port: int = 0,
+                       limits: Limits | None = None) -> tuple[grpc.aio.Server, int]:  # fmt: skip
+    server = serving.build_server(agg, limits)
     port = add_port(server, f"127.0.0.1:{port}", tls)
     await server.start()
     return server, port
@@ -46,7 +47,7 @@ async def run_job(
     ds: Dataset,
     groups: list[list[ClientState]],
     *,
-    key: bytes,
+    key: bytes,  # the server key; each runner derives its own clients' credentials from it
     evaluate: Callable[[dict[str, torch.Tensor]], float] | None = None,
     checkpoint_dir: Path | None = None,
     faults: dict[str, str] | None = None,

@@ -8,15 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from disttrain_api import constants as C
+from disttrain_api.identities import client_ids, hosted_clients
 from disttrain_api.model import FederatedSpec, JobSpec
 
 from ..config import ConfigError, TrainerConfig
 from ..tensor_transport.channel import Tls
 
 ROLES = (C.ROLE_AGGREGATOR, C.ROLE_CLIENT)
-# Without a mounted token key (disttrain local) the aggregator writes one here and
-# its clients, which share the run dir, read it.
-LOCAL_TOKEN_FILE = "federated-token.key"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -27,22 +25,14 @@ class FedSettings:
     server_addr: str  # host:port the aggregator listens on / clients dial
     tls: Tls | None
     tls_server_name: str | None
-    token_key_file: Path
-    token_key_mounted: bool  # False: the local run's aggregator creates the file
+    identity_dir: Path  # the aggregator: the server key; a client process: its clients' credentials
 
     @property
     def port(self) -> int:
         return int(self.server_addr.rsplit(":", 1)[1])
 
 
-def client_ids(clients: int) -> list[str]:
-    width = len(str(clients - 1))
-    return [f"client-{i:0{width}d}" for i in range(clients)]
-
-
-def hosted_clients(clients: int, index: int, processes: int) -> list[str]:
-    """The clients process `index` of `processes` hosts: round-robin, so counts differ by <= 1."""
-    return client_ids(clients)[index::processes]
+__all__ = ["FedSettings", "client_ids", "hosted_clients", "load"]
 
 
 def load(cfg: TrainerConfig, environ: Mapping[str, str] | None = None) -> FedSettings:
@@ -59,15 +49,17 @@ def load(cfg: TrainerConfig, environ: Mapping[str, str] | None = None) -> FedSet
     host, _, port = addr.rpartition(":")
     if not host or not port.isdigit():
         raise ConfigError(f"{C.ENV_SERVER_ADDR}={addr!r} must be host:port")
-    tls_dir = env.get(C.ENV_FED_TLS_DIR)
-    key_file = env.get(C.ENV_FED_TOKEN_KEY_FILE)
+    tls_dir = env.get(C.ENV_TLS_DIR)
+    identity_dir = env.get(C.ENV_IDENTITY_DIR)
+    if not identity_dir:
+        raise ConfigError(f"{C.ENV_IDENTITY_DIR} is not set: mode federated needs the folder of identity "
+                          "credentials (the operator and `disttrain local` set it)")  # fmt: skip
     return FedSettings(
         fed=fed,
         seed=spec.data.seed,
         role=role,
         server_addr=addr,
         tls=Tls(dir=Path(tls_dir)) if tls_dir else None,
-        tls_server_name=env.get(C.ENV_FED_TLS_SERVER_NAME) or None,
-        token_key_file=Path(key_file) if key_file else cfg.run_dir / LOCAL_TOKEN_FILE,
-        token_key_mounted=bool(key_file),
+        tls_server_name=env.get(C.ENV_TLS_SERVER_NAME) or None,
+        identity_dir=Path(identity_dir),
     )

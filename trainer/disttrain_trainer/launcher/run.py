@@ -28,7 +28,7 @@ from disttrain_api import model as api
 
 from disttrain_trainer.config import FINISHED_FILE, finished_path
 from disttrain_trainer.launcher import env as envmod
-from disttrain_trainer.launcher import report
+from disttrain_trainer.launcher import identity, report
 from disttrain_trainer.launcher.gang import LOGS_DIR, PIDS_FILE, Failure, Gang
 from disttrain_trainer.launcher.progress import JsonlTail, ProgressPrinter, metrics_path, read_jsonl
 
@@ -216,6 +216,8 @@ def run_local(job: api.DistTrainJob, options: LocalOptions) -> LocalResult:
             if shards:
                 envs = envmod.paramserver_envs(envs, server_ports=envmod.reserve_ports(shards),
                                                metrics_ports=ports[spec.world_size:])  # fmt: skip
+            if federated or shards:
+                envs = identity.provision(run_dir, spec, envs)
             clear_finished(run_dir)
             gang = Gang.start(
                 command=envmod.trainer_command(options.python),

@@ -12,19 +12,23 @@ from typing import Any
 import grpc
 import torch
 from disttrain_api import constants as C
+from disttrain_api.identities import SERVER_KEY, worker_ids
 
 from .. import serve_until_stopped, stop_request
 from ..config import ConfigError, TrainerConfig
 from ..data import load_dataset
 from ..models import build_model
 from ..precision import make_amp
-from ..tensor_transport import frames
-from ..tensor_transport.channel import SERVER_OPTIONS
+from ..tensor_transport import auth, frames
+from ..tensor_transport.channel import Tls, add_port, server_options
+from ..tensor_transport.gate import Gate
+from ..tensor_transport.limits import Limits, paramserver_limits
 from . import service
 from . import shards as shardmap
 from .psmetrics import ServerMetrics, WorkerMetrics
-from .server import Servicer, Shard, ShardConfig
-from .settings import PSSettings, load
+from .server import Shard, ShardConfig
+from .servicer import Servicer, authorize
+from .settings import PSSettings, load, worker_id
 from .worker import Worker
 
 DONE_LINGER_S = 10.0  # after the last update: time for every worker to hear "done"
@@ -67,16 +71,42 @@ def shard_tensors(model: torch.nn.Module, s: PSSettings) -> list[tuple[str, torc
     return [(n, params[n].detach()) for n in plan[s.index]]
 
 
-def start_server(shard: Shard, address: str, workers: int) -> tuple[grpc.Server, int]:
-    """A started gRPC server for the shard, and the port it listens on (address may ask for port 0)."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2 * workers + 4), options=SERVER_OPTIONS)
-    sv = Servicer(shard)
-    server.add_generic_rpc_handlers((service.handler(sv.pull, sv.push),))
-    port = server.add_insecure_port(address)
-    if port == 0:
-        raise RuntimeError(f"cannot listen on {address}")
+def start_server(shard: Shard, address: str, *, key: bytes, tls: Tls | None = None, limits: Limits | None = None,
+                 log=lambda s: print(s, flush=True)) -> tuple[grpc.Server, int]:  # noqa: ANN001 - (str) -> None
+    """A started gRPC server for the shard behind the gate (tokens of the job's workers, derived from
+    the server `key`), and the port it listens on (address may ask for port 0)."""
+    workers = shard.cfg.workers
+    limits = limits or paramserver_limits(workers=workers, shard_bytes=shard.nbytes)
+    gate = Gate(keyring=auth.Keyring(key, worker_ids(workers)), limits=limits,
+                authorize=lambda method, claim: authorize(shard, method, claim), count=shard.metrics.rejected,
+                log=log, service=f"paramserver shard {shard.cfg.index}")  # fmt: skip
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=limits.max_concurrent_rpcs),
+                         options=server_options(limits), maximum_concurrent_rpcs=limits.max_concurrent_rpcs)  # fmt: skip
+    sv = Servicer(shard, gate)
+    server.add_generic_rpc_handlers((service.handler(sv.hello, sv.pull, sv.push),))
+    port = add_port(server, address, tls)
     server.start()
+    log(f"paramserver shard {shard.cfg.index}: limits: {limits.describe()}")
     return server, port
+
+
+def read_server_key(s: PSSettings) -> bytes:
+    try:
+        return auth.read_key(s.identity_dir / SERVER_KEY)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"the parameter server's key: {e} ({C.ENV_IDENTITY_DIR}={s.identity_dir})") from None
+
+
+def worker_credentials(s: PSSettings) -> auth.Credentials:
+    me = worker_id(s.index)
+    try:
+        return auth.Credentials.load(s.identity_dir, [me])
+    except (OSError, ValueError) as e:
+        raise ConfigError(
+            f"the credential of {me}: {e}. The operator mounts each worker pod its own "
+            f"({C.ENV_IDENTITY_DIR}={s.identity_dir}); one missing means the gang grew past the size the "
+            "job's credentials were minted for: create the job anew"
+        ) from None
 
 
 def run_server(cfg: TrainerConfig, s: PSSettings) -> dict[str, Any]:
@@ -91,7 +121,7 @@ def run_server(cfg: TrainerConfig, s: PSSettings) -> dict[str, Any]:
         resumed = shard.restore()
         if resumed is not None:
             print(f"paramserver shard {s.index}: resumed from version {resumed}", flush=True)
-        server, _ = start_server(shard, s.listen_address(), s.workers)
+        server, _ = start_server(shard, s.listen_address(), key=read_server_key(s), tls=s.tls)
         print(f"paramserver shard {s.index}: serving {len(shard.names)} tensors on {s.listen_address()}", flush=True)
         try:
             with stop_request.deferred():
@@ -140,7 +170,8 @@ def run_worker(cfg: TrainerConfig, s: PSSettings) -> dict[str, Any] | None:
     metrics = WorkerMetrics(job=cfg.job, rank=s.index, port=cfg.metrics_port,
                             log_path=cfg.run_dir / f"metrics-rank{s.index}.jsonl")  # fmt: skip
     worker = Worker(spec=spec, index=s.index, workers=s.workers, addrs=s.addrs, model=model, ds=ds,
-                    loss_fn=loss_fn_for(ds), metrics=metrics)  # fmt: skip
+                    loss_fn=loss_fn_for(ds), metrics=metrics, creds=worker_credentials(s), tls=s.tls,
+                    tls_server_name=s.tls_server_name)  # fmt: skip
     main = s.index == 0
     try:
         t0 = time.perf_counter()

@@ -33,7 +33,8 @@ class ServerMetrics(MetricsSink):
         self.apply_seconds = Histogram(names.PS_APPLY_SECONDS, "Seconds to apply one gradient (optimizer step).",
                                        keys, buckets=APPLY_BUCKETS, registry=r).labels(**self.labels)  # fmt: skip
         self.accepted_total = self.counter(names.PS_PUSHES_ACCEPTED, "Gradients applied.")
-        self._rejected = Counter(names.PS_PUSHES_REJECTED, "Pushes refused, by reason.", (*keys, "reason"), registry=r)
+        self._rejected = Counter(names.PS_PUSHES_REJECTED, "Pushes (and calls refused at the gate) refused, by reason.",
+                                 (*keys, "reason"), registry=r)
         self.push_bytes = self.counter(names.PS_SERVER_PUSH_BYTES, "Gradient bytes received.")
         self.pull_bytes = self.counter(names.PS_SERVER_PULL_BYTES, "Parameter bytes sent.")
 

@@ -9,7 +9,9 @@ batch. Within the bound the step is taken with lr / max(1, staleness) (Zhang et
 al. 2016, staleness-aware async SGD), so one worker with staleness 0 takes
 exactly the steps synchronous SGD takes.
 
-Every check on a push (known tensor names, dtype, shape, finite values) runs
+The gRPC side (servicer.py) admits every call through the gate first: a token
+made with the calling worker's own credential, bound to this shard's incarnation
+and its push count. Every check on a push (known tensor names, dtype, shape, finite values) runs
 before the lock is taken and before anything is written, so a rejected push
 leaves parameters, optimizer state and version untouched. Checkpoints hold
 parameters + optimizer state + version + per-worker progress, written
@@ -25,12 +27,11 @@ import threading
 import time
 import uuid
 from collections import Counter as Tally
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import grpc
 import torch
 from disttrain_api.model import OptimizerSpec
 
@@ -38,7 +39,7 @@ from .. import checkpoint as ckpt
 from .. import checkpoint_dir as cdir
 from ..checkpoint_fence import Fenced, Writer, exit_fenced
 from ..optim import build_optimizer, lr_at
-from ..tensor_transport import codec, frames
+from ..tensor_transport import auth, codec
 from ..tensor_transport.protos import tensor_transport_pb2 as pb
 from . import service
 from .psmetrics import ServerMetrics
@@ -187,13 +188,15 @@ class Shard:
                 return Verdict(accepted=False, reason="non_finite", message=f"{name}: NaN or Inf in the gradient")
         return None
 
-    def push(self, *, worker: str, version: int, incarnation: str,
-             tensors: Sequence[tuple[str, torch.Tensor]]) -> Verdict:  # fmt: skip
+    def push(self, *, worker: str, version: int, incarnation: str, tensors: Sequence[tuple[str, torch.Tensor]],
+             sequence: int | None = None) -> Verdict:  # fmt: skip
+        """`sequence`: the worker's push count its token was bound to (the gRPC path); it must
+        still be the count when the push is applied, so a replay racing the original loses."""
         bad = self.check(worker, tensors)
         if bad is not None:
             return self.reject(bad)
         with self._lock:
-            verdict = self._apply(worker, version, incarnation, tensors)
+            verdict = self._apply(worker, version, incarnation, tensors, sequence)
             version_now = self.version
         if not verdict.accepted:
             self.metrics.rejected(verdict.reason)
@@ -202,9 +205,14 @@ class Shard:
             self.save()
         return verdict
 
-    def _apply(self, worker: str, version: int, incarnation: str,
-               tensors: Sequence[tuple[str, torch.Tensor]]) -> Verdict:  # fmt: skip
+    def _apply(self, worker: str, version: int, incarnation: str, tensors: Sequence[tuple[str, torch.Tensor]],
+               sequence: int | None) -> Verdict:  # fmt: skip
         """The staleness check and the optimizer step; the caller holds the lock."""
+        if sequence is not None and sequence != self.worker_steps[worker]:
+            self.stats[f"rejected:{auth.EXPIRED_ROUND}"] += 1
+            return Verdict(accepted=False, reason=auth.EXPIRED_ROUND,
+                           message=f"the token is bound to push {sequence} of {worker}, the shard has counted "
+                           f"{self.worker_steps[worker]}")  # fmt: skip
         if incarnation != self.incarnation:
             self.stats["rejected:incarnation"] += 1
             return Verdict(accepted=False, reason="incarnation",
@@ -304,48 +312,3 @@ def all_finite(t: torch.Tensor) -> bool:
     if bool(torch.isfinite(t.sum())):
         return True
     return bool(torch.isfinite(t).all())
-
-
-class Servicer:
-    """The gRPC side of a shard: decode, hand to the Shard, answer."""
-
-    def __init__(self, shard: Shard):
-        self.shard = shard
-
-    def pull(self, request: pb.Chunk, context: grpc.ServicerContext) -> Iterator[bytes]:
-        h = request.header
-        header, tensors, generation = self.shard.snapshot(
-            worker=h.attrs.get(service.ATTR_WORKER, ""), version=h.round,
-            incarnation=h.attrs.get(service.ATTR_INCARNATION, ""),
-        )  # fmt: skip
-        sent = 0
-        try:
-            for f in frames.encode(header, tensors):  # copied frame by frame as gRPC sends
-                sent += len(f)
-                yield f
-        finally:
-            self.shard.release(generation)
-            self.shard.metrics.pull_bytes.inc(sent)
-
-    def push(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> pb.PushReply:
-        buf = self.shard.take_buffer()
-        try:
-            return self._push(request_iterator, buf)
-        finally:
-            self.shard.give_buffer(buf)
-
-    def _push(self, request_iterator: Iterator[bytes], buf: dict[str, torch.Tensor]) -> pb.PushReply:
-        try:
-            # Names, dtypes and shapes are checked against the buffers before a byte is written.
-            got = frames.decode_all(request_iterator, self.shard.nbytes, into=buf)
-        except codec.StreamError as e:
-            v = self.shard.reject(Verdict(accepted=False, reason=e.reason, message=str(e)))
-            return pb.PushReply(accepted=False, reason=f"{v.reason}: {v.message}")
-        self.shard.metrics.push_bytes.inc(got.wire_bytes)
-        h = got.header
-        if h.kind != service.KIND_GRAD:
-            v = self.shard.reject(Verdict(accepted=False, reason="bad_kind", message=f"header kind {h.kind!r}"))
-            return pb.PushReply(accepted=False, reason=f"{v.reason}: {v.message}")
-        v = self.shard.push(worker=h.attrs.get(service.ATTR_WORKER, ""), version=h.round,
-                            incarnation=h.attrs.get(service.ATTR_INCARNATION, ""), tensors=got.tensors)  # fmt: skip
-        return pb.PushReply(accepted=v.accepted, reason=f"{v.reason}: {v.message}" if v.reason else "")

@@ -5,6 +5,8 @@ Env contract (set by the operator and by `disttrain local`):
   DISTTRAIN_SERVER_ADDR  host:port of every shard, comma-separated, shard 0 first; a server
                          process listens on the port of its own entry
   NODE_RANK              a server's shard index; a worker's pod index (RANK names the worker)
+  DISTTRAIN_IDENTITY_DIR a server: the server key; a worker: its own credential (worker-<rank>)
+  DISTTRAIN_TLS_DIR      optional: ca.crt (workers) or the server's key pair; unset = plaintext
 """
 
 from __future__ import annotations
@@ -12,11 +14,14 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from disttrain_api import constants as C
+from disttrain_api.identities import worker_id
 from disttrain_api.model import JobSpec, ParamServerSpec
 
 from ..config import ConfigError, TrainerConfig
+from ..tensor_transport.channel import Tls
 
 ROLES = (C.ROLE_SERVER, C.ROLE_WORKER)
 
@@ -28,6 +33,9 @@ class PSSettings:
     addrs: tuple[str, ...]  # shard i listens on addrs[i]
     index: int  # shard index (server) or worker index (worker)
     workers: int
+    tls: Tls | None
+    tls_server_name: str | None
+    identity_dir: Path  # a server: the server key; a worker: its own credential
 
     @property
     def shards(self) -> int:
@@ -40,8 +48,7 @@ class PSSettings:
         return f"{bind}:{port}"
 
 
-def worker_id(index: int) -> str:
-    return f"worker-{index}"
+__all__ = ["PSSettings", "load", "worker_id"]
 
 
 def load(cfg: TrainerConfig, environ: Mapping[str, str] | None = None) -> PSSettings:
@@ -70,4 +77,11 @@ def load(cfg: TrainerConfig, environ: Mapping[str, str] | None = None) -> PSSett
             raise ConfigError(f"{C.ENV_NODE_RANK}={index}: a server's shard index must be in [0, {ps.shards})")
     else:
         index = cfg.rank if cfg.rank is not None else cfg.node_rank * cfg.nproc_per_node
-    return PSSettings(ps=ps, role=role, addrs=addrs, index=index, workers=cfg.world_size)
+    identity_dir = env.get(C.ENV_IDENTITY_DIR)
+    if not identity_dir:
+        raise ConfigError(f"{C.ENV_IDENTITY_DIR} is not set: mode paramserver needs the folder of identity "
+                          "credentials (the operator and `disttrain local` set it)")  # fmt: skip
+    tls_dir = env.get(C.ENV_TLS_DIR)
+    return PSSettings(ps=ps, role=role, addrs=addrs, index=index, workers=cfg.world_size,
+                      tls=Tls(dir=Path(tls_dir)) if tls_dir else None,
+                      tls_server_name=env.get(C.ENV_TLS_SERVER_NAME) or None, identity_dir=Path(identity_dir))  # fmt: skip

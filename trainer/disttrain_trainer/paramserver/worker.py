@@ -26,13 +26,15 @@ from .. import stop_request
 from ..data import Dataset, GlobalBatchSampler
 from ..metrics import ends_interval
 from ..precision import make_amp
+from ..tensor_transport import auth
+from ..tensor_transport.channel import Tls
 from . import shards as shardmap
 from .psmetrics import WorkerMetrics, WorkerTally
 from .service import Pulled, ShardClient
 from .settings import worker_id
 
 RETRY_ERRORS = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
-                grpc.StatusCode.UNKNOWN)  # fmt: skip
+                grpc.StatusCode.UNKNOWN, grpc.StatusCode.RESOURCE_EXHAUSTED)  # fmt: skip
 BACKOFF_S = (0.1, 0.2, 0.5, 1.0, 2.0)
 DONE_POLL_S = 0.2
 CALL_TIMEOUT_S = 60.0
@@ -62,7 +64,8 @@ class ShardView:
 
 class Worker:
     def __init__(self, *, spec: JobSpec, index: int, workers: int, addrs: tuple[str, ...], model: nn.Module,
-                 ds: Dataset, loss_fn: Any, metrics: WorkerMetrics, patience_s: float = PATIENCE_S):  # fmt: skip
+                 ds: Dataset, loss_fn: Any, metrics: WorkerMetrics, creds: auth.Credentials, tls: Tls | None = None,
+                 tls_server_name: str | None = None, patience_s: float = PATIENCE_S):  # fmt: skip
         self.spec, self.index, self.workers = spec, index, workers
         self.id = worker_id(index)
         self.model, self.ds, self.loss_fn, self.metrics = model, ds, loss_fn, metrics
@@ -71,8 +74,9 @@ class Worker:
         sizes = {n: p.numel() * p.element_size() for n, p in self.params.items()}
         plan = shardmap.assign(sizes, len(addrs))
         self.shards = [
-            ShardView(client=ShardClient(a, max_bytes=sum(sizes[n] for n in part)), names=part,
-                      params={n: self.params[n] for n in part})
+            ShardView(client=ShardClient(a, max_bytes=sum(sizes[n] for n in part), creds=creds, tls=tls,
+                                         server_name=tls_server_name),
+                      names=part, params={n: self.params[n] for n in part})  # fmt: skip
             for a, part in zip(addrs, plan, strict=True)
         ]
         self.sampler = GlobalBatchSampler(ds.num_train, spec.data.batch_size, spec.data.seed, index, workers)
