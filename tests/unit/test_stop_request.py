@@ -142,3 +142,22 @@ def test_checks_are_spaced_by_time_within_the_grace_period(gang_of_one: None) ->
     assert a.every(0.5) == 2 and a.every(5.0) == 1  # slow steps: every step, never fewer
     assert StopAgreement(grace_s=2.0).every(0.001) == 500  # a quarter of a short grace period
     assert a.every(0.0) == a.max_every
+
+
+def test_the_watcher_leaves_a_signal_the_main_thread_already_handled_alone() -> None:
+    """A slow watcher thread reads the wakeup byte of a SIGTERM that the main thread's handler
+    already recorded inside a deferred section, after the main thread left that section (a
+    finished server, a loop that saved its step): the process must not be ended for it."""
+    program = (
+        "import os, signal, threading, time\n"
+        "from disttrain_trainer import stop_request as s\n"
+        "with s.deferred():\n"
+        "    s.request()  # what the main thread's handler does with a SIGTERM in a deferred section\n"
+        "r, w = os.pipe()\n"
+        "os.write(w, bytes([signal.SIGTERM]))  # the wakeup byte the watcher reads only now\n"
+        "threading.Thread(target=s._watch, args=(r,), daemon=True).start()\n"
+        "time.sleep(0.5)\n"
+        "print('alive', flush=True)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "alive", (proc.returncode, proc.stderr)

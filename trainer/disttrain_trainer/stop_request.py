@@ -80,6 +80,14 @@ def _watch(read_fd: int) -> None:
         if not data:
             return
         if any(b in data for b in SIGNALS):
+            with _lock:
+                # The main thread's handler ran first (deferred: recorded; else it raised
+                # StopRequested): the signal is handled. Deciding from `_deferred` now, maybe after
+                # the main thread left a deferred section on that very request, would end a
+                # process that is saving or has finished.
+                handled = event.is_set()
+            if handled:
+                continue
             request()
             if not _deferred:
                 _say(b"disttrain-trainer: stopped on request before training started\n")
