@@ -27,3 +27,8 @@ MEANING = {
     CONFIG: "invalid manifest or config rejected; permanent, never retried",
     INTERRUPTED: "interrupted (Ctrl-C or SIGTERM)",
 }
+
+# The operator's own exit when its leader Lease was not renewed in time: it stopped before
+# a standby may take over, and its Deployment restarts it as a standby (sysexits'
+# EX_TEMPFAIL: a retry is expected to work). Never a trainer's code.
+LEASE_LOST = 75
