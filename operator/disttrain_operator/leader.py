@@ -16,10 +16,14 @@ Why two operators never act at once (the numbers are LeaseConfig's defaults):
   `renewed_at + duration_s`;
 - a watchdog thread, armed from `renewed_at`, ends the process at `renewed_at +
   renew_deadline_s` (5 s) whatever any other thread is doing: a renewal blocked on a
-  half-open connection, a reconcile mid-write. client-go gives up with a context deadline
-  the blocked call does not wait for (kube-controller-manager then exits); a Python thread
-  blocked in a socket read cannot be cancelled, so here the process exits instead — the only
-  stop that also ends the reconcile threads' writes;
+  half-open connection, a reconcile mid-write. Taken from client-go: giving up on a
+  deadline the blocked call does not wait for (its renew loop selects on a context
+  timeout), then ending the process (kube-controller-manager's OnStoppedLeading is
+  `klog.Fatalf("leaderelection lost")`); a Python thread blocked in a socket read cannot be
+  cancelled, and only the process's end also stops the reconcile threads' writes.
+  Different: client-go starts that deadline with each renew round, up to a retry period
+  after the last success, and dates a success from its reply; here the deadline runs from
+  when the last successful renewal was sent, which is all a late reply proves;
 - every request on the lease path times out at that deadline and is never retried, so a
   renewal that would land after the watchdog fired is never attempted;
 - `EXIT_GRACE_S` (the watchdog's wait for its log line) + renew_deadline_s < duration_s,
