@@ -166,7 +166,7 @@ class Elector:
     def _request(self, method: str, path: str, deadline: float, **kw: Any) -> tuple[int, dict[str, Any]]:
         left = deadline - time.monotonic()
         if left <= 0:
-            raise TimeoutError(f"lease {self.cfg.namespace}/{self.cfg.name}: renew deadline passed")
+            raise TimeoutError("renew deadline passed")
         # No retries: urllib3's default would resend a timed-out GET/PUT three more times.
         return self.kube.request(method, path, resource="leases", timeout_s=left, retries=False, **kw)
 

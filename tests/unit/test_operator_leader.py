@@ -288,7 +288,7 @@ def test_a_lease_request_is_sent_once_and_gives_up_by_the_deadline(lease_server:
 @pytest.mark.parametrize("mode", ["silent", "trickle"])
 def test_a_holder_blocked_on_its_renewal_stops_before_its_lease_can_expire(lease_server: LeaseServer,
                                                                              mode: str) -> None:
-    cfg = LeaseConfig(namespace="ns", identity="a", duration_s=4.0, renew_deadline_s=2.5, retry_s=1.0)
+    cfg = LeaseConfig(namespace="ns", identity="a", duration_s=6.0, renew_deadline_s=2.5, retry_s=1.0)
     elector = Elector(lease_server.kube(), cfg)
     elector.acquire()
     renewed_at = elector.renewed_at
