@@ -183,6 +183,8 @@ def test_a_stalled_leader_stops_before_the_standby_takes_over_and_never_writes_b
         stopped_at = logged_at(first.log, "not renewed within")
         active_at = logged_at(second.log, "holding lease")
         assert old and new
+        print(f"old replica: last write {max(old) - stopped_at:+.3f}s from its stop; new replica: first write "
+              f"{min(new) - stopped_at:+.3f}s, active {active_at - stopped_at:+.3f}s")
         assert max(old) < stopped_at < min(new) <= active_at, (max(old), stopped_at, min(new), active_at)
         assert not {int(t) for t in old} & {int(t) for t in new}, "two replicas wrote in the same second"
     finally:
