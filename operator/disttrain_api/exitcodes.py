@@ -43,3 +43,8 @@ MEANING = {
     FENCED: "fenced: a newer gang claimed the checkpoint directory; this process stopped without writing",
     INTERRUPTED: "interrupted (Ctrl-C)",
 }
+
+# The operator's own exit when its leader Lease was not renewed in time: it stopped before
+# a standby may take over, and its Deployment restarts it as a standby (sysexits'
+# EX_TEMPFAIL: a retry is expected to work). Never a trainer's code.
+LEASE_LOST = 75

@@ -11,12 +11,14 @@ report API requests per job from the operator's own metrics.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote, urlencode
 
+import urllib3
 from disttrain_api.model import GROUP, PLURAL, VERSION
 from kubernetes import client, config
 
@@ -26,6 +28,8 @@ TIMEOUT_S = 30.0
 # Requests one reconcile sends at once (a gang's children); the pool is shared by all jobs.
 FANOUT = 16
 EVENT_SOURCE = "disttrain-operator"
+# Every write, at DEBUG (`disttrain operator -v`), as it is sent: which replica wrote when.
+log = logging.getLogger("disttrain.operator.api")
 
 
 def load_config() -> None:
@@ -92,7 +96,13 @@ class Kube:
         body: Any = None,
         content_type: str = "application/json",
         allow: tuple[int, ...] = (),
+        timeout_s: float | None = None,
+        retries: bool = True,
     ) -> tuple[int, dict[str, Any]]:
+        """`timeout_s`: connecting and waiting for the reply share this budget (urllib3's total
+        timeout) instead of TIMEOUT_S each; a server trickling bytes can still stretch a read,
+        so the lease's watchdog never relies on it. `retries=False` sends the request once
+        (urllib3 otherwise resends one that timed out or lost its connection, 3 more times)."""
         opmetrics.API_REQUESTS.labels(verb=verb, resource=resource).inc()
         if self.cfg.refresh_api_key_hook is not None:
             self.cfg.refresh_api_key_hook(self.cfg)  # rotates the in-cluster token
@@ -100,8 +110,12 @@ class Kube:
         for auth in self.cfg.auth_settings().values():
             headers[auth["key"]] = auth["value"]
         url = self.cfg.host + path + (f"?{urlencode(query)}" if query else "")
+        timeout = TIMEOUT_S if timeout_s is None else urllib3.Timeout(total=timeout_s)
+        if method != "GET":
+            log.debug("api write %s %s", method, path)
         resp = self.pool.request(
-            method, url, headers=headers, body=None if body is None else json.dumps(body), timeout=TIMEOUT_S
+            method, url, headers=headers, body=None if body is None else json.dumps(body), timeout=timeout,
+            **({} if retries else {"retries": False}),
         )
         text = resp.data.decode("utf-8", "replace") if resp.data else ""
         if resp.status >= 300 and resp.status not in allow:

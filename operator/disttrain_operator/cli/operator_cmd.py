@@ -76,18 +76,21 @@ def run(args: argparse.Namespace) -> int:
     if cfg.metrics_port:
         prometheus_client.start_http_server(cfg.metrics_port)
     if cfg.leader_elect:
+        from disttrain_api import exitcodes
+
         from .. import leader
 
         elector = leader.Elector(kube.Kube(), leader.LeaseConfig(
             namespace=cfg.lease_namespace or settings.own_namespace(), identity=leader.default_identity()))
         standby = leader.serve_standby_health(cfg.liveness) if cfg.liveness else None
         elector.acquire()
+        # Renewing and the watchdog start at once: the lease's clock runs from acquire().
+        # Lost (not renewed in time): the process ends, reconcile threads mid-write included,
+        # before a standby may take over; the Deployment restarts this replica as a standby.
+        elector.keep(lost=lambda: os._exit(exitcodes.LEASE_LOST))
         if standby is not None:
             standby.shutdown()
             standby.server_close()
-        # Lost (could not renew): stop at once, before a standby may take over; the
-        # Deployment restarts this replica as a standby.
-        elector.keep(lost=lambda: os._exit(1))
     kopf.run(
         standalone=True,
         clusterwide=cfg.all_namespaces,
