@@ -71,7 +71,11 @@ BUILTIN_MODELS = ("mlp", "cnn", "gpt")
 MODEL_NAME_PATTERN = r"^(mlp|cnn|gpt|[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*)$"
 ACT_CKPT_PATTERN = r"^(none|sqrt|every:[1-9][0-9]*)$"
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-# Pod names are "<job>-worker-<index>" and must stay within 63 characters.
+# A job's name is its headless Service's name, so it must be a DNS-1035 label (a Service
+# name starts with a letter), short enough that every derived name stays a 63-character
+# label: pods and hostnames "<job>-worker-<index>" / "<job>-client-<index>" (index < 1024),
+# Services "<job>-aggregator", "<job>-server-<shard>".
+JOB_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 MAX_JOB_NAME = 45
 TOP_LEVEL_FIELDS = ("apiVersion", "kind", "metadata", "spec", "status")
 
@@ -277,6 +281,12 @@ class RunPolicy:
     ttl_seconds_after_finished: int | None = fld(None, minimum=0, desc="Delete the finished job after this long.")
     clean_pod_policy: CleanPodPolicy = fld("Running", desc="Pods deleted when the job finishes.")
     suspend: bool = fld(False, desc="Delete the pods, keep checkpoints; false resumes.")
+    child_rejected_timeout_seconds: int = fld(
+        300, minimum=0,
+        desc="How long the operator retries (with backoff) a pod, Service, ConfigMap, Secret or Deployment that "
+        "the API server rejects (e.g. 422 Invalid, 403 Forbidden by a quota or an admission policy) before the "
+        "job fails with reason ChildRejected.",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -315,7 +325,7 @@ class JobSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class Metadata:
-    name: str = fld(desc="Job name: a DNS label of at most 45 characters.")
+    name: str = fld(desc="Job name: a DNS-1035 label (starts with a letter) of at most 45 characters.")
     namespace: str = fld("default")
 
 
@@ -419,11 +429,13 @@ def _parse_metadata(meta: Any, errors: list[FieldError]) -> Metadata:
     if not isinstance(name, str) or not name:
         errors.append(FieldError("metadata.name", "required field is missing"))
         name = "invalid"
-    elif not re.match(DNS_LABEL_PATTERN, name) or len(name) > MAX_JOB_NAME:
+    elif not re.match(JOB_NAME_PATTERN, name) or len(name) > MAX_JOB_NAME:
         errors.append(
             FieldError(
                 "metadata.name",
-                f"{name!r} must be a DNS label (lower-case letters, digits, '-') of at most {MAX_JOB_NAME} characters",
+                f"{name!r} must be a DNS-1035 label (lower-case letters, digits and '-', starting with a letter and "
+                f"ending with a letter or digit) of at most {MAX_JOB_NAME} characters: it names the job's Service "
+                "and pods",
             )
         )
     return Metadata(name=name, namespace=str(meta.get("namespace") or "default"))

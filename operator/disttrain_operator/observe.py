@@ -34,6 +34,7 @@ class PodView:
     message: str = ""  # the container's termination message (rank 0's summary JSON on success)
     owner_uid: str = ""  # UID of the pod's controller (ownerReferences[controller=true]); "" when none
     owner_kind: str = ""
+    owner_name: str = ""
 
 
 def parse_time(value: str | None) -> datetime | None:
@@ -121,6 +122,7 @@ def pod_view(pod: dict[str, Any], now: datetime) -> PodView:
         message=message,
         owner_uid=(controller_of(pod) or {}).get("uid", ""),
         owner_kind=(controller_of(pod) or {}).get("kind", ""),
+        owner_name=(controller_of(pod) or {}).get("name", ""),
     )
 
 

@@ -123,12 +123,18 @@ def test_checkpoint_volume_default_and_given() -> None:
     pod = build_children(spec(), ctx()).pods[0]
     vol = next(v for v in pod["spec"]["volumes"] if v["name"] == "checkpoints")
     assert vol == {"name": "checkpoints", "emptyDir": {}}
-    host = {"hostPath": {"path": "/var/lib/disttrain/checkpoints", "type": "Directory"}}
-    pod = build_children(spec(checkpoint={"path": "/ckpt", "volume": host}), ctx()).pods[0]
+    claim = {"persistentVolumeClaim": {"claimName": "checkpoints"}}
+    pod = build_children(spec(checkpoint={"path": "/ckpt", "volume": claim}), ctx()).pods[0]
     vol = next(v for v in pod["spec"]["volumes"] if v["name"] == "checkpoints")
-    assert vol == {"name": "checkpoints", **host}
+    assert vol == {"name": "checkpoints", **claim}
     mount = next(m for m in pod["spec"]["containers"][0]["volumeMounts"] if m["name"] == "checkpoints")
     assert mount["mountPath"] == "/ckpt"
+    # Validation refuses a hostPath; should one reach the builder all the same (a spec an older
+    # operator accepted), the pod gets an emptyDir, never the node's filesystem.
+    host = {"hostPath": {"path": "/var/lib/disttrain/checkpoints", "type": "Directory"}}
+    pod = build_children(spec(checkpoint={"path": "/ckpt", "volume": host}), ctx()).pods[0]
+    assert next(v for v in pod["spec"]["volumes"] if v["name"] == "checkpoints") == {"name": "checkpoints",
+                                                                                     "emptyDir": {}}
 
 
 def test_security_context_is_restricted() -> None:
@@ -196,9 +202,11 @@ def test_federated_secrets_are_built_unless_the_user_names_them() -> None:
 
     children = build_children(spec(mode="federated"), ctx())
     secrets = {s["metadata"]["name"]: s for s in children.secrets}
-    assert set(secrets) == {"job1-federated-tls", "job1-federated-token"}
+    # Named with the job's UID: the operator may create Secrets but read none, so "already
+    # exists" must mean "this job made it".
+    assert set(secrets) == {"job1-federated-tls-uid-1", "job1-federated-token-uid-1"}
     assert children.all()[: len(secrets)] == children.secrets  # created before the pods that mount them
-    tls = {k: base64.b64decode(v) for k, v in secrets["job1-federated-tls"]["data"].items()}
+    tls = {k: base64.b64decode(v) for k, v in secrets["job1-federated-tls-uid-1"]["data"].items()}
     assert set(tls) == {CA_FILE, CERT_FILE, KEY_FILE}
     cert = x509.load_pem_x509_certificate(tls[CERT_FILE])
     names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
@@ -207,18 +215,18 @@ def test_federated_secrets_are_built_unless_the_user_names_them() -> None:
                   if e["name"] == c.ENV_SERVER_ADDR)  # fmt: skip
     assert server.rsplit(":", 1)[0] in names  # clients dial the Service by this name and verify it
     cert.verify_directly_issued_by(x509.load_pem_x509_certificate(tls[CA_FILE]))
-    assert len(base64.b64decode(secrets["job1-federated-token"]["data"][c.FED_TOKEN_SECRET_KEY])) == 64
+    assert len(base64.b64decode(secrets["job1-federated-token-uid-1"]["data"][c.FED_TOKEN_SECRET_KEY])) == 64
     # The aggregator mounts the key pair; clients only the CA.
     server_vols = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}
     client_vols = {v["name"]: v for v in children.pods[0]["spec"]["volumes"]}
-    assert server_vols["federated-tls"]["secret"]["secretName"] == "job1-federated-tls"
+    assert server_vols["federated-tls"]["secret"]["secretName"] == "job1-federated-tls-uid-1"
     assert client_vols["federated-tls"]["secret"]["items"] == [{"key": CA_FILE, "path": CA_FILE}]
 
     named = build_children(spec(mode="federated", federated={"tlsSecretName": "mine", "tokenSecretName": "tok"}), ctx())
     assert named.secrets == []
     assert {v["secret"]["secretName"] for v in named.pods[0]["spec"]["volumes"] if "secret" in v} == {"mine", "tok"}
     plain = build_children(spec(mode="federated", federated={"tls": False}), ctx())
-    assert [s["metadata"]["name"] for s in plain.secrets] == ["job1-federated-token"]
+    assert [s["metadata"]["name"] for s in plain.secrets] == ["job1-federated-token-uid-1"]
 
 
 @pytest.mark.parametrize("mode", ["federated", "paramserver"])
@@ -237,7 +245,7 @@ def test_federated_certificate_for_names_longer_than_a_common_name() -> None:
 
     name, ns = "j" * 50, "n" * 50  # legal names whose Service FQDN is far longer than 64 characters
     children = build_children(spec(mode="federated"), ctx(name=name, namespace=ns))
-    tls = next(s for s in children.secrets if s["metadata"]["name"].endswith("-federated-tls"))
+    tls = next(s for s in children.secrets if "-federated-tls-" in s["metadata"]["name"])
     cert = x509.load_pem_x509_certificate(base64.b64decode(tls["data"][CERT_FILE]))
     sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
     assert f"{name}-aggregator.{ns}.svc.cluster.local" in sans

@@ -26,11 +26,12 @@ TLS_VOLUME = "federated-tls"
 TOKEN_VOLUME = "federated-token"
 
 
-def _secure(pod_spec: dict[str, Any], job: str, fed: FederatedSpec, *, server: bool) -> None:
-    tls: dict[str, Any] = {"secretName": tls_secret_name(job, fed), "defaultMode": 0o440}
+def _secure(pod_spec: dict[str, Any], ctx: BuildContext, fed: FederatedSpec, *, server: bool) -> None:
+    tls: dict[str, Any] = {"secretName": tls_secret_name(ctx.name, fed, ctx.uid), "defaultMode": 0o440}
     if not server:
         tls["items"] = [{"key": CA_FILE, "path": CA_FILE}]  # clients never see the server's key
-    volumes = [{"name": TOKEN_VOLUME, "secret": {"secretName": token_secret_name(job, fed), "defaultMode": 0o440}}]
+    volumes = [{"name": TOKEN_VOLUME, "secret": {"secretName": token_secret_name(ctx.name, fed, ctx.uid),
+                                             "defaultMode": 0o440}}]
     mounts = [{"name": TOKEN_VOLUME, "mountPath": c.FED_TOKEN_MOUNT_DIR, "readOnly": True}]
     env = {c.ENV_FED_TOKEN_KEY_FILE: f"{c.FED_TOKEN_MOUNT_DIR}/{c.FED_TOKEN_SECRET_KEY}"}
     if fed.tls:
@@ -51,9 +52,9 @@ def build(spec: JobSpec, ctx: BuildContext) -> Children:
         spec, ctx, server_role=c.ROLE_AGGREGATOR, client_role=c.ROLE_CLIENT, port_name="grpc", port=fed.port
     )
     for deployment in children.deployments:
-        _secure(deployment["spec"]["template"]["spec"], ctx.name, fed, server=True)
+        _secure(deployment["spec"]["template"]["spec"], ctx, fed, server=True)
     for pod in children.pods:
-        _secure(pod["spec"], ctx.name, fed, server=False)
+        _secure(pod["spec"], ctx, fed, server=False)
     # The Secrets the user did not name; the reconciler creates them once (never replaced).
     if fed.tls and not fed.tls_secret_name:
         children.secrets.append(build_tls_secret(ctx, fed, server_name(ctx.name, c.ROLE_AGGREGATOR)))

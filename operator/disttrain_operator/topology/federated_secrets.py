@@ -30,12 +30,19 @@ def _common_name(text: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, text[:CN_MAX])])
 
 
-def tls_secret_name(job: str, fed: FederatedSpec) -> str:
-    return fed.tls_secret_name or f"{job}-federated-tls"
+def _minted(job: str, purpose: str, uid: str) -> str:
+    # The operator may only create Secrets, never read them: a name carrying the job's UID
+    # makes "already exists" mean "this job created it" (a same-named earlier job had
+    # another UID, and its Secret goes with it through the garbage collector).
+    return f"{job}-{purpose}-{uid[:8]}" if uid else f"{job}-{purpose}"
 
 
-def token_secret_name(job: str, fed: FederatedSpec) -> str:
-    return fed.token_secret_name or f"{job}-federated-token"
+def tls_secret_name(job: str, fed: FederatedSpec, uid: str) -> str:
+    return fed.tls_secret_name or _minted(job, "federated-tls", uid)
+
+
+def token_secret_name(job: str, fed: FederatedSpec, uid: str) -> str:
+    return fed.token_secret_name or _minted(job, "federated-token", uid)
 
 
 def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
@@ -94,8 +101,8 @@ def _secret(ctx: BuildContext, name: str, data: dict[str, bytes], type_: str = "
 
 def build_tls_secret(ctx: BuildContext, fed: FederatedSpec, service: str) -> dict[str, Any]:
     ca, cert, key = self_signed_server_cert(aggregator_dns_names(ctx.name, ctx.namespace, service))
-    return _secret(ctx, tls_secret_name(ctx.name, fed), {CA_FILE: ca, CERT_FILE: cert, KEY_FILE: key})
+    return _secret(ctx, tls_secret_name(ctx.name, fed, ctx.uid), {CA_FILE: ca, CERT_FILE: cert, KEY_FILE: key})
 
 
 def build_token_secret(ctx: BuildContext, fed: FederatedSpec) -> dict[str, Any]:
-    return _secret(ctx, token_secret_name(ctx.name, fed), {c.FED_TOKEN_SECRET_KEY: secrets.token_hex(32).encode()})
+    return _secret(ctx, token_secret_name(ctx.name, fed, ctx.uid), {c.FED_TOKEN_SECRET_KEY: secrets.token_hex(32).encode()})
