@@ -27,7 +27,8 @@ from disttrain_api.dataparse import FieldError, describe
 # labels / annotations to the pod's metadata, the rest to the pod spec.
 TEMPLATE_FIELDS = (
     "env", "volumes", "volumeMounts", "containers", "labels", "annotations", "nodeSelector", "affinity",
-    "tolerations", "topologySpreadConstraints", "priorityClassName", "schedulerName", "imagePullSecrets",
+    "tolerations", "topologySpreadConstraints", "priorityClassName", "schedulerName", "runtimeClassName",
+    "imagePullSecrets",
 )
 # Keys of one entry of workers.template.containers: the trainer (named `trainer`, or the first
 # entry without a name) or a sidecar (named, with an image).
@@ -209,7 +210,7 @@ def template_errors(template: Mapping[str, Any], checkpoint_path: str, path: str
     for key in ("tolerations", "topologySpreadConstraints", "imagePullSecrets"):
         if key in template:
             _objects(template[key], f"{path}.{key}", errors)
-    for key in ("priorityClassName", "schedulerName"):
+    for key in ("priorityClassName", "schedulerName", "runtimeClassName"):
         if key in template and not isinstance(template[key], str):
             errors.append(FieldError(f"{path}.{key}", f"expected a string, got {describe(template[key])}"))
     if "affinity" in template and not isinstance(template["affinity"], Mapping):

@@ -69,7 +69,7 @@ def test_the_checkpoint_volume_must_be_a_restricted_volume_type() -> None:
 HOSTILE: dict[str, Any] = {
     "hostNetwork": True, "hostPID": True, "hostIPC": True, "serviceAccountName": "admin",
     "automountServiceAccountToken": True, "nodeName": "n1", "securityContext": {"runAsUser": 0},
-    "initContainers": [{"name": "i", "image": "busybox"}], "runtimeClassName": "runc", "dnsPolicy": "None",
+    "initContainers": [{"name": "i", "image": "busybox"}], "dnsPolicy": "None",
     "volumes": [{"name": "host", "hostPath": {"path": "/"}}, {"name": "config", "emptyDir": {}},
                 {"name": "nfs", "nfs": {"server": "s", "path": "/"}}],
     "volumeMounts": [{"name": "host", "mountPath": "/host", "mountPropagation": "Bidirectional"},
@@ -90,7 +90,7 @@ def test_every_field_of_a_hostile_template_is_named() -> None:
     found = errors(manifest(**template(**HOSTILE)))
     t = "spec.workers.template"
     for key in ("hostNetwork", "hostPID", "hostIPC", "serviceAccountName", "automountServiceAccountToken",
-                "nodeName", "securityContext", "initContainers", "runtimeClassName", "dnsPolicy"):
+                "nodeName", "securityContext", "initContainers", "dnsPolicy"):
         assert "not allowed in workers.template" in found[f"{t}.{key}"], key
         assert "restricted Pod Security" in found[f"{t}.{key}"]
     assert "hostPath is not allowed" in found[f"{t}.volumes[0].hostPath"]
@@ -135,7 +135,7 @@ def test_everything_the_allow_list_names_passes() -> None:
         "nodeSelector": {"pool": "train"}, "affinity": {"nodeAffinity": {}},
         "tolerations": [{"key": "gpu", "operator": "Exists"}], "priorityClassName": "high",
         "annotations": {"team": "ml"}, "labels": {"team": "ml"}, "topologySpreadConstraints": [{"maxSkew": 1}],
-        "imagePullSecrets": [{"name": "registry"}], "schedulerName": "volcano",
+        "imagePullSecrets": [{"name": "registry"}], "schedulerName": "volcano", "runtimeClassName": "nvidia",
         "containers": [{"name": "trainer", "image": "mine:1", "command": ["python"], "args": ["train.py"],
                         "workingDir": "/data", "envFrom": [{"configMapRef": {"name": "c"}}],
                         "volumeMounts": [{"name": "creds", "mountPath": "/creds", "readOnly": True}]},
