@@ -97,8 +97,12 @@ class Workers:
     resources: Resources = fld(factory=Resources, desc="Per-pod resources (requests = limits).")
     template: Object = fld(
         factory=Object,
-        desc="Pod-spec overrides merged into every worker pod: nodeSelector, tolerations, affinity, "
-        "priorityClassName, env, volumes, ...",
+        desc="Additions merged into every worker pod, from an allow-list (the pods stay within the restricted Pod "
+        "Security Standard): env, volumes (persistentVolumeClaim, emptyDir, configMap, secret, projected, "
+        "downwardAPI, csi, ephemeral) and volumeMounts, nodeSelector, affinity, tolerations, "
+        "topologySpreadConstraints, priorityClassName, schedulerName, runtimeClassName, imagePullSecrets, labels, "
+        "annotations, and containers (the trainer's or a sidecar's image, imagePullPolicy, command, args, "
+        "workingDir, env, envFrom, volumeMounts). Anything else is a validation error.",
     )
     allow_cpu_fallback: bool = fld(
         False,
@@ -197,11 +201,15 @@ class TrainingSpec:
 class CheckpointSpec:
     interval_steps: int = fld(50, minimum=1, desc="Save every N steps (and at the end).")
     keep: int = fld(3, minimum=1, desc="Newest checkpoints kept.")
-    path: str = fld("/checkpoints", pattern=r"^/.*", desc="Mount path of the checkpoint volume in worker pods.")
+    path: str = fld(
+        "/checkpoints", pattern=r"^/.*",
+        desc="Mount path of the checkpoint volume in worker pods; not one the operator mounts (/etc/disttrain, "
+        "/run/disttrain, /tmp, /dev/termination-log) nor a folder holding one.",
+    )
     volume: Object = fld(
         factory=Object,
-        desc="A Kubernetes volume source for checkpoints (e.g. persistentVolumeClaim: {claimName: x}); "
-        "empty means an emptyDir, which does not survive a gang restart onto other pods.",
+        desc="A Kubernetes volume source for checkpoints (e.g. persistentVolumeClaim: {claimName: x}; no hostPath: "
+        "worker pods are restricted); empty means an emptyDir, which does not survive a gang restart onto other pods.",
     )
 
 
