@@ -1,7 +1,8 @@
 """One reconcile of one job: read (the job from the watch-fed cache, its pods from the
 watch-fed index, rank 0's last progress reading; the ConfigMap only when the spec may have
-changed), decide (pure, decide.py), act (create / delete children, patch status, post
-Events).
+changed or is invalid), decide (pure, decide.py), act (create children (creation.py; a
+blocked creation becomes blocked.py's status, retried with backoff), delete the job's own
+pods and servers, patch status, post Events).
 
 The work queue (workqueue.py) runs at most one reconcile per job at a time. The caches lag
 the API by a watch event, so the glue keeps two promises a fresh LIST used to keep:
@@ -212,7 +213,7 @@ class Reconciler:
     def _apply(self, key: JobKey, job: dict[str, Any], old: dict[str, Any], plan: Plan, pods: list[PodView],
                servers_seen: bool, mono: float) -> float | None:
         """Act on the plan; at most one status write. Returns seconds until a deferred progress
-        write is due, else None."""
+        write or the next try of a blocked creation is due, else None."""
         kube, settings = self.kube, self.settings
         meta = job["metadata"]
         ns, name = key
