@@ -37,7 +37,12 @@ ENV_RENDEZVOUS_TIMEOUT = "DISTTRAIN_RENDEZVOUS_TIMEOUT_S"
 DEFAULT_MASTER_PORT = 29500
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 CONFIG_FILENAME = "config.json"
-CONFIG_MOUNT_DIR = "/etc/disttrain"
+CONFIG_MOUNT_DIR = "/etc/disttrain"  # read-only: the config; the federated TLS / token dirs sit inside
+# Worker pods run with a read-only root filesystem; these emptyDirs are what they may write:
+# the run dir (JSON-lines logs, summary, plots) and a tmp that HOME and the library caches
+# (matplotlib, torch inductor, triton) point into.
+RUN_MOUNT_DIR = "/run/disttrain"
+TMP_MOUNT_DIR = "/tmp"
 
 # --- labels and annotations ---------------------------------------------------
 LABEL_JOB = "disttrain.dev/job-name"

@@ -73,7 +73,11 @@ BUILTIN_MODELS = ("mlp", "cnn", "gpt")
 MODEL_NAME_PATTERN = r"^(mlp|cnn|gpt|[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*)$"
 ACT_CKPT_PATTERN = r"^(none|sqrt|every:[1-9][0-9]*)$"
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-# Pod names are "<job>-worker-<index>" and must stay within 63 characters.
+# A job's name is its headless Service's name, so it must be a DNS-1035 label (a Service
+# name starts with a letter), short enough that every derived name stays a 63-character
+# label: pods and hostnames "<job>-worker-<index>" / "<job>-client-<index>" (index < 1024),
+# Services "<job>-aggregator", "<job>-server-<shard>".
+JOB_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 MAX_JOB_NAME = 45
 TOP_LEVEL_FIELDS = ("apiVersion", "kind", "metadata", "spec", "status")
 
@@ -95,8 +99,12 @@ class Workers:
     resources: Resources = fld(factory=Resources, desc="Per-pod resources (requests = limits).")
     template: Object = fld(
         factory=Object,
-        desc="Pod-spec overrides merged into every worker pod: nodeSelector, tolerations, affinity, "
-        "priorityClassName, env, volumes, ...",
+        desc="Additions merged into every worker pod, from an allow-list (the pods stay within the restricted Pod "
+        "Security Standard): env, volumes (persistentVolumeClaim, emptyDir, configMap, secret, projected, "
+        "downwardAPI, csi, ephemeral) and volumeMounts, nodeSelector, affinity, tolerations, "
+        "topologySpreadConstraints, priorityClassName, schedulerName, runtimeClassName, imagePullSecrets, labels, "
+        "annotations, and containers (the trainer's or a sidecar's image, imagePullPolicy, command, args, "
+        "workingDir, env, envFrom, volumeMounts). Anything else is a validation error.",
     )
     allow_cpu_fallback: bool = fld(
         False,
@@ -195,11 +203,15 @@ class TrainingSpec:
 class CheckpointSpec:
     interval_steps: int = fld(50, minimum=1, desc="Save every N steps (and at the end).")
     keep: int = fld(3, minimum=1, desc="Newest checkpoints kept.")
-    path: str = fld("/checkpoints", pattern=r"^/.*", desc="Mount path of the checkpoint volume in worker pods.")
+    path: str = fld(
+        "/checkpoints", pattern=r"^/.*",
+        desc="Mount path of the checkpoint volume in worker pods; not one the operator mounts (/etc/disttrain, "
+        "/run/disttrain, /tmp, /dev/termination-log) nor a folder holding one.",
+    )
     volume: Object = fld(
         factory=Object,
-        desc="A Kubernetes volume source for checkpoints (e.g. persistentVolumeClaim: {claimName: x}); "
-        "empty means an emptyDir, which does not survive a gang restart onto other pods.",
+        desc="A Kubernetes volume source for checkpoints (e.g. persistentVolumeClaim: {claimName: x}; no hostPath: "
+        "worker pods are restricted); empty means an emptyDir, which does not survive a gang restart onto other pods.",
     )
 
 
@@ -331,6 +343,12 @@ class RunPolicy:
         "trainer finishes its step, checkpoints it and exits within this; the kubelet kills it after "
         "(the previous checkpoint is then used).",
     )
+    child_rejected_timeout_seconds: int = fld(
+        300, minimum=0,
+        desc="How long the operator retries (with backoff) a pod, Service, ConfigMap, Secret or Deployment that "
+        "the API server rejects (e.g. 422 Invalid, 403 Forbidden by a quota or an admission policy) before the "
+        "job fails with reason ChildRejected.",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -369,7 +387,7 @@ class JobSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class Metadata:
-    name: str = fld(desc="Job name: a DNS label of at most 45 characters.")
+    name: str = fld(desc="Job name: a DNS-1035 label (starts with a letter) of at most 45 characters.")
     namespace: str = fld("default")
 
 
@@ -484,11 +502,13 @@ def _parse_metadata(meta: Any, errors: list[FieldError]) -> Metadata:
     if not isinstance(name, str) or not name:
         errors.append(FieldError("metadata.name", "required field is missing"))
         name = "invalid"
-    elif not re.match(DNS_LABEL_PATTERN, name) or len(name) > MAX_JOB_NAME:
+    elif not re.match(JOB_NAME_PATTERN, name) or len(name) > MAX_JOB_NAME:
         errors.append(
             FieldError(
                 "metadata.name",
-                f"{name!r} must be a DNS label (lower-case letters, digits, '-') of at most {MAX_JOB_NAME} characters",
+                f"{name!r} must be a DNS-1035 label (lower-case letters, digits and '-', starting with a letter and "
+                f"ending with a letter or digit) of at most {MAX_JOB_NAME} characters: it names the job's Service "
+                "and pods",
             )
         )
     return Metadata(name=name, namespace=str(meta.get("namespace") or "default"))

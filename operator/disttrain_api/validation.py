@@ -17,6 +17,7 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
+from disttrain_api import pod_rules
 from disttrain_api.model import (
     ROBUST_STRATEGIES,
     DistTrainJob,
@@ -435,7 +436,17 @@ def validate_spec(spec: JobSpec, *, skip: Iterable[FieldError] = ()) -> list[Fie
     _devices(spec, c)
     _model(spec, c)
     _elastic_sizes(spec, c)
+    _pod(spec, c)
     return c.errors
+
+
+def _pod(spec: JobSpec, c: _Checker) -> None:
+    """What the worker pods take from the spec (pod_rules.py): reserved mount paths, volume
+    types, the workers.template allow-list."""
+    if c.ok("spec.checkpoint.path", "spec.checkpoint.volume"):
+        c.errors += pod_rules.checkpoint_errors(spec.checkpoint.path, spec.checkpoint.volume)
+    if c.ok("spec.workers.template", "spec.checkpoint.path"):
+        c.errors += pod_rules.template_errors(spec.workers.template, spec.checkpoint.path)
 
 
 def _size_dependent(spec: JobSpec, c: _Checker) -> None:

@@ -40,10 +40,13 @@ DISRUPTED = "Disrupted"
 @dataclass(frozen=True, kw_only=True)
 class Observed:
     generation: int
+    name: str = ""  # the job's name
     uid: str = ""  # the job's UID: only pods whose controller reference carries it are the job's
     spec: JobSpec | None  # None when the spec is invalid
     spec_error: str = ""
-    accepted: JobSpec | None = None  # spec the running gang was built from (its ConfigMap)
+    # Spec the existing gang was built from (its ConfigMap); with an invalid spec, the job
+    # goes on with it.
+    accepted: JobSpec | None = None
     status: dict[str, Any] = field(default_factory=dict)
     pods: list[PodView] = field(default_factory=list)  # gang pods of every attempt
     progress: dict[str, float] | None = None  # rank 0's disttrain_step / disttrain_last_checkpoint_step
@@ -114,7 +117,8 @@ class _Builder:
     def _event(self, type_: str, reason: str, message: str) -> None:
         if type_ in STATE_CONDITIONS:
             return
-        warn = (type_ in ("Failed", "InvalidSpec", "Restarting") or reason in ("Unschedulable",)) and reason != DISRUPTED
+        warn = (type_ in ("Failed", "InvalidSpec", "Restarting", "NameConflict", "ChildRejected")
+                or reason in ("Unschedulable",)) and reason != DISRUPTED
         self.event("Warning" if warn else "Normal", reason, message or type_)
 
     def event(self, kind: str, reason: str, message: str) -> None:
@@ -163,22 +167,25 @@ def _disruption(p: PodView, obs: Observed) -> str:
     return ""
 
 
+def earlier_job(p: PodView, obs: Observed) -> bool:
+    """A pod of an earlier job with this name: the garbage collector deletes it with its owner."""
+    return p.owner_kind == KIND and p.owner_uid != obs.uid and p.owner_name in ("", obs.name)
+
+
 def decide(obs: Observed) -> Plan:
     """The next status and actions. Pods carrying the job's labels but controlled by
-    another owner (an earlier job of the same name, or orphans) are never adopted or
-    counted: they are deleted, and no gang is created while they exist (they hold the
-    pod names and would answer for the job's DNS names)."""
+    another owner are never adopted, counted or deleted: those of an earlier job with
+    this name go with it (garbage collection), any other (an orphan, another owner's) is
+    a NameConflict. No gang is created while either exists: they hold the pod names and
+    would answer for the job's DNS names. Only a pod of an earlier job that its node
+    cannot confirm deleted (Terminating for too long) is force-deleted, as ours are."""
     ours = [p for p in obs.pods if p.owner_uid == obs.uid]
     foreign = [p for p in obs.pods if p.owner_uid != obs.uid]
     plan = _decide(dataclasses.replace(obs, pods=ours), foreign)
-    if not foreign:
+    stuck = _stuck([p for p in foreign if earlier_job(p, obs)], obs)
+    if not stuck:
         return plan
-    mine = [p for p in foreign if p.owner_kind in ("", KIND)]  # an earlier incarnation, or orphaned
-    return dataclasses.replace(
-        plan,
-        delete_pods=sorted({*plan.delete_pods, *(p.name for p in mine if not p.deleting)}),
-        force_delete_pods=sorted({*plan.force_delete_pods, *_stuck(mine, obs)}),
-    )
+    return dataclasses.replace(plan, force_delete_pods=sorted({*plan.force_delete_pods, *stuck}))
 
 
 def _decide(obs: Observed, foreign: list[PodView]) -> Plan:
@@ -187,18 +194,26 @@ def _decide(obs: Observed, foreign: list[PodView]) -> Plan:
     st["observedGeneration"] = obs.generation
     pods = obs.pods
 
-    if obs.spec is None:
+    if obs.spec is None and obs.accepted is None:  # never had a valid spec: nothing to go on with
         b.condition("InvalidSpec", True, "InvalidSpec", obs.spec_error)
         b.phase(FAILED, f"invalid spec: {obs.spec_error}")
         return Plan(status=st, delete_pods=[p.name for p in pods if not p.deleting], events=b.events)
-    if b.is_true("InvalidSpec", "InvalidSpec"):
-        b.condition("InvalidSpec", False, "SpecValid", "the spec was fixed")
-        b.phase(PENDING if obs.accepted is None else st.get("phase", PENDING))
-        if st["phase"] == FAILED:
-            st["phase"] = PENDING
-
-    spec = obs.spec
-    accepted = obs.accepted
+    if obs.spec is None:
+        # An edit made the spec invalid: the gang goes on with the spec it was built from (a
+        # fix clears the condition without touching the pods), at the size the user last
+        # asked for.
+        assert obs.accepted is not None
+        b.condition("InvalidSpec", True, "InvalidSpec", f"{obs.spec_error} (the job goes on with its last valid "
+                    "spec until this is fixed)")
+        last = int(st.get("lastSpecReplicas") or 0) or obs.accepted.workers.replicas
+        spec = dataclasses.replace(obs.accepted, workers=dataclasses.replace(obs.accepted.workers, replicas=last))
+        accepted = None
+    else:
+        if b.is_true("InvalidSpec", "InvalidSpec"):
+            b.condition("InvalidSpec", False, "SpecValid", "the spec was fixed")
+            if st.get("phase") in (FAILED, None, ""):
+                b.phase(PENDING)
+        spec, accepted = obs.spec, obs.accepted
     if accepted is not None:
         changed = _immutable_diff(accepted, spec)
         if changed:
@@ -296,14 +311,21 @@ def _decide(obs: Observed, foreign: list[PodView]) -> Plan:
         )
 
     if phase in ("", RESTARTING) or (phase == PENDING and not b.is_true("Created")):
+        others = [p for p in foreign if not earlier_job(p, obs)]
+        if others:
+            msg = "; ".join(name_conflict(f"Pod {p.name}", p.owner_kind, p.owner_name) for p in others[:3])
+            b.condition("NameConflict", True, "NameConflict", msg)
+            b.phase(PENDING, f"waiting for names to be free: {msg}")
+            return finish()
         if foreign:
-            blocker = foreign[0]
-            owner = f"{blocker.owner_kind} {blocker.owner_uid}" if blocker.owner_uid else "no owner"
-            b.phase(PENDING, f"waiting for {len(foreign)} pod(s) not owned by this job to go "
-                             f"(e.g. {blocker.name}, controlled by {owner})")
+            b.phase(PENDING, f"waiting for the garbage collector to delete {len(foreign)} pod(s) of an earlier "
+                             f"job with this name (e.g. {foreign[0].name})")
             return finish()
         n = len(current)
         msg = f"created {replicas} {spec.mode}-parallel worker pods (attempt {attempt})"
+        # Assumes the creation succeeds; the glue writes blocked.creation_blocked's status instead when not.
+        b.condition("NameConflict", False, "NamesFree", "every name this job needs is free")
+        b.condition("ChildRejected", False, "Created", "the API server accepted every child")
         b.condition("Created", True, "GangCreated", msg)
         if phase == RESTARTING:
             b.condition("Restarting", False, "GangRecreated", msg)
@@ -409,6 +431,13 @@ def _decide(obs: Observed, foreign: list[PodView]) -> Plan:
     return finish()
 
 
+def name_conflict(what: str, owner_kind: str, owner_name: str) -> str:
+    """A user's explanation of an object that holds a name the job needs."""
+    by = f"controlled by {owner_kind} {owner_name}" if owner_kind else "with no controller owner"
+    return (f"{what} exists, {by}, and is not this job's: the operator leaves it alone; delete or rename it, "
+            "or give the job another name")
+
+
 def _shrunk_size(spec: JobSpec, replicas: int, *, placed: int) -> int | None:
     """The gang size to shrink to when only `placed` of `replicas` pods were scheduled:
     the largest valid size (validation.valid_sizes: every rule holds there) the placed
@@ -452,8 +481,11 @@ def _replace_alone(b: _Builder, st: dict[str, Any], finish: Any, current: list[P
         st["countedPods"] = keep
     else:
         st.pop("countedPods", None)
-    return finish(delete_pods=[p.name for p in failed], force_delete_pods=_stuck(failed, obs),
-                  create=bool(missing) and not failed)  # fmt: skip
+    create = bool(missing) and not failed
+    if create:  # as in the gang's creation: the glue reports a blocked creation instead
+        b.condition("NameConflict", False, "NamesFree", "every name this job needs is free")
+        b.condition("ChildRejected", False, "Created", "the API server accepted every child")
+    return finish(delete_pods=[p.name for p in failed], force_delete_pods=_stuck(failed, obs), create=create)
 
 
 def _restart(

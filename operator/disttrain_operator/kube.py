@@ -43,10 +43,14 @@ class KubeError(RuntimeError):
     def __init__(self, status: int, method: str, path: str, body: str) -> None:
         self.status = status
         try:
-            message = json.loads(body).get("message", body)
+            answer = json.loads(body)
         except ValueError:
-            message = body
-        super().__init__(f"{method} {path}: HTTP {status}: {message}")
+            answer = {}
+        answer = answer if isinstance(answer, dict) else {}
+        # The API server's own words (a Status object): what a user reads in a condition.
+        self.message = str(answer.get("message") or body)
+        self.reason = str(answer.get("reason") or "")
+        super().__init__(f"{method} {path}: HTTP {status}: {self.message}")
 
 
 class Conflict(KubeError):
@@ -165,12 +169,14 @@ class Kube:
                      verb="create", body=body)
 
     # ----------------------------------------------------------------- children
-    def create(self, obj: dict[str, Any]) -> bool:
-        """Create; False when it already exists (idempotent re-creation after a crash)."""
+    # Every write below touches one named object; deletes carry the UID the caller checked
+    # (a precondition), so a same-named object created meanwhile by anyone is never hit.
+    def create(self, obj: dict[str, Any]) -> dict[str, Any] | None:
+        """Create; the created object, or None when one with its name already exists (409)."""
         prefix, plural = _PATHS[obj["kind"]]
         path = f"{prefix}/namespaces/{quote(obj['metadata']['namespace'])}/{plural}"
-        status, _ = self.request("POST", path, resource=plural, verb="create", body=obj, allow=(409,))
-        return status != 409
+        status, body = self.request("POST", path, resource=plural, verb="create", body=obj, allow=(409,))
+        return None if status == 409 else body
 
     @staticmethod
     def _object_path(obj: dict[str, Any]) -> tuple[str, str]:
@@ -184,9 +190,12 @@ class Kube:
         status, body = self.request("GET", path, resource=plural, verb="get", allow=(404,))
         return None if status == 404 else body
 
-    def replace(self, obj: dict[str, Any]) -> None:
+    def replace(self, obj: dict[str, Any], resource_version: str) -> bool:
+        """Replace the object as read at `resource_version`; False when it changed since (409)."""
         path, plural = self._object_path(obj)
-        self.request("PUT", path, resource=plural, verb="update", body=obj)
+        body = {**obj, "metadata": {**obj["metadata"], "resourceVersion": resource_version}}
+        status, _ = self.request("PUT", path, resource=plural, verb="update", body=body, allow=(409,))
+        return status != 409
 
     def delete_exact(self, obj: dict[str, Any], uid: str) -> None:
         """Delete this very object (a UID precondition: never a same-named successor)."""
@@ -199,13 +208,11 @@ class Kube:
                                     resource="configmaps", verb="get", allow=(404,))
         return None if status == 404 else body
 
-    def delete_pod(self, namespace: str, name: str, *, force: bool = False) -> None:
-        # grace 0 removes the object at once: only for pods whose node cannot confirm.
-        body = {"gracePeriodSeconds": 0} if force else None
+    def delete_pod(self, namespace: str, name: str, uid: str, *, force: bool = False) -> None:
+        """Delete the pod `name` only if it is still the one with `uid` (409 otherwise: ignored).
+        grace 0 removes the object at once: only for pods whose node cannot confirm."""
+        body: dict[str, Any] = {"preconditions": {"uid": uid}} if uid else {}
+        if force:
+            body["gracePeriodSeconds"] = 0
         self.request("DELETE", f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}", resource="pods",
-                     verb="delete", body=body, allow=(404,))
-
-    def delete_deployments(self, namespace: str, selector: str) -> None:
-        self.request("DELETE", f"/apis/apps/v1/namespaces/{quote(namespace)}/deployments", resource="deployments",
-                     verb="deletecollection", query={"labelSelector": selector},
-                     body={"propagationPolicy": "Background"})
+                     verb="delete", body=body, allow=(404, 409))

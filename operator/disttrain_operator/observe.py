@@ -35,6 +35,7 @@ class PodView:
     message: str = ""  # the container's termination message (rank 0's summary JSON on success)
     owner_uid: str = ""  # UID of the pod's controller (ownerReferences[controller=true]); "" when none
     owner_kind: str = ""
+    owner_name: str = ""
     # Why the pod ended by a disruption rather than a failure of its own, from what the pod
     # itself says (disruption_of); "" otherwise. A deletion by someone other than the
     # operator is a disruption too: decide.py tells it from the operator's own deletions.
@@ -158,6 +159,7 @@ def pod_view(pod: dict[str, Any], now: datetime) -> PodView:
         owner_uid=(controller_of(pod) or {}).get("uid", ""),
         owner_kind=(controller_of(pod) or {}).get("kind", ""),
         disruption=disruption_of(meta.get("name", ""), phase, pod_reason, pod_message, conditions, exit_code),
+        owner_name=(controller_of(pod) or {}).get("name", ""),
     )
 
 

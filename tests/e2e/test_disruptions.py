@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from .conftest import (  # type: ignore[import-not-found]
-    CHECKPOINT_HOSTPATH,
+    CHECKPOINT_VOLUME,
     Kubectl,
     OperatorProcess,
     assert_no_repeated_events,
@@ -118,7 +118,7 @@ def test_suspend_and_a_node_drain_each_lose_at_most_one_step_and_count_no_restar
                        model={"name": "mlp", "hidden": 128, "layers": 2},
                        training={"steps": 1_000_000, "logIntervalSteps": 1, "evalIntervalSteps": 0},
                        checkpoint={"intervalSteps": 1_000_000, "keep": 2,
-                                   "volume": {"hostPath": {"path": CHECKPOINT_HOSTPATH, "type": "Directory"}}})  # fmt: skip
+                                   "volume": dict(CHECKPOINT_VOLUME)})  # fmt: skip
     kubectl.apply(obj)
     logs: list[Rank0Log] = []
     drained: str | None = None

@@ -4,7 +4,7 @@ accuracy; killing the aggregator pod resumes from its checkpointed round; killin
 pod leaves the rounds going (no gang restart in this mode).
 
 The operator creates the two Secrets (TLS key pair, identity credentials); the aggregator
-checkpoints to a volume that outlives its pod (the hostPath below).
+checkpoints to a volume that outlives its pod (the namespace's checkpoint claim).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from .conftest import CHECKPOINT_HOSTPATH  # type: ignore[import-not-found]
+from .conftest import CHECKPOINT_VOLUME  # type: ignore[import-not-found]
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e
@@ -25,7 +25,7 @@ def _manifest(name: str, ns: str, cpu: str = "750m", **fed: Any) -> dict[str, An
     obj = yaml.safe_load((ROOT / "manifests" / "examples" / "federated.yaml").read_text())
     obj["metadata"] = {"name": name, "namespace": ns}
     obj["spec"]["workers"]["resources"]["cpu"] = cpu
-    obj["spec"]["checkpoint"]["volume"] = {"hostPath": {"path": CHECKPOINT_HOSTPATH, "type": "Directory"}}
+    obj["spec"]["checkpoint"]["volume"] = dict(CHECKPOINT_VOLUME)
     obj["spec"]["federated"].update(fed)
     return obj
 

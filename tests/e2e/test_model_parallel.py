@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from .conftest import CHECKPOINT_HOSTPATH, ROOT, Kubectl, OperatorProcess  # type: ignore[import-not-found]
+from .conftest import CHECKPOINT_VOLUME, ROOT, Kubectl, OperatorProcess  # type: ignore[import-not-found]
 from .test_operator import kill_worker  # type: ignore[import-not-found]
 
 pytestmark = pytest.mark.timeout(900)
@@ -36,7 +36,7 @@ def example(stem: str, name: str, ns: str, *, steps: int, checkpoint_every: int)
     training["evalIntervalSteps"] = steps
     spec["optimizer"]["warmupSteps"] = min(int(spec["optimizer"].get("warmupSteps", 0)), steps // 4)
     spec["checkpoint"]["intervalSteps"] = checkpoint_every
-    spec["checkpoint"]["volume"] = {"hostPath": {"path": CHECKPOINT_HOSTPATH, "type": "Directory"}}
+    spec["checkpoint"]["volume"] = dict(CHECKPOINT_VOLUME)
     return obj
 
 

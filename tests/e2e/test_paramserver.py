@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from .conftest import CHECKPOINT_HOSTPATH, ROOT, Kubectl, OperatorProcess  # type: ignore[import-not-found]
+from .conftest import CHECKPOINT_VOLUME, ROOT, Kubectl, OperatorProcess  # type: ignore[import-not-found]
 from .test_operator import kill_worker  # type: ignore[import-not-found]
 
 pytestmark = pytest.mark.timeout(900)
@@ -23,7 +23,7 @@ def example(name: str, ns: str) -> dict[str, Any]:
     obj = yaml.safe_load((ROOT / "manifests" / "examples" / "paramserver.yaml").read_text())
     obj["metadata"] = {"name": name, "namespace": ns}
     obj["spec"]["workers"]["resources"]["cpu"] = "500m"
-    obj["spec"]["checkpoint"]["volume"] = {"hostPath": {"path": CHECKPOINT_HOSTPATH, "type": "Directory"}}
+    obj["spec"]["checkpoint"]["volume"] = dict(CHECKPOINT_VOLUME)
     return obj
 
 

@@ -2,8 +2,8 @@
 is lost, activeDeadlineSeconds, ttlSecondsAfterFinished (suspend and resume:
 test_disruptions.py).
 
-Training jobs keep checkpoints in the shared hostPath (the local cluster's nodes share
-this machine's folder), so a gang recreated on any node resumes from them.
+Training jobs keep checkpoints on the shared checkpoint claim (a PersistentVolume of this
+machine's folder, which the local cluster's nodes share), so a gang recreated on any node resumes from them.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from .conftest import (  # type: ignore[import-not-found]
-    CHECKPOINT_HOSTPATH,
+    CHECKPOINT_VOLUME,
     Kubectl,
     OperatorProcess,
     assert_no_repeated_events,
@@ -46,8 +46,7 @@ def training_job(name: str, ns: str, *, steps: int, interval: int, **spec: Any) 
     # A model big enough that a run lasts tens of seconds: the faults below must land mid-run.
     spec.setdefault("model", {"name": "mlp", "hidden": 256, "layers": 3})
     obj = job_manifest(name, ns, steps=steps, checkpoint={"intervalSteps": interval, "keep": 2,
-                                                          "volume": {"hostPath": {"path": CHECKPOINT_HOSTPATH,
-                                                                                  "type": "Directory"}}},
+                                                          "volume": dict(CHECKPOINT_VOLUME)},
                        **spec)
     obj["spec"]["training"]["evalIntervalSteps"] = 0
     return obj

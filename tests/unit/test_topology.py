@@ -124,12 +124,18 @@ def test_checkpoint_volume_default_and_given() -> None:
     pod = build_children(spec(), ctx()).pods[0]
     vol = next(v for v in pod["spec"]["volumes"] if v["name"] == "checkpoints")
     assert vol == {"name": "checkpoints", "emptyDir": {}}
-    host = {"hostPath": {"path": "/var/lib/disttrain/checkpoints", "type": "Directory"}}
-    pod = build_children(spec(checkpoint={"path": "/ckpt", "volume": host}), ctx()).pods[0]
+    claim = {"persistentVolumeClaim": {"claimName": "checkpoints"}}
+    pod = build_children(spec(checkpoint={"path": "/ckpt", "volume": claim}), ctx()).pods[0]
     vol = next(v for v in pod["spec"]["volumes"] if v["name"] == "checkpoints")
-    assert vol == {"name": "checkpoints", **host}
+    assert vol == {"name": "checkpoints", **claim}
     mount = next(m for m in pod["spec"]["containers"][0]["volumeMounts"] if m["name"] == "checkpoints")
     assert mount["mountPath"] == "/ckpt"
+    # Validation refuses a hostPath; should one reach the builder all the same (a spec an older
+    # operator accepted), the pod gets an emptyDir, never the node's filesystem.
+    host = {"hostPath": {"path": "/var/lib/disttrain/checkpoints", "type": "Directory"}}
+    pod = build_children(spec(checkpoint={"path": "/ckpt", "volume": host}), ctx()).pods[0]
+    assert next(v for v in pod["spec"]["volumes"] if v["name"] == "checkpoints") == {"name": "checkpoints",
+                                                                                     "emptyDir": {}}
 
 
 def test_security_context_is_restricted() -> None:

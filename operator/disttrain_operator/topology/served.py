@@ -20,6 +20,12 @@ def server_name(job: str, role: str) -> str:
     return f"{job}-{role}"
 
 
+def server_names(job: str, role: str, servers: int) -> list[str]:
+    """Names of the server Deployments and their Services: one, or one per shard."""
+    base = server_name(job, role)
+    return [base] if servers == 1 else [f"{base}-{i}" for i in range(servers)]
+
+
 def build_served(
     spec: JobSpec,
     ctx: BuildContext,
@@ -33,8 +39,7 @@ def build_served(
     """`servers` > 1 (parameter-server shards): one Deployment + Service per server, named
     `<job>-<role>-<i>` and selected by replica index; every pod gets all the addresses,
     comma-separated, shard 0 first, and a server finds its own index in NODE_RANK."""
-    base = server_name(ctx.name, server_role)
-    names = [base] if servers == 1 else [f"{base}-{i}" for i in range(servers)]
+    names = server_names(ctx.name, server_role, servers)
     addrs = [f"{common.service_fqdn(n, ctx.namespace)}:{port}" for n in names]
     server_addr = ",".join(addrs)
     master_addr = addrs[0].rsplit(":", 1)[0]
