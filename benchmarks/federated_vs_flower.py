@@ -59,8 +59,8 @@ def spec_of(rounds: int):  # noqa: ANN201
 
 
 def client_data(spec, index: int):  # noqa: ANN001, ANN201
-    from disttrain_trainer.data import load_dataset
-    from disttrain_trainer.federated import partition
+    from disttrain_trainer.datasets import load_dataset
+    from disttrain_trainer.modes.federated import partition
 
     ds = load_dataset(spec)
     rows = partition.iid(ds.num_train, CLIENTS, spec.data.seed)[index][:BATCH]
@@ -108,10 +108,10 @@ def flower_client(port: int, index: int, rounds: int) -> None:
 
 def run_flower(rounds: int) -> dict[str, Any]:
     import flwr as fl
-    from disttrain_trainer.data import load_dataset
+    from disttrain_trainer.datasets import load_dataset
     from disttrain_trainer.models import build_model
-    from disttrain_trainer.precision import make_amp
-    from disttrain_trainer.train import evaluate
+    from disttrain_trainer.process.precision import make_amp
+    from disttrain_trainer.run_common import evaluate
 
     spec = spec_of(rounds)
     ds = load_dataset(spec)
@@ -158,9 +158,10 @@ def run_flower(rounds: int) -> dict[str, Any]:
 
 
 def disttrain_client(port: int, key: bytes, index: int, rounds: int) -> None:
-    from disttrain_trainer.federated.client import ClientRunner, ClientState
-    from disttrain_trainer.federated.settings import client_ids
     from disttrain_trainer.models import build_model
+    from disttrain_trainer.modes.federated.client import ClientRunner
+    from disttrain_trainer.modes.federated.local_training import ClientState
+    from disttrain_trainer.modes.federated.settings import client_ids
     from disttrain_trainer.tensor_transport.channel import aio_channel
 
     torch.set_num_threads(1)
@@ -179,13 +180,13 @@ def disttrain_client(port: int, key: bytes, index: int, rounds: int) -> None:
 
 
 def run_disttrain(rounds: int) -> dict[str, Any]:
-    from disttrain_trainer.config import config_for
-    from disttrain_trainer.data import load_dataset
-    from disttrain_trainer.federated import inprocess
-    from disttrain_trainer.federated.aggregator import Aggregator
-    from disttrain_trainer.federated.entry import make_evaluator
-    from disttrain_trainer.federated.fedmetrics import FedMetrics
+    from disttrain_trainer.datasets import load_dataset
     from disttrain_trainer.models import build_model
+    from disttrain_trainer.modes.federated import inprocess
+    from disttrain_trainer.modes.federated.aggregator import Aggregator
+    from disttrain_trainer.modes.federated.entry import make_evaluator
+    from disttrain_trainer.process.config import config_for
+    from disttrain_trainer.telemetry.federated_series import FedMetrics
     from disttrain_trainer.tensor_transport import auth
 
     spec = spec_of(rounds)
@@ -228,7 +229,7 @@ RAW_METHOD = "/bench.Raw/Push"
 
 def sender(agg_port: int, raw_port: int, key: bytes, numel: int, repeats: int, out: Any) -> None:
     import grpc
-    from disttrain_trainer.federated.bindings import JOIN, round_binding, wait_binding
+    from disttrain_trainer.modes.federated.bindings import JOIN, round_binding, wait_binding
     from disttrain_trainer.tensor_transport import auth, codec
     from disttrain_trainer.tensor_transport.channel import OPTIONS, aio_channel
     from disttrain_trainer.tensor_transport.protos import tensor_transport_pb2 as pb
@@ -272,9 +273,9 @@ def sender(agg_port: int, raw_port: int, key: bytes, numel: int, repeats: int, o
 def run_ingest(numel: int, repeats: int) -> dict[str, Any]:
     import grpc
     from disttrain_api.model import parse_spec
-    from disttrain_trainer.federated import inprocess
-    from disttrain_trainer.federated.aggregator import Aggregator
-    from disttrain_trainer.federated.fedmetrics import FedMetrics
+    from disttrain_trainer.modes.federated import inprocess
+    from disttrain_trainer.modes.federated.aggregator import Aggregator
+    from disttrain_trainer.telemetry.federated_series import FedMetrics
     from disttrain_trainer.tensor_transport import auth
     from disttrain_trainer.tensor_transport.channel import SERVER_OPTIONS
 
@@ -333,7 +334,7 @@ def main() -> None:
     torch.set_num_threads(1)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     spec = spec_of(args.rounds)
-    from disttrain_trainer.data import load_dataset
+    from disttrain_trainer.datasets import load_dataset
     from disttrain_trainer.models import build_model
 
     params = sum(p.numel() for p in build_model(spec, load_dataset(spec)).parameters())

@@ -41,15 +41,15 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 from disttrain_trainer.models import GPT
+from disttrain_trainer.modes.pipeline.loop import average_over_data
+from disttrain_trainer.modes.pipeline.partition import BlockProfile, make_plan
+from disttrain_trainer.modes.pipeline.schedules import Pipeline, StepOut, total_stages
+from disttrain_trainer.modes.pipeline.stage_times import split_idle
 from disttrain_trainer.parallel.blocks import split_blocks
 from disttrain_trainer.parallel.comm_profile import ProfiledComm
 from disttrain_trainer.parallel.hybrid import apply_layout
 from disttrain_trainer.parallel.mesh import Layout, build_mesh
-from disttrain_trainer.parallel.partition import BlockProfile, make_plan
-from disttrain_trainer.parallel.pipeline import Pipeline, StepOut, total_stages
-from disttrain_trainer.parallel.pipeline_stats import split_idle
 from disttrain_trainer.parallel.tensor import stage_sharder
-from disttrain_trainer.pipeline_train import average_over_data
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 from torch.nn.parallel import DistributedDataParallel as DDP

@@ -120,9 +120,9 @@ def _serve(total_mb: int, count: int, key: bytes, ports: Any, stop: Any) -> None
     import grpc  # noqa: PLC0415
     import torch  # noqa: PLC0415
     from disttrain_api.model import parse_spec  # noqa: PLC0415
-    from disttrain_trainer.paramserver.entry import start_server  # noqa: PLC0415
-    from disttrain_trainer.paramserver.psmetrics import ServerMetrics  # noqa: PLC0415
-    from disttrain_trainer.paramserver.server import Shard, ShardConfig  # noqa: PLC0415
+    from disttrain_trainer.modes.paramserver.entry import start_server  # noqa: PLC0415
+    from disttrain_trainer.modes.paramserver.server import Shard, ShardConfig  # noqa: PLC0415
+    from disttrain_trainer.telemetry.paramserver_series import ServerMetrics  # noqa: PLC0415
     from disttrain_trainer.tensor_transport.channel import SERVER_OPTIONS  # noqa: PLC0415
     from disttrain_trainer.tensor_transport.codec import CHUNK_BYTES  # noqa: PLC0415
     from disttrain_trainer.tensor_transport.frames import reuse_freed_memory  # noqa: PLC0415
@@ -183,7 +183,7 @@ def _serve(total_mb: int, count: int, key: bytes, ports: Any, stop: Any) -> None
 def transport(total_mb: int, count: int, reps: int) -> dict[str, Any]:
     import grpc  # noqa: PLC0415
     import torch  # noqa: PLC0415
-    from disttrain_trainer.paramserver.service import ShardClient  # noqa: PLC0415
+    from disttrain_trainer.modes.paramserver.service import ShardClient  # noqa: PLC0415
     from disttrain_trainer.tensor_transport import auth  # noqa: PLC0415
     from disttrain_trainer.tensor_transport.channel import OPTIONS  # noqa: PLC0415
     from disttrain_trainer.tensor_transport.codec import CHUNK_BYTES  # noqa: PLC0415

@@ -34,10 +34,10 @@ import torch.multiprocessing as mp
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "trainer"))
-from disttrain_trainer.parallel.partition import Plan, uniform_bounds  # noqa: E402
-from disttrain_trainer.parallel.pipedream import PipeDreamStage  # noqa: E402
-from disttrain_trainer.parallel.pipeline import Pipeline, total_stages  # noqa: E402
-from disttrain_trainer.parallel.pipeline_stats import split_idle, theory_bubble  # noqa: E402
+from disttrain_trainer.modes.pipeline.partition import Plan, uniform_bounds  # noqa: E402
+from disttrain_trainer.modes.pipeline.pipedream import PipeDreamStage  # noqa: E402
+from disttrain_trainer.modes.pipeline.schedules import Pipeline, total_stages  # noqa: E402
+from disttrain_trainer.modes.pipeline.stage_times import split_idle, theory_bubble  # noqa: E402
 
 WARMUP, STEPS = 2, 10
 

@@ -27,16 +27,16 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from disttrain_api import model as api
-from disttrain_trainer import parallel
-from disttrain_trainer import train as trainer
-from disttrain_trainer.config import config_for
-from disttrain_trainer.data import GlobalBatchSampler, load_dataset
-from disttrain_trainer.dist_env import cleanup, init_distributed
+from disttrain_trainer.datasets import GlobalBatchSampler, load_dataset
 from disttrain_trainer.models import build_model
+from disttrain_trainer.modes.data import layouts
 from disttrain_trainer.optim import build_optimizer, build_scheduler
-from disttrain_trainer.parallel.data import train_step
-from disttrain_trainer.precision import make_amp
-from disttrain_trainer.stop_agreement import CHECK_PERIOD_S, StopAgreement
+from disttrain_trainer.parallel.ddp import train_step
+from disttrain_trainer.process.config import config_for
+from disttrain_trainer.process.dist_env import cleanup, init_distributed
+from disttrain_trainer.process.precision import make_amp
+from disttrain_trainer.process.stop_agreement import CHECK_PERIOD_S, StopAgreement
+from disttrain_trainer.run_common import loss_fn_for
 
 WORLD = 2
 
@@ -66,9 +66,9 @@ def _worker(rank: int, blocks: int, block_steps: int, port: int, workdir: str, o
         if rank != 0:
             ds = load_dataset(spec, work / "data")
         amp = make_amp("fp32", ctx.device)
-        loss_fn = trainer.loss_fn_for(ds)
+        loss_fn = loss_fn_for(ds)
         inner = build_model(spec, ds)
-        model = parallel.apply(inner, mesh=ctx, cfg=cfg)
+        model = layouts.apply(inner, mesh=ctx, cfg=cfg)
         opt = build_optimizer(inner.parameters(), spec.optimizer, spec.data.batch_size)
         sched = build_scheduler(opt, spec.optimizer, spec.data.batch_size, spec.training.steps)
         sampler = GlobalBatchSampler(ds.num_train, spec.data.batch_size, spec.data.seed, rank, WORLD)

@@ -1,6 +1,6 @@
 """Names of the Prometheus series and labels that cross the trainer/operator boundary.
 
-The trainer exports them (trainer `metrics.py`), the operator scrapes rank 0 for
+The trainer exports them (trainer `telemetry/`), the operator scrapes rank 0 for
 progress, and the dashboards (charts/disttrain/dashboards/) query them: one
 definition for all three.
 

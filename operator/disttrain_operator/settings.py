@@ -49,7 +49,7 @@ class OperatorSettings:
     # its gang is replaced (its pods force-deleted). Kubernetes' own default: pods tolerate a
     # not-ready/unreachable node for 300 s before they are evicted. Shorter detects a lost node
     # sooner, but a pod on a partitioned node keeps running meanwhile: checkpoint fencing
-    # (trainer checkpoint_fence.py) is what keeps such a process from writing.
+    # (trainer checkpoints/fence.py) is what keeps such a process from writing.
     node_lost_after_s: float = NODE_LOST_AFTER_S
     scrape_timeout_s: float = 1.5
     gpu: GpuPods = field(default_factory=GpuPods)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from disttrain_trainer import checkpoint as ckpt
+from disttrain_trainer.checkpoints import whole as ckpt
 
 JOB = "chaos"
 STEPS = 100

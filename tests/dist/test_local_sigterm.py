@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 from disttrain_api import exitcodes
-from disttrain_trainer import checkpoint
+from disttrain_trainer.checkpoints import whole as checkpoint
 
 # Long enough that a stop lands mid-run: the loop checks for one about every second (stop_agreement.py).
 STEPS = 3000

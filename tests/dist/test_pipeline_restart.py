@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from disttrain_trainer import checkpoint
+from disttrain_trainer.checkpoints import whole as checkpoint
 
 JOB = "pipe-restart"
 STEPS = 100

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from disttrain_trainer import checkpoint as ckpt
+from disttrain_trainer.checkpoints import whole as ckpt
 from disttrain_trainer.models import MLP
 from disttrain_trainer.parallel.blocks import block_state, split_blocks
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from disttrain_trainer import sharded_checkpoint as sc
+from disttrain_trainer.checkpoints import sharded as sc
 from disttrain_trainer.models import GPT
 from disttrain_trainer.parallel.hybrid import apply_layout
 from disttrain_trainer.parallel.mesh import Layout, build_mesh

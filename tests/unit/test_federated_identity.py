@@ -13,10 +13,10 @@ import grpc
 import pytest
 import torch
 from disttrain_api.model import parse_spec
-from disttrain_trainer.federated import inprocess, serving
-from disttrain_trainer.federated.aggregator import Aggregator
-from disttrain_trainer.federated.bindings import JOIN, round_binding, wait_binding
-from disttrain_trainer.federated.fedmetrics import FedMetrics
+from disttrain_trainer.modes.federated import inprocess, serving
+from disttrain_trainer.modes.federated.aggregator import Aggregator
+from disttrain_trainer.modes.federated.bindings import JOIN, round_binding, wait_binding
+from disttrain_trainer.telemetry.federated_series import FedMetrics
 from disttrain_trainer.tensor_transport import auth, codec
 from disttrain_trainer.tensor_transport.channel import add_port, aio_channel
 from disttrain_trainer.tensor_transport.limits import Limits

@@ -12,14 +12,14 @@ import pytest
 import torch
 from disttrain_api.model import FedPrivacy, parse_spec
 from disttrain_api.validation import check_job
-from disttrain_trainer.config import config_for
-from disttrain_trainer.data import load_dataset
-from disttrain_trainer.federated import inprocess, robust
-from disttrain_trainer.federated.aggregator import Aggregator
-from disttrain_trainer.federated.entry import client_states
-from disttrain_trainer.federated.fedmetrics import AGGREGATOR, FedMetrics
-from disttrain_trainer.federated.privacy import PrivacyAccountant, PrivateMean, clip
-from disttrain_trainer.federated.settings import client_ids
+from disttrain_trainer.datasets import load_dataset
+from disttrain_trainer.modes.federated import inprocess, robust
+from disttrain_trainer.modes.federated.aggregator import Aggregator
+from disttrain_trainer.modes.federated.entry import client_states
+from disttrain_trainer.modes.federated.privacy import PrivacyAccountant, PrivateMean, clip
+from disttrain_trainer.modes.federated.settings import client_ids
+from disttrain_trainer.process.config import config_for
+from disttrain_trainer.telemetry.federated_series import AGGREGATOR, FedMetrics
 from disttrain_trainer.tensor_transport import auth
 
 # ------------------------------------------------------------------ robust rules

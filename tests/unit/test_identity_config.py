@@ -8,11 +8,11 @@ import pytest
 from disttrain_api import constants as C
 from disttrain_api.identities import SERVER_KEY, credential
 from disttrain_api.model import parse_spec
-from disttrain_trainer.config import ConfigError, config_for
-from disttrain_trainer.federated import entry as fed_entry
-from disttrain_trainer.federated import settings as fed_settings
-from disttrain_trainer.paramserver import entry as ps_entry
-from disttrain_trainer.paramserver import settings as ps_settings
+from disttrain_trainer.modes.federated import entry as fed_entry
+from disttrain_trainer.modes.federated import settings as fed_settings
+from disttrain_trainer.modes.paramserver import entry as ps_entry
+from disttrain_trainer.modes.paramserver import settings as ps_settings
+from disttrain_trainer.process.config import ConfigError, config_for
 from disttrain_trainer.tensor_transport import auth
 
 

@@ -13,10 +13,10 @@ import pytest
 import torch
 from disttrain_api.model import parse_spec
 from disttrain_operator.topology.credentials import self_signed_server_cert
-from disttrain_trainer.paramserver import service
-from disttrain_trainer.paramserver.entry import start_server
-from disttrain_trainer.paramserver.psmetrics import ServerMetrics
-from disttrain_trainer.paramserver.server import Shard, ShardConfig
+from disttrain_trainer.modes.paramserver import service
+from disttrain_trainer.modes.paramserver.entry import start_server
+from disttrain_trainer.modes.paramserver.server import Shard, ShardConfig
+from disttrain_trainer.telemetry.paramserver_series import ServerMetrics
 from disttrain_trainer.tensor_transport import auth, codec, frames
 from disttrain_trainer.tensor_transport.channel import OPTIONS, Tls
 from disttrain_trainer.tensor_transport.limits import Limits

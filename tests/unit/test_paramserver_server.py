@@ -13,11 +13,11 @@ import grpc
 import pytest
 import torch
 from disttrain_api.model import parse_spec
-from disttrain_trainer.paramserver import service
-from disttrain_trainer.paramserver import shards as shardmap
-from disttrain_trainer.paramserver.entry import start_server
-from disttrain_trainer.paramserver.psmetrics import ServerMetrics
-from disttrain_trainer.paramserver.server import Shard, ShardConfig
+from disttrain_trainer.modes.paramserver import service
+from disttrain_trainer.modes.paramserver import shards as shardmap
+from disttrain_trainer.modes.paramserver.entry import start_server
+from disttrain_trainer.modes.paramserver.server import Shard, ShardConfig
+from disttrain_trainer.telemetry.paramserver_series import ServerMetrics
 from disttrain_trainer.tensor_transport import auth
 from disttrain_trainer.tensor_transport.channel import OPTIONS
 from disttrain_trainer.tensor_transport.protos import tensor_transport_pb2 as pb
@@ -203,7 +203,7 @@ def test_a_stream_without_header_is_refused(served) -> None:  # noqa: ANN001
 
 
 def test_the_finite_check_is_exact() -> None:
-    from disttrain_trainer.paramserver.server import all_finite
+    from disttrain_trainer.modes.paramserver.server import all_finite
 
     assert all_finite(torch.ones(10))
     assert all_finite(torch.tensor([3e38, 3e38, -1.0]))  # the sum overflows; every element is finite
@@ -235,7 +235,7 @@ def test_a_pull_in_flight_sees_one_version_while_an_update_lands() -> None:
 
 def test_a_worker_exports_the_time_series_every_mode_exports(tmp_path) -> None:  # noqa: ANN001
     from disttrain_api import metric_names as names
-    from disttrain_trainer.paramserver.psmetrics import WorkerMetrics, WorkerTally
+    from disttrain_trainer.telemetry.paramserver_series import WorkerMetrics, WorkerTally
 
     m = WorkerMetrics(job="j", rank=0, port=0, log_path=tmp_path / "m.jsonl")
     try:

@@ -12,17 +12,17 @@ import numpy as np
 import pytest
 import torch
 from disttrain_api.model import parse_spec
-from disttrain_trainer.config import config_for
-from disttrain_trainer.data import GlobalBatchSampler, load_dataset
+from disttrain_trainer.datasets import GlobalBatchSampler, load_dataset
 from disttrain_trainer.models import build_model
+from disttrain_trainer.modes.paramserver.entry import shard_config, shard_tensors, start_server
+from disttrain_trainer.modes.paramserver.server import Shard
+from disttrain_trainer.modes.paramserver.settings import PSSettings
+from disttrain_trainer.modes.paramserver.worker import Worker
 from disttrain_trainer.optim import build_optimizer, build_scheduler
-from disttrain_trainer.paramserver.entry import shard_config, shard_tensors, start_server
-from disttrain_trainer.paramserver.psmetrics import ServerMetrics, WorkerMetrics
-from disttrain_trainer.paramserver.server import Shard
-from disttrain_trainer.paramserver.settings import PSSettings
-from disttrain_trainer.paramserver.worker import Worker
+from disttrain_trainer.process.config import config_for
+from disttrain_trainer.run_common import loss_fn_for
+from disttrain_trainer.telemetry.paramserver_series import ServerMetrics, WorkerMetrics
 from disttrain_trainer.tensor_transport import auth
-from disttrain_trainer.train import loss_fn_for
 
 STEPS = 25
 KEY = auth.new_key()

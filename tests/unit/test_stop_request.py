@@ -13,13 +13,13 @@ from collections.abc import Iterator
 import pytest
 import torch.distributed as dist
 from disttrain_api import exitcodes
-from disttrain_trainer import stop_request
-from disttrain_trainer.stop_agreement import StopAgreement
+from disttrain_trainer.process import stop_request
+from disttrain_trainer.process.stop_agreement import StopAgreement
 
 # Start-up in a process of its own: SIGTERM outside a loop ends the process.
 STARTUP = """
 import signal, sys, time
-from disttrain_trainer import stop_request
+from disttrain_trainer.process import stop_request
 stop_request.install()
 if sys.argv[1] == "blocked":
     # The main thread cannot run Python's handler (as when it waits in C++ for a rendezvous):
@@ -150,7 +150,7 @@ def test_the_watcher_leaves_a_signal_the_main_thread_already_handled_alone() -> 
     finished server, a loop that saved its step): the process must not be ended for it."""
     program = (
         "import os, signal, threading, time\n"
-        "from disttrain_trainer import stop_request as s\n"
+        "from disttrain_trainer.process import stop_request as s\n"
         "with s.deferred():\n"
         "    s.request()  # what the main thread's handler does with a SIGTERM in a deferred section\n"
         "r, w = os.pipe()\n"

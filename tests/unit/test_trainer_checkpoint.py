@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from disttrain_trainer import checkpoint as ckpt
+from disttrain_trainer.checkpoints import whole as ckpt
 
 
 def test_save_keep_and_load_latest(tmp_path: Path) -> None:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from disttrain_trainer import checkpoint as ckpt
-from disttrain_trainer import sharded_checkpoint as sc
+from disttrain_trainer.checkpoints import sharded as sc
+from disttrain_trainer.checkpoints import whole as ckpt
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 

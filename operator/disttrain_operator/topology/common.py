@@ -334,7 +334,7 @@ def build_pod(
             gpu_placement["runtimeClassName"] = ctx.gpu.runtime_class_name
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",  # the operator restarts whole gangs, never single ranks
-        # The trainer checkpoints its step on SIGTERM and exits within this (stop_request.py).
+        # The trainer checkpoints its step on SIGTERM and exits within this (process/stop_request.py).
         "terminationGracePeriodSeconds": spec.run_policy.termination_grace_period_seconds,
         "containers": [container, *sidecars],
         "volumes": _merge_named(volumes, list(template.pop("volumes", []) or [])),

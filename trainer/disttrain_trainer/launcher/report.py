@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from disttrain_trainer.config import SUMMARY_FILE  # written by the trainer's rank 0
+from disttrain_trainer.process.config import SUMMARY_FILE  # written by the trainer's rank 0
 
 LOCAL_SUMMARY_FILE = "local-summary.json"  # written by the launcher
 PLOT_FILE = "training.png"

@@ -26,11 +26,11 @@ from typing import Any, TextIO
 from disttrain_api import exitcodes
 from disttrain_api import model as api
 
-from disttrain_trainer.config import FINISHED_FILE, finished_path
 from disttrain_trainer.launcher import env as envmod
 from disttrain_trainer.launcher import identity, report
 from disttrain_trainer.launcher.gang import LOGS_DIR, PIDS_FILE, Failure, Gang
 from disttrain_trainer.launcher.progress import JsonlTail, ProgressPrinter, metrics_path, read_jsonl
+from disttrain_trainer.process.config import FINISHED_FILE, finished_path
 
 CONFIG_FILE = "config.json"
 CHECKPOINTS_DIR = "checkpoints"
