@@ -33,12 +33,12 @@ from disttrain_api.model import FederatedSpec
 from ...checkpoints import directory as cdir
 from ...checkpoints import whole as ckpt
 from ...checkpoints.fence import Writer
-from ...telemetry.sink import time_fractions
 from ...tensor_transport import auth, codec, gate
 from ...tensor_transport.protos import tensor_transport_pb2 as pb
 from ...tensor_transport.protos import tensor_transport_pb2_grpc as pbg
 from . import checks, compression
 from .privacy import PrivacyAccountant
+from .round_report import round_record, round_times, run_summary
 from .rounds import Abandoned, RoundAttempt, SecureStage, wait_event
 from .secure_server import Refused, SecureStages
 from .settings import client_ids
@@ -287,28 +287,9 @@ class Aggregator(SecureStages, pbg.FederatedServicer):
 
     def summary(self) -> dict[str, Any]:
         """The run's summary in the keys every mode reports (a round counts as a step)."""
-        h = self.history
-        acc = [r.get("test_accuracy") for r in h]
-
-        def total(key: str) -> float:
-            return sum(float(r.get(key) or 0.0) for r in h)
-
-        return {
-            "mode": "federated",
-            "steps": self.round,
-            "rounds": self.round,
-            "testAccuracy": acc[-1] if acc else None,
-            "accuracyPerRound": acc,
-            "roundSMedian": float(np.median([r["step_s"] for r in h])) if h else None,
-            **time_fractions(step_s=total("step_s"), compute_s=total("compute_s"), data_s=total("data_s"),
-                             exposed_s=total("comm_exposed_s"), busy_s=total("comm_busy_s"), idle_s=total("idle_s")),
-            "bytesUp": sum(r["bytes_up"] for r in h),
-            "bytesDown": sum(r["bytes_down"] for r in h),
-            "roundAttempts": self.attempts,
-            **({"privacy": self.privacy.report()} if self.privacy is not None else {}),
-            "resumedFromStep": self.resumed_from,
-            "wallS": time.perf_counter() - self.started,
-        }
+        return run_summary(self.history, rounds=self.round, attempts=self.attempts,
+                           privacy=self.privacy.report() if self.privacy is not None else None,
+                           resumed_from=self.resumed_from, wall_s=time.perf_counter() - self.started)  # fmt: skip
 
     async def _wait_registered(self, timeout: float) -> None:
         """At start: give every client up to a round's timeout to register, so the first sample sees all."""
@@ -348,35 +329,11 @@ class Aggregator(SecureStages, pbg.FederatedServicer):
         accuracy = await asyncio.to_thread(self.evaluate, self.model) if self.evaluate else None
         round_s = time.monotonic() - ra.started
         answered = sorted(ra.answered)
-
-        def avg(d: dict[str, float]) -> float:
-            vals = [d[c] for c in answered if c in d]
-            return sum(vals) / len(vals) if vals else 0.0
-
-        # A round is this mode's step, seen through its average answered client: its local training
-        # (compute), loading its rows (data), receiving the model and sending its update (communication,
-        # all of it exposed: nothing overlaps a client's transfers) and the rest of the round (idle:
-        # waiting for the other clients, aggregation and evaluation on the aggregator).
-        compute = min(avg(ra.client_compute_s), round_s)
-        data = min(avg(ra.client_data_s), round_s - compute)
-        comm = min(avg(ra.client_comm_s), round_s - compute - data)
-        idle = round_s - compute - data - comm
-        losses = [v for v in ra.client_loss.values() if math.isfinite(v)]
+        t = round_times(ra, answered, round_s)
         assert self.metrics.times is not None, "the aggregator's metrics are made with process=AGGREGATOR"
-        self.metrics.times.observe(step_s=round_s, compute_s=compute, data_s=data, exposed_s=comm, busy_s=comm,
-                                   idle_s=idle)  # fmt: skip
-        record = {
-            "step": self.round, "round": self.round, "attempt": ra.attempt,
-            "loss": sum(losses) / len(losses) if losses else None,
-            "steps": 1, "step_s": round_s, "compute_s": compute, "comm_exposed_s": comm, "comm_busy_s": comm,
-            "data_s": data, "idle_s": idle,
-            "clients_sampled": len(ra.sampled), "clients_answered": len(answered), "clients_dropped": dropped,
-            "bytes_up": ra.bytes_up, "bytes_down": sum(len(c.data) for c in ra.model_chunks) * len(ra.served),
-            "test_accuracy": accuracy, "samples": ra.samples,
-            # Secure rounds: clients whose masks were removed from shares after they dropped out.
-            "unmasked_dropped": len(ra.secure.plan.dropped) if ra.secure and ra.secure.plan else 0,
-            **(ra.total.info() if ra.total is not None else {}),
-        }  # fmt: skip
+        self.metrics.times.observe(step_s=round_s, compute_s=t.compute_s, data_s=t.data_s, exposed_s=t.comm_s,
+                                   busy_s=t.comm_s, idle_s=t.idle_s)  # fmt: skip
+        record = round_record(ra, t, round_no=self.round, answered=answered, dropped=dropped, accuracy=accuracy)
         if self.privacy is not None:
             record["epsilon"] = self.privacy.epsilon()
             record["delta"] = self.privacy.privacy.delta
