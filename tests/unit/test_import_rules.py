@@ -74,7 +74,7 @@ def test_importing_the_api_and_cli_loads_nothing_heavy() -> None:
     code = (
         "import sys, disttrain_api.model, disttrain_api.validation, disttrain_api.crd, "
         "disttrain_api.constants, disttrain_api.exitcodes, disttrain_api.metric_names, "
-        "disttrain_operator.cli\n"
+        "disttrain_cli\n"
         f"print(sorted(m for m in {HEAVY!r} + ('disttrain_trainer',) if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -8,7 +8,7 @@ import sys
 import kopf
 from disttrain_api import constants as c
 from disttrain_api.model import GROUP, PLURAL
-from disttrain_operator.cli import build_parser
+from disttrain_cli import build_parser
 
 
 def test_operator_flags_parse() -> None:
@@ -31,7 +31,7 @@ def test_node_lost_timeout_defaults_to_kubernetes_eviction_and_is_configurable()
 
 
 def test_namespace_and_all_namespaces_are_exclusive() -> None:
-    proc = subprocess.run([sys.executable, "-m", "disttrain_operator", "operator", "-n", "a", "--all-namespaces"],
+    proc = subprocess.run([sys.executable, "-m", "disttrain_cli", "operator", "-n", "a", "--all-namespaces"],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "not allowed with argument" in proc.stderr
 

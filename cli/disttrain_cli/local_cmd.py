@@ -14,7 +14,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import yaml
 from disttrain_api.exitcodes import CONFIG as EXIT_INVALID
+from disttrain_api.validation import load_job
+
+from . import validate_cmd
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -54,11 +58,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 def load_manifest(path: str) -> tuple[Any, list[str]]:
     """(the one DistTrainJob in `path`, []) or (None, problems formatted as `disttrain validate` prints them)."""
-    import yaml
-    from disttrain_api.validation import load_job
-
-    from disttrain_operator.cli import validate_cmd
-
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
@@ -101,8 +100,9 @@ def run(args: argparse.Namespace) -> int:
         )
         return EXIT_INVALID
 
-    from disttrain_trainer.launcher import LocalOptions, run_local
-    from disttrain_trainer.launcher.run import default_run_dir
+    # The trainer's package: only `disttrain local` loads it (it needs the trainer extra).
+    from disttrain_trainer.launcher import LocalOptions, run_local  # noqa: PLC0415 - disttrain_trainer
+    from disttrain_trainer.launcher.run import default_run_dir  # noqa: PLC0415 - disttrain_trainer
 
     # `kill -USR1 <pid>` prints where the launcher is (every thread's Python stack) to stderr.
     faulthandler.register(signal.SIGUSR1, all_threads=True)

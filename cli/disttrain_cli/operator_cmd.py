@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import logging
-import os
+
+from disttrain_operator import settings
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -45,11 +45,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def run(args: argparse.Namespace) -> int:
-    import kopf
-    import prometheus_client
-
-    from .. import kube, settings
-
     try:
         cfg = settings.from_env(
             namespaces=tuple(args.namespaces) if args.namespaces else None,
@@ -64,37 +59,7 @@ def run(args: argparse.Namespace) -> int:
         )
     except ValueError as err:
         raise SystemExit(f"disttrain operator: {err}") from None
-    from .. import handlers  # registers the handlers
+    # Importing the runtime registers the handlers with kopf.
+    from disttrain_operator import runtime  # noqa: PLC0415 - kopf and the Kubernetes client
 
-    handlers.configure(cfg)
-    kopf.configure(verbose=args.verbose)
-    logging.getLogger("disttrain.operator").setLevel(logging.DEBUG if args.verbose else logging.INFO)
-    if not args.verbose:
-        # kopf logs every handled event at INFO; our reconciler logs each transition itself.
-        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    kube.load_config()
-    if cfg.metrics_port:
-        prometheus_client.start_http_server(cfg.metrics_port)
-    if cfg.leader_elect:
-        from disttrain_api import exitcodes
-
-        from .. import leader
-
-        elector = leader.Elector(kube.Kube(), leader.LeaseConfig(
-            namespace=cfg.lease_namespace or settings.own_namespace(), identity=leader.default_identity()))
-        standby = leader.serve_standby_health(cfg.liveness) if cfg.liveness else None
-        elector.acquire()
-        # Renewing and the watchdog start at once: the lease's clock runs from acquire().
-        # Lost (not renewed in time): the process ends, reconcile threads mid-write included,
-        # before a standby may take over; the Deployment restarts this replica as a standby.
-        elector.keep(lost=lambda: os._exit(exitcodes.LEASE_LOST))
-        if standby is not None:
-            standby.shutdown()
-            standby.server_close()
-    kopf.run(
-        standalone=True,
-        clusterwide=cfg.all_namespaces,
-        namespaces=cfg.watch_namespaces(),
-        liveness_endpoint=cfg.liveness or None,
-    )
-    return 0
+    return runtime.run(cfg, verbose=args.verbose)

@@ -1,8 +1,10 @@
-"""The `disttrain` command line.
+"""The `disttrain` command line: validate, crd, version, local, operator.
 
-Each subcommand lives in its own module exposing `register(subparsers)`; heavy
-imports (torch, kopf) happen inside the command's handler, so `disttrain
-validate` stays fast and works without the trainer or operator extras.
+Each subcommand lives in its own module `<name>_cmd.py` exposing `register(subparsers)` (a new
+command is one module and one entry in SUBCOMMANDS). The CLI depends on the API, the operator and
+the trainer's launcher; nothing depends on it. Heavy imports (kopf, the Kubernetes client, the
+trainer package) happen inside the command's handler, so `disttrain validate` stays fast and
+works without the trainer or operator extras.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in SUBCOMMANDS:
-        module = importlib.import_module(f"disttrain_operator.cli.{name}_cmd")
+        module = importlib.import_module(f"disttrain_cli.{name}_cmd")
         module.register(subparsers)
     return parser
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 
 from disttrain_api.model import API_VERSION
-
 from disttrain_operator import __version__
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from disttrain_api.crd import crd_yaml
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = subparsers.add_parser(
@@ -21,7 +23,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def run(args: argparse.Namespace) -> int:
-    from disttrain_api.crd import crd_yaml
-
     sys.stdout.write(crd_yaml())
     return 0

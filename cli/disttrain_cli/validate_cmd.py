@@ -1,7 +1,7 @@
 """`disttrain validate FILE...`: check DistTrainJob manifests without a cluster.
 
 Every problem of every document is listed as `FILE[:doc N]: path: message`
-(schema and cross-field rules together, see `validation.py`); YAML syntax
+(schema and cross-field rules together, see disttrain_api/validation.py); YAML syntax
 errors as `FILE:LINE:COLUMN: YAML syntax error: ...`. Exit 0 when everything is
 valid, 2 otherwise.
 """
@@ -12,7 +12,10 @@ import argparse
 import sys
 from typing import Any
 
+import yaml
 from disttrain_api.exitcodes import CONFIG as EXIT_INVALID
+from disttrain_api.model import GROUP, KIND
+from disttrain_api.validation import check_job
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -29,8 +32,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def _loader() -> type:
-    import yaml
-
     class StrictLoader(yaml.SafeLoader):
         """SafeLoader that rejects duplicate keys (PyYAML silently keeps the last one,
         which would hide a mistake the API server's strict decoding reports)."""
@@ -51,8 +52,6 @@ def _loader() -> type:
 
 
 def _is_other_kind(doc: Any) -> bool:
-    from disttrain_api.model import GROUP, KIND
-
     if not isinstance(doc, dict) or "kind" not in doc or doc.get("kind") == KIND:
         return False
     return not str(doc.get("apiVersion", "")).startswith(GROUP + "/")
@@ -70,9 +69,6 @@ def _summary(job: Any) -> str:
 
 def validate_text(text: str, name: str, out: list[str], problems: list[str]) -> None:
     """Validate one file's text; append OK lines to `out` and problem lines to `problems`."""
-    import yaml
-    from disttrain_api.validation import check_job
-
     try:
         docs = list(yaml.load_all(text, Loader=_loader()))
     except yaml.YAMLError as exc:
