@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from .creation import Outcome
-from .decide import FAILED, PENDING, RESTARTING, Plan, _Builder
+from .decision import FAILED, PENDING, RESTARTING, Plan, StatusBuilder
 from .observe import format_time, parse_time
 
 # Conditions of the creation itself: what the blocked status keeps as it was before.
@@ -46,7 +46,7 @@ def creation_blocked(plan: Plan, old: dict[str, Any], now: datetime, outcome: Ou
     gang_planned = _true(plan.status, "Created") and not _true(old, "Created")
     if gang_planned:  # the counts decide() assumed for a created gang
         status["workers"] = copy.deepcopy(old.get("workers") or status.get("workers"))
-    b = _Builder(status, now)
+    b = StatusBuilder(status, now)
     events = [e for e in plan.events if not (gang_planned and e[1] == "GangCreated")]
     b.condition("NameConflict", bool(outcome.conflicts), "NameConflict" if outcome.conflicts else "NamesFree",
                 "; ".join(outcome.conflicts) or "every name this job needs is free")

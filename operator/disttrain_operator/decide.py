@@ -6,165 +6,36 @@ State lives in the cluster, never in operator memory: the gang attempt is the ma
 point picks up where the last one stopped. Ordering in the glue keeps it crash-safe:
 on a restart the status (restarts+1, attempt+1) is written before pods are deleted;
 on creation pods are created (409 = already there) before the status says so.
+
+By phase: here, the spec (invalid, immutable fields), a finished job's clean-up and TTL, the
+deadline, suspend and resume, a resize, the previous attempt's pods and the gang's creation;
+once the gang exists, running_gang.py; the types and the status builder, decision.py.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
-from disttrain_api import exitcodes
-from disttrain_api import metric_names as names
 from disttrain_api.model import KIND, JobSpec
-from disttrain_api.validation import valid_sizes
 
-from .observe import PodView, format_time, parse_summary, parse_time
-
-# Phases (DESIGN.md): Pending | Running | Restarting | Succeeded | Failed | Suspended
-PENDING, RUNNING, RESTARTING = "Pending", "Running", "Restarting"
-SUCCEEDED, FAILED, SUSPENDED = "Succeeded", "Failed", "Suspended"
-TERMINAL = (SUCCEEDED, FAILED)
-IMMUTABLE_FIELDS = ("mode", "model", "parallelism")
-# Exit code 2 is the trainer's "configuration error / mode not implemented": retrying cannot help.
-PERMANENT_EXIT_CODES = exitcodes.PERMANENT
-# Modes without gang restart: a failed worker (paramserver) or client (federated) pod is replaced
-# alone while the others go on; its Deployment restarts a server.
-SOLO_REPLACE_MODES = ("paramserver", "federated")
-# The reason (condition, Event) of a gang restart or pod replacement caused by a disruption.
-DISRUPTED = "Disrupted"
-
-
-@dataclass(frozen=True, kw_only=True)
-class Observed:
-    generation: int
-    name: str = ""  # the job's name
-    uid: str = ""  # the job's UID: only pods whose controller reference carries it are the job's
-    spec: JobSpec | None  # None when the spec is invalid
-    spec_error: str = ""
-    # Spec the existing gang was built from (its ConfigMap); with an invalid spec, the job
-    # goes on with it.
-    accepted: JobSpec | None = None
-    status: dict[str, Any] = field(default_factory=dict)
-    pods: list[PodView] = field(default_factory=list)  # gang pods of every attempt
-    progress: dict[str, float] | None = None  # rank 0's disttrain_step / disttrain_last_checkpoint_step
-    now: datetime
-    force_delete_after_s: float = 30.0
-    node_lost_after_s: float = 300.0  # settings.NODE_LOST_AFTER_S: Kubernetes' pod-eviction default
-    # UIDs of pods this operator deleted lately (reconcile.Expectations): a pod deleted by
-    # anyone else (a drain, an eviction, a user) is a disruption, not a failure.
-    deleted_by_operator: frozenset[str] = frozenset()
-
-
-@dataclass(frozen=True, kw_only=True)
-class Plan:
-    status: dict[str, Any]
-    spec: JobSpec | None = None  # effective spec (immutable fields from the accepted spec)
-    create: bool = False  # create the gang at status.attempt / status.replicas
-    delete_pods: list[str] = field(default_factory=list)
-    force_delete_pods: list[str] = field(default_factory=list)
-    delete_servers: bool = False  # federated/paramserver Deployment
-    delete_job: bool = False  # ttlSecondsAfterFinished expired
-    events: list[tuple[str, str, str]] = field(default_factory=list)  # (Normal|Warning, reason, message)
-
-
-# Conditions that record a state the job reached by itself, not something the operator did
-# or a problem: the condition (with its lastTransitionTime) is the record, and no Event is
-# posted. Events say what the operator did (created, deleted, restarted, replaced, resized,
-# suspended, resumed a gang) and every failure, so a healthy job costs one Event, not one
-# per phase.
-STATE_CONDITIONS = ("Running", "Succeeded")
-
-
-class _Builder:
-    """Accumulates status changes and the Events of the operator's actions and of failures."""
-
-    def __init__(self, status: dict[str, Any], now: datetime) -> None:
-        self.status = copy.deepcopy(status)
-        self.status.setdefault("conditions", [])
-        self.now = now
-        self.events: list[tuple[str, str, str]] = []
-
-    def condition(self, type_: str, value: bool, reason: str, message: str = "") -> None:
-        want = "True" if value else "False"
-        for cond in self.status["conditions"]:
-            if cond.get("type") == type_:
-                if cond.get("status") != want:
-                    cond["lastTransitionTime"] = format_time(self.now)
-                    if value:
-                        self._event(type_, reason, message)
-                elif value and cond.get("reason") != reason:
-                    self._event(type_, reason, message)
-                cond.update(status=want, reason=reason, message=message)
-                return
-        if not value and type_ not in ("Running", "Suspended"):
-            return  # absent == False; only record the ones users look for
-        self.status["conditions"].append(
-            {"type": type_, "status": want, "reason": reason, "message": message,
-             "lastTransitionTime": format_time(self.now)}
-        )
-        if value:
-            self._event(type_, reason, message)
-
-    def is_true(self, type_: str, reason: str | None = None) -> bool:
-        for cond in self.status["conditions"]:
-            if cond.get("type") == type_ and cond.get("status") == "True":
-                return reason is None or cond.get("reason") == reason
-        return False
-
-    def _event(self, type_: str, reason: str, message: str) -> None:
-        if type_ in STATE_CONDITIONS:
-            return
-        warn = (type_ in ("Failed", "InvalidSpec", "Restarting", "NameConflict", "ChildRejected")
-                or reason in ("Unschedulable",)) and reason != DISRUPTED
-        self.event("Warning" if warn else "Normal", reason, message or type_)
-
-    def event(self, kind: str, reason: str, message: str) -> None:
-        self.events.append((kind, reason, message))
-
-    def phase(self, value: str, message: str = "") -> None:
-        self.status["phase"] = value
-        self.status["message"] = message
-
-
-def _immutable_diff(old: JobSpec, new: JobSpec) -> list[str]:
-    return [f"spec.{name}" for name in IMMUTABLE_FIELDS if getattr(old, name) != getattr(new, name)]
-
-
-def _counts(pods: list[PodView]) -> dict[str, int]:
-    phases = [p.phase for p in pods if not p.deleting]
-    return {
-        "active": sum(ph in ("Pending", "Running") for ph in phases),
-        "pending": phases.count("Pending"),
-        "succeeded": phases.count("Succeeded"),
-        "failed": sum(ph in ("Failed", "Unknown") for ph in phases),
-    }
-
-
-def _failure(p: PodView, node_lost_after_s: float) -> str:
-    """Why this pod of the live gang is lost, or '' when it is fine."""
-    if p.deleting:
-        return f"pod {p.name} was deleted or evicted"
-    if p.phase in ("Failed", "Unknown"):
-        detail = (p.message.splitlines() or [""])[-1][:300] if p.message else p.reason
-        code = f" (exit code {p.exit_code})" if p.exit_code is not None else ""
-        return f"pod {p.name} failed{code}: {detail or 'no message'}"
-    if p.not_ready_for_s >= node_lost_after_s:
-        return f"pod {p.name} lost its node (not ready for {int(p.not_ready_for_s)}s)"
-    return ""
-
-
-def _disruption(p: PodView, obs: Observed) -> str:
-    """Why this pod of the live gang ended by a disruption (an eviction, a drain, a preemption,
-    a deletion by someone other than this operator, a trainer stopped on request), or ''.
-    A pod still running is not disrupted yet, whatever its DisruptionTarget condition says."""
-    if p.disruption and _failure(p, obs.node_lost_after_s):
-        return p.disruption
-    if p.deleting and p.uid not in obs.deleted_by_operator:
-        return f"pod {p.name} was deleted by someone other than the operator (a drain, an eviction, a user)"
-    return ""
+from .decision import (
+    FAILED,
+    IMMUTABLE_FIELDS,
+    PENDING,
+    RESTARTING,
+    RUNNING,
+    SUSPENDED,
+    TERMINAL,
+    Observed,
+    Plan,
+    StatusBuilder,
+    restart,
+    stuck,
+)
+from .observe import PodView, format_time, parse_time
+from .running_gang import decide_running
 
 
 def earlier_job(p: PodView, obs: Observed) -> bool:
@@ -182,14 +53,14 @@ def decide(obs: Observed) -> Plan:
     ours = [p for p in obs.pods if p.owner_uid == obs.uid]
     foreign = [p for p in obs.pods if p.owner_uid != obs.uid]
     plan = _decide(dataclasses.replace(obs, pods=ours), foreign)
-    stuck = _stuck([p for p in foreign if earlier_job(p, obs)], obs)
-    if not stuck:
+    held = stuck([p for p in foreign if earlier_job(p, obs)], obs)
+    if not held:
         return plan
-    return dataclasses.replace(plan, force_delete_pods=sorted({*plan.force_delete_pods, *stuck}))
+    return dataclasses.replace(plan, force_delete_pods=sorted({*plan.force_delete_pods, *held}))
 
 
 def _decide(obs: Observed, foreign: list[PodView]) -> Plan:
-    b = _Builder(obs.status, obs.now)
+    b = StatusBuilder(obs.status, obs.now)
     st = b.status
     st["observedGeneration"] = obs.generation
     pods = obs.pods
@@ -269,7 +140,7 @@ def _decide(obs: Observed, foreign: list[PodView]) -> Plan:
             b.phase(SUSPENDED, "suspended")
         # A pod Terminating for too long (its kubelet cannot confirm) is force-deleted, as on
         # a restart: a suspended job holds no pods.
-        return finish(delete_pods=[p.name for p in pods if not p.deleting], force_delete_pods=_stuck(pods, obs),
+        return finish(delete_pods=[p.name for p in pods if not p.deleting], force_delete_pods=stuck(pods, obs),
                       delete_servers=True)  # fmt: skip
 
     # ---- replicas may change only inside the elastic range (a resize = a new attempt).
@@ -279,7 +150,7 @@ def _decide(obs: Observed, foreign: list[PodView]) -> Plan:
         if el is not None and el.min_replicas <= desired <= el.max_replicas:
             if desired != replicas and phase in (PENDING, RUNNING):
                 st["lastSpecReplicas"] = desired
-                return _restart(b, st, plan, current, pods, attempt + 1, desired, "Resized",
+                return restart(b, st, plan, current, pods, attempt + 1, desired, "Resized",
                                 f"spec.workers.replicas changed to {desired}: recreating the gang", count=False)
             replicas = st["replicas"] = desired
         else:
@@ -291,7 +162,7 @@ def _decide(obs: Observed, foreign: list[PodView]) -> Plan:
 
     if phase == SUSPENDED:  # resumed
         if any(p for p in pods if p.attempt == attempt):
-            return finish(force_delete_pods=_stuck(pods, obs))
+            return finish(force_delete_pods=stuck(pods, obs))
         msg = "runPolicy.suspend is false: resuming from the checkpoint"
         b.condition("Suspended", False, "Resumed", msg)
         b.event("Normal", "Resumed", msg)  # a condition turning False posts no Event by itself
@@ -307,7 +178,7 @@ def _decide(obs: Observed, foreign: list[PodView]) -> Plan:
     if stale:
         return finish(
             delete_pods=[p.name for p in stale if not p.deleting],
-            force_delete_pods=_stuck(stale, obs),
+            force_delete_pods=stuck(stale, obs),
         )
 
     if phase in ("", RESTARTING) or (phase == PENDING and not b.is_true("Created")):
@@ -333,102 +204,22 @@ def _decide(obs: Observed, foreign: list[PodView]) -> Plan:
         st["workers"] = {**st["workers"], "active": max(n, replicas), "pending": max(replicas - n, 0)}
         return finish(create=True)
 
-    # ---- the gang exists: failed / vanished / unschedulable / running / done.
-    gang = {p.index: p for p in current}
-    missing = [i for i in range(replicas) if i not in gang]
-    reasons = [r for p in current if (r := _failure(p, obs.node_lost_after_s))]
-    if missing:
-        reasons.append(f"worker pod(s) {missing} vanished")
-    if reasons:
-        permanent = [p for p in current if p.exit_code in PERMANENT_EXIT_CODES]
-        limit = spec.run_policy.backoff_limit
-        # A disrupted pod is counted in status.disruptions, never against backoffLimit. In a gang
-        # its peers fail with it (they stop at the step it stopped at, or lose their connection
-        # to it): the whole restart is the disruption's.
-        disrupted = [d for p in current if (d := _disruption(p, obs))]
-        if spec.mode in SOLO_REPLACE_MODES and not permanent and (
-            restarts < limit or not any(not p.deleting and _failure(p, obs.node_lost_after_s)
-                                        and not _disruption(p, obs) for p in current)
-        ):  # below the limit, or only disruptions and finishing replacements already counted
-            return _replace_alone(b, st, finish, current, missing, restarts, obs)
-        if disrupted and not permanent and spec.mode not in SOLO_REPLACE_MODES:
-            st["disruptions"] = int(st.get("disruptions") or 0) + 1
-            return _restart(b, st, plan, current, pods, attempt + 1, replicas, DISRUPTED,
-                            f"{disrupted[0]}; restarting the gang from its checkpoint (a disruption: not counted "
-                            f"against runPolicy.backoffLimit)", count=False,
-                            force=_stuck(current, obs) + [p.name for p in current if p.not_ready_for_s > 0])
-        if permanent or restarts >= limit:
-            why = "TrainerConfigError" if permanent else "BackoffLimitExceeded"
-            msg = reasons[0] if permanent else f"{reasons[0]}; {restarts} restarts reached runPolicy.backoffLimit={limit}"
-            b.condition("Failed", True, why, msg)
-            b.condition("Running", False, why, msg)
-            b.phase(FAILED, msg)
-            st["completionTime"] = format_time(obs.now)
-            return finish(delete_pods=[p.name for p in live], delete_servers=True)
-        kind = "NodeLost" if "lost its node" in reasons[0] else ("WorkerVanished" if "vanished" in reasons[0]
-                                                                  or "deleted" in reasons[0] else "WorkerFailed")
-        return _restart(b, st, plan, current, pods, attempt + 1, replicas, kind,
-                        f"{reasons[0]}; restarting the gang from the last checkpoint", count=True,
-                        force=_stuck(current, obs) + [p.name for p in current if p.not_ready_for_s > 0])
+    return decide_running(b, finish, plan, obs, spec=spec, pods=pods, current=current, live=live, attempt=attempt,
+                          replicas=replicas, restarts=restarts, phase=phase)
 
-    if all(p.phase == "Succeeded" for p in current):
-        result = parse_summary(gang[0].message) if 0 in gang else None
-        msg = "training finished"
-        if result and isinstance(result.get("device"), str):
-            msg += f" on {result['device']}"
-        if result and isinstance(result.get("testAccuracy"), int | float):
-            msg += f": test accuracy {result['testAccuracy']:.4f}"
-        if result is not None:
-            st["result"] = result
-            for key, target in (("steps", "step"),):
-                if isinstance(result.get(key), int | float):
-                    st[target] = int(result[key])
-            if isinstance(result.get("commFraction"), int | float):
-                st["commFraction"] = round(float(result["commFraction"]), 4)
-        b.condition("Succeeded", True, "Completed", msg)
-        b.condition("Running", False, "Completed", msg)
-        b.phase(SUCCEEDED, msg)
-        st["completionTime"] = format_time(obs.now)
-        return finish(delete_servers=spec.run_policy.clean_pod_policy != "None")
 
-    waiting = [p for p in current if p.unschedulable_message]
-    if waiting:
-        worst = max(waiting, key=lambda p: p.age_s)
-        el = spec.elastic
-        if el is not None and worst.age_s >= el.schedule_timeout_seconds and (
-            new := _shrunk_size(spec, replicas, placed=sum(1 for p in current if p.scheduled))
-        ) is not None:
-            return _restart(b, st, plan, current, pods, attempt + 1, new, "ElasticShrink",
-                            f"{len(waiting)} of {replicas} pods unschedulable for "
-                            f"{el.schedule_timeout_seconds}s ({worst.unschedulable_message}); "
-                            f"shrinking to {new} replicas, resuming from the checkpoint", count=False)
-        msg = f"{len(waiting)} of {replicas} pods cannot be scheduled: {worst.unschedulable_message}"
-        b.condition("Running", False, "Unschedulable", msg)
-        b.phase(PENDING, msg)
-        return finish()
+def _immutable_diff(old: JobSpec, new: JobSpec) -> list[str]:
+    return [f"spec.{name}" for name in IMMUTABLE_FIELDS if getattr(old, name) != getattr(new, name)]
 
-    if all(p.phase in ("Running", "Succeeded") for p in current):
-        if phase != RUNNING:
-            st.setdefault("startTime", format_time(obs.now))
-            b.condition("Running", True, "GangRunning", f"all {replicas} worker pods are running (attempt {attempt})")
-            b.phase(RUNNING, "training")
-        if obs.progress:
-            if names.STEP in obs.progress:
-                st["step"] = int(obs.progress[names.STEP])
-            if names.LAST_CHECKPOINT_STEP in obs.progress:
-                st["lastCheckpointStep"] = int(obs.progress[names.LAST_CHECKPOINT_STEP])
-            if (frac := names.comm_fraction(obs.progress)) is not None:
-                st["commFraction"] = frac
-        return finish()
 
-    stuck = next((p for p in current if p.phase == "Pending" and p.reason and p.message), None)
-    if stuck is not None:  # e.g. ErrImagePull: say why instead of a bare "starting"
-        msg = f"pod {stuck.name}: {stuck.reason}: {stuck.message}"[:500]
-        b.condition("Running", False, stuck.reason, msg)
-        b.phase(PENDING, msg)
-        return finish()
-    b.phase(PENDING, f"{st['workers']['pending']} of {replicas} pods starting")
-    return finish()
+def _counts(pods: list[PodView]) -> dict[str, int]:
+    phases = [p.phase for p in pods if not p.deleting]
+    return {
+        "active": sum(ph in ("Pending", "Running") for ph in phases),
+        "pending": phases.count("Pending"),
+        "succeeded": phases.count("Succeeded"),
+        "failed": sum(ph in ("Failed", "Unknown") for ph in phases),
+    }
 
 
 def name_conflict(what: str, owner_kind: str, owner_name: str) -> str:
@@ -436,87 +227,6 @@ def name_conflict(what: str, owner_kind: str, owner_name: str) -> str:
     by = f"controlled by {owner_kind} {owner_name}" if owner_kind else "with no controller owner"
     return (f"{what} exists, {by}, and is not this job's: the operator leaves it alone; delete or rename it, "
             "or give the job another name")
-
-
-def _shrunk_size(spec: JobSpec, replicas: int, *, placed: int) -> int | None:
-    """The gang size to shrink to when only `placed` of `replicas` pods were scheduled:
-    the largest valid size (validation.valid_sizes: every rule holds there) the placed
-    pods fit, else the smallest valid size below the current one; None when there is none."""
-    smaller = [n for n in valid_sizes(spec) if n < replicas]
-    target = placed if placed < replicas else replicas - 1
-    fits = [n for n in smaller if n <= target]
-    return max(fits) if fits else (smaller[0] if smaller else None)
-
-
-def _stuck(pods: list[PodView], obs: Observed) -> list[str]:
-    """Pods Terminating for too long (their node is gone and cannot confirm): force-delete."""
-    return [p.name for p in pods if p.deleting and p.deleting_for_s >= obs.force_delete_after_s]
-
-
-def _replace_alone(b: _Builder, st: dict[str, Any], finish: Any, current: list[PodView], missing: list[int],
-                   restarts: int, obs: Observed) -> Plan:  # fmt: skip
-    """Modes whose workers never wait for each other (paramserver, federated): only the failed pods are
-    replaced, in the same attempt, while the others keep training. A failed pod is deleted (one
-    restart counted, or one disruption); once gone it is missing and created again with the others
-    left as they are. A pod someone else deletes (a drain) counts as a disruption when first seen
-    Terminating. status.countedPods remembers the pods counted, so none is counted twice while it
-    is going (pods are replaced within one attempt: the attempt cannot tell)."""
-    counted = dict(st.get("countedPods") or {})
-    failed = [p for p in current if not p.deleting and _failure(p, obs.node_lost_after_s)]
-    going = [p for p in current if p.deleting and p.uid not in counted and _disruption(p, obs)]
-    for p in [p for p in failed if not p.uid or p.uid not in counted]:
-        if why := _disruption(p, obs):
-            st["disruptions"] = int(st.get("disruptions") or 0) + 1
-            b.event("Normal", DISRUPTED, f"{why}; replacing only this pod (not counted against runPolicy.backoffLimit)")
-        else:
-            st["restarts"] = restarts = restarts + 1
-            b.event("Warning", "WorkerReplaced", f"{_failure(p, obs.node_lost_after_s)}; replacing only this pod")
-    for p in going:
-        st["disruptions"] = int(st.get("disruptions") or 0) + 1
-        b.event("Normal", DISRUPTED, f"{_disruption(p, obs)}; replacing only this pod once it is gone "
-                                     "(not counted against runPolicy.backoffLimit)")  # fmt: skip
-    counted.update((p.uid, p.name) for p in failed + going if p.uid)
-    live = {p.uid for p in current}
-    if keep := {uid: name for uid, name in counted.items() if uid in live}:
-        st["countedPods"] = keep
-    else:
-        st.pop("countedPods", None)
-    create = bool(missing) and not failed
-    if create:  # as in the gang's creation: the glue reports a blocked creation instead
-        b.condition("NameConflict", False, "NamesFree", "every name this job needs is free")
-        b.condition("ChildRejected", False, "Created", "the API server accepted every child")
-    return finish(delete_pods=[p.name for p in failed], force_delete_pods=_stuck(failed, obs), create=create)
-
-
-def _restart(
-    b: _Builder,
-    st: dict[str, Any],
-    plan: dict[str, Any],
-    current: list[PodView],
-    pods: list[PodView],
-    attempt: int,
-    replicas: int,
-    reason: str,
-    message: str,
-    *,
-    count: bool,
-    force: list[str] | None = None,
-) -> Plan:
-    if count:
-        st["restarts"] = int(st.get("restarts") or 0) + 1
-    st["attempt"], st["replicas"] = attempt, replicas
-    b.condition("Restarting", True, reason, message)
-    b.condition("Running", False, reason, message)
-    b.condition("Created", False, "Restarting", message)
-    b.phase(RESTARTING, message)
-    return Plan(
-        status=st,
-        events=b.events,
-        spec=plan["spec"],
-        delete_pods=[p.name for p in pods if not p.deleting],
-        force_delete_pods=sorted(set(force or [])),
-        delete_servers=False,
-    )
 
 
 def needs_recheck(obs: Observed, plan: Plan) -> bool:

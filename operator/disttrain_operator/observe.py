@@ -38,7 +38,7 @@ class PodView:
     owner_name: str = ""
     # Why the pod ended by a disruption rather than a failure of its own, from what the pod
     # itself says (disruption_of); "" otherwise. A deletion by someone other than the
-    # operator is a disruption too: decide.py tells it from the operator's own deletions.
+    # operator is a disruption too: running_gang.py tells it from the operator's own deletions.
     disruption: str = ""
 
 

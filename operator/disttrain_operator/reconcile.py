@@ -33,7 +33,8 @@ from . import opmetrics, topology
 from .blocked import creation_blocked
 from .cache import JobCache, JobKey
 from .creation import create_children, delete_servers
-from .decide import PENDING, RUNNING, Observed, Plan, decide, needs_recheck
+from .decide import decide, needs_recheck
+from .decision import PENDING, RUNNING, Observed, Plan
 from .kube import Conflict, Kube
 from .observe import PodView, pod_view
 from .scraper import Endpoint, ProgressScraper

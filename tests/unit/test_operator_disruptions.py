@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 from disttrain_api import model as api
-from disttrain_operator.decide import Observed, decide
+from disttrain_operator.decide import decide
+from disttrain_operator.decision import Observed
 from disttrain_operator.observe import PodView, format_time, pod_view
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)

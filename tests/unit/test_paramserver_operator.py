@@ -8,7 +8,8 @@ from typing import Any
 
 from disttrain_api import constants as c
 from disttrain_api import model as api
-from disttrain_operator.decide import Observed, decide
+from disttrain_operator.decide import decide
+from disttrain_operator.decision import Observed
 from disttrain_operator.observe import PodView, format_time
 from disttrain_operator.topology import build_children
 from disttrain_operator.topology.common import BuildContext
