@@ -109,7 +109,7 @@ def time_to_accuracy(mode: str, workers: int, root: Path) -> dict[str, Any]:
 
 
 def _tensors(total_mb: int, count: int) -> list[tuple[str, Any]]:
-    import torch  # noqa: PLC0415
+    import torch
 
     n = total_mb * (1 << 20) // 4 // count
     g = torch.Generator().manual_seed(0)
@@ -117,15 +117,15 @@ def _tensors(total_mb: int, count: int) -> list[tuple[str, Any]]:
 
 
 def _serve(total_mb: int, count: int, key: bytes, ports: Any, stop: Any) -> None:
-    import grpc  # noqa: PLC0415
-    import torch  # noqa: PLC0415
-    from disttrain_api.model import parse_spec  # noqa: PLC0415
-    from disttrain_trainer.modes.paramserver.entry import start_server  # noqa: PLC0415
-    from disttrain_trainer.modes.paramserver.server import Shard, ShardConfig  # noqa: PLC0415
-    from disttrain_trainer.telemetry.paramserver_series import ServerMetrics  # noqa: PLC0415
-    from disttrain_trainer.tensor_transport.channel import SERVER_OPTIONS  # noqa: PLC0415
-    from disttrain_trainer.tensor_transport.codec import CHUNK_BYTES  # noqa: PLC0415
-    from disttrain_trainer.tensor_transport.frames import reuse_freed_memory  # noqa: PLC0415
+    import grpc
+    import torch
+    from disttrain_api.model import parse_spec
+    from disttrain_trainer.modes.paramserver.entry import start_server
+    from disttrain_trainer.modes.paramserver.server import Shard, ShardConfig
+    from disttrain_trainer.telemetry.paramserver_series import ServerMetrics
+    from disttrain_trainer.tensor_transport.channel import SERVER_OPTIONS
+    from disttrain_trainer.tensor_transport.codec import CHUNK_BYTES
+    from disttrain_trainer.tensor_transport.frames import reuse_freed_memory
 
     reuse_freed_memory()  # as the paramserver processes do; the raw server shares the process
     torch.set_num_threads(1)
@@ -181,13 +181,13 @@ def _serve(total_mb: int, count: int, key: bytes, ports: Any, stop: Any) -> None
 
 
 def transport(total_mb: int, count: int, reps: int) -> dict[str, Any]:
-    import grpc  # noqa: PLC0415
-    import torch  # noqa: PLC0415
-    from disttrain_trainer.modes.paramserver.service import ShardClient  # noqa: PLC0415
-    from disttrain_trainer.tensor_transport import auth  # noqa: PLC0415
-    from disttrain_trainer.tensor_transport.channel import OPTIONS  # noqa: PLC0415
-    from disttrain_trainer.tensor_transport.codec import CHUNK_BYTES  # noqa: PLC0415
-    from disttrain_trainer.tensor_transport.frames import reuse_freed_memory  # noqa: PLC0415
+    import grpc
+    import torch
+    from disttrain_trainer.modes.paramserver.service import ShardClient
+    from disttrain_trainer.tensor_transport import auth
+    from disttrain_trainer.tensor_transport.channel import OPTIONS
+    from disttrain_trainer.tensor_transport.codec import CHUNK_BYTES
+    from disttrain_trainer.tensor_transport.frames import reuse_freed_memory
 
     reuse_freed_memory()
     torch.set_num_threads(1)

@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         )
         return EXIT_INVALID
 
-    # The trainer's package: only `disttrain local` loads it (it needs the trainer extra).
+    # The trainer package: only `disttrain local` loads it (its processes need the trainer extra).
     from disttrain_trainer.launcher import LocalOptions, run_local  # noqa: PLC0415 - disttrain_trainer
     from disttrain_trainer.launcher.run import default_run_dir  # noqa: PLC0415 - disttrain_trainer
 

@@ -155,7 +155,7 @@ def make_digits_spec():  # noqa: ANN201
 
 def _gloo_entry(rank: int, world: int, port: int, fn: Any, args: tuple[Any, ...]) -> None:
     import torch  # noqa: PLC0415 - the trainer-process tests above never import torch here
-    import torch.distributed as dist  # noqa: PLC0415
+    import torch.distributed as dist
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
@@ -170,7 +170,7 @@ def run_gloo(fn: Any, world: int, *args: Any) -> None:
 
     fork, not spawn: the workers are functions of test modules, which a spawned
     child could not import (pytest's importlib mode)."""
-    import torch.multiprocessing as mp  # noqa: PLC0415
+    import torch.multiprocessing as mp
 
     mp.start_processes(_gloo_entry, args=(world, free_port(), fn, args), nprocs=world, join=True,
                        start_method="fork")  # fmt: skip

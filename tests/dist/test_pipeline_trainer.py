@@ -76,9 +76,9 @@ def test_hybrid_data_times_pipeline_equals_one_process(trainer, make_digits_spec
 
 
 def test_pipedream_example_trains_digits(trainer) -> None:  # noqa: ANN001
-    from pathlib import Path  # noqa: PLC0415
+    from pathlib import Path
 
-    import yaml  # noqa: PLC0415
+    import yaml
 
     example = Path(__file__).resolve().parents[2] / "manifests" / "examples" / "pipedream.yaml"
     spec = yaml.safe_load(example.read_text())["spec"]

@@ -52,8 +52,8 @@ def _serve(root: Path, attempt: int, job_uid: str, kill_at: int, env: dict[str, 
         cmd, *args = conn.recv()
         try:
             if cmd == "take-over":  # what every writer does first (rank 0, aggregator, PS shard)
-                from disttrain_trainer.checkpoints import directory as cdir  # noqa: PLC0415
-                from disttrain_trainer.checkpoints.fence import Writer  # noqa: PLC0415
+                from disttrain_trainer.checkpoints import directory as cdir
+                from disttrain_trainer.checkpoints.fence import Writer
 
                 out: Any = cdir.take_over(root, Writer(job_uid=job_uid, attempt=attempt)).generation
             elif cmd == "save":
@@ -72,7 +72,7 @@ def _serve(root: Path, attempt: int, job_uid: str, kill_at: int, env: dict[str, 
             else:
                 raise ValueError(cmd)
         except Exception as e:
-            from disttrain_trainer.checkpoints import fence  # noqa: PLC0415
+            from disttrain_trainer.checkpoints import fence
 
             if isinstance(e, fence.Fenced):
                 fence.exit_fenced(e)  # as the trainer does: one line, exit FENCED
@@ -219,7 +219,7 @@ def test_a_rename_that_slipped_past_the_fence_is_never_picked_nor_pruned(tmp_pat
 def test_a_writer_whose_claim_was_pruned_is_fenced_too(tmp_path: Path) -> None:
     """Old claims are removed after many newer ones; the next claim after this writer's is among
     them, so only its own missing claim can tell it that it was replaced."""
-    from disttrain_trainer.checkpoints.fence import KEEP_CLAIMS  # noqa: PLC0415
+    from disttrain_trainer.checkpoints.fence import KEEP_CLAIMS
 
     old = WriterProcess(tmp_path, attempt=0, job_uid="uid-1")
     try:

@@ -21,7 +21,7 @@ def test_operator_flags_parse() -> None:
 
 
 def test_node_lost_timeout_defaults_to_kubernetes_eviction_and_is_configurable() -> None:
-    from disttrain_operator import settings  # noqa: PLC0415
+    from disttrain_operator import settings
 
     assert settings.from_env({}).node_lost_after_s == 300.0  # Kubernetes' pod-eviction default
     assert settings.from_env({"DISTTRAIN_OPERATOR_NODE_LOST_AFTER": "20"}).node_lost_after_s == 20.0

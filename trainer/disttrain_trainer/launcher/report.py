@@ -239,10 +239,10 @@ def write_plot(
     records = dedupe_by_step(records)
     if not records:
         return None
-    import matplotlib
+    import matplotlib  # noqa: PLC0415 - matplotlib (~0.5 s), only for the plot at the end
 
     matplotlib.use("Agg")  # no display: a file is the only output
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415 - matplotlib, after choosing its backend
 
     steps = [int(r["step"]) for r in records]
     if per_stage:

@@ -124,7 +124,7 @@ def cuda_device_count() -> int:
     # Importing torch costs seconds; without the NVIDIA driver's device node there is no CUDA anyway.
     if not Path("/dev/nvidiactl").exists():
         return 0
-    import torch
+    import torch  # noqa: PLC0415 - torch (seconds to import), only where a GPU may exist
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
