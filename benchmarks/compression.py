@@ -2,7 +2,7 @@
 
 A wide MLP with a small batch makes the step communication-bound here: tens of MB
 of gradients per step against a few ms of compute per rank. The trainer itself
-runs each setting (`train.run`, `training.gradientCompression` = none | fp16 |
+runs each setting (`modes/data/entry.run`, `training.gradientCompression` = none | fp16 |
 powersgd), metrics on, one JSON-lines record per step; the settings alternate
 round by round so load drift hits all alike. Printed per setting: median step
 time, exposed and busy communication per step (DDP's reducer timer), compute,

@@ -8,7 +8,7 @@ without disttrain in the way:
       bucket sizes issued back to back with the ranks aligned by a barrier   (diagnostic)
   (b) the trainer's loop with metrics on vs the same trainer with metrics off
       (`Metrics(enabled=False)`: no reducer timing, no Prometheus, no JSON lines):
-      whole `train.run` calls, alternating on/off           target: overhead <= 3%
+      whole `modes/data/entry.run` calls, alternating on/off           target: overhead <= 3%
   (b') (diagnostic) the communication timing alone, on/off every 5 steps in one gang
   (c) checkpoints: the loop's stall for an asynchronous save (`Run.save_checkpoint`:
       snapshot to host memory while the RNG gather runs) vs a synchronous save of the
@@ -18,8 +18,8 @@ without disttrain in the way:
   (c') (diagnostic) the loop's barrier right after the async save, on rank 0: it waits for
       the RNG gather and shares the cores with the writer thread
 
-It drives the trainer's own code (config, dist_env, data, models, parallel,
-metrics, checkpoint, train): that is what is being measured. Warmups first,
+It drives the trainer's own code (process/, datasets, models, parallel/, telemetry/,
+checkpoints/, the data mode): that is what is being measured. Warmups first,
 then medians; the sides alternate so drift from other load hits all alike.
 
     .venv/bin/python benchmarks/ddp_sync.py [--bucket-mb 25 --runs 6 --json out.json --strict]

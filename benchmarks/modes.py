@@ -15,7 +15,7 @@ PP x TP) real gloo processes train the same GPT on the same global batch. Per la
   peak RSS MiB     the process's peak resident memory (includes ~300 MiB of runtime),
   prof x           profiled / unprofiled step time: the profiler's own cost,
   bubble           pipelines only: the schedule's idle time / pipeline window, mean
-                   of the stages (pipeline_stats.split_idle on the unprofiled steps).
+                   of the stages (stage_times.split_idle on the unprofiled steps).
 A pipeline's P2P receive is in flight from when the schedule posts it until the
 peer's tensor arrives, so its busy and exposed time include the bubble (waiting for
 the peer stage to compute); the bubble column says how much of it that is.
@@ -143,7 +143,7 @@ def _flat(rank: int, case: Case) -> Trainee:
 
 
 def _pipelined(rank: int, case: Case) -> Trainee:
-    """Pipeline, DP x PP and PP x TP as pipeline_train.py builds and steps them: the GPT's blocks
+    """Pipeline, DP x PP and PP x TP as the pipeline mode (modes/pipeline/) builds and steps them: the GPT's blocks
     cut into stages, each stage sharded over mesh["tp"], replicas' stage gradients averaged
     over mesh["dp"]. The plan is the trainer's `partition: params` (equal parameter counts):
     deterministic, so the memory and bytes columns are too, where `profile` times the blocks."""

@@ -3,7 +3,7 @@
 One run, real gloo processes on this machine, identical blocks (so stages are
 balanced and GPipe's theory applies):
   1. bubble fraction of GPipe and 1F1B for p stages and m micro-batches, measured
-     from every stage's compute timeline (pipeline_stats.split_idle), against
+     from every stage's compute timeline (stage_times.split_idle), against
      (p - 1) / (m + p - 1);
   2. step time of every schedule on the same model and batch;
   3. peak activation bytes held per stage, GPipe vs 1F1B (measured by the stages'

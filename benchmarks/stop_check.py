@@ -1,4 +1,4 @@
-"""What the SIGTERM agreement (trainer stop_agreement.py) costs the data-parallel loop, on 2 gloo processes.
+"""What the SIGTERM agreement (trainer process/stop_agreement.py) costs the data-parallel loop, on 2 gloo processes.
 
 The trainer's own step (data, DDP forward/backward, fused SGD) of the digits MLP that
 vs_torchrun.py uses, in one gang, in alternating blocks: with `StopAgreement.should_stop` after
