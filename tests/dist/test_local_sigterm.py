@@ -8,12 +8,14 @@ only at the end (intervalSteps > steps): whatever was saved mid-run was saved on
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +72,27 @@ def local(path: Path, run_dir: Path, *extra: str) -> list[str]:
             "--no-progress", "--metrics-port", "0", *extra]  # fmt: skip
 
 
+@contextlib.contextmanager
+def launched(path: Path, run_dir: Path, *extra: str, merge_stderr: bool = False) -> Iterator[subprocess.Popen[str]]:
+    """`disttrain local` in the background; stopped (SIGINT, then SIGKILL) if the test leaves it running."""
+    proc = subprocess.Popen(local(path, run_dir, *extra), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def pids(run_dir: Path) -> dict[int, int]:
+    return {int(k): v for k, v in json.loads((run_dir / "pids.json").read_text())["pids"].items()}
+
+
 def last_step(run_dir: Path) -> int:
     steps = []
     try:
@@ -122,18 +145,12 @@ def test_sigterm_checkpoints_the_step_reached_and_the_resumed_run_ends_equal(tmp
     assert ref.returncode == 0, ref.stdout + ref.stderr
 
     # 1. SIGTERM to `disttrain local`: it passes it on to the gang, as the kubelet does to pods.
-    proc = subprocess.Popen(local(path, run_dir, "--fresh"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)  # fmt: skip
-    try:
+    with launched(path, run_dir, "--fresh") as proc:
         seen = wait_for_step(proc, run_dir, SIGNAL_AFTER_STEP)
         sent = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=120)
         took = time.monotonic() - sent
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     context = f"{out}\n{err}\n{logs(run_dir)[-4000:]}"
     assert proc.returncode == exitcodes.INTERRUPTED, context
     # Promptly: a couple of seconds of steps and a small checkpoint, far inside the grace period
@@ -148,15 +165,10 @@ def test_sigterm_checkpoints_the_step_reached_and_the_resumed_run_ends_equal(tmp
 
     # 2. Resumed; then SIGTERM to rank 1 alone (a drained pod): rank 0 stops after the same step and
     # saves it, and the launcher restarts the gang from there without counting a restart.
-    proc = subprocess.Popen(local(path, run_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    with launched(path, run_dir) as proc:
         wait_for_step(proc, run_dir, stopped_at + SIGNAL_AFTER_STEP)
-        os.kill(int(json.loads((run_dir / "pids.json").read_text())["pids"]["1"]), signal.SIGTERM)
+        os.kill(pids(run_dir)[1], signal.SIGTERM)
         out, err = proc.communicate(timeout=400)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     context = f"{out}\n{err}\n{logs(run_dir)[-4000:]}"
     assert proc.returncode == 0, context
     assert "stopped on request: restarting the gang" in out, context
@@ -174,17 +186,10 @@ def test_sigterm_to_a_pods_first_process_stops_both_pipeline_stages_as_a_disrupt
     steps = 200
     path = manifest(tmp_path, PIPELINE, job, steps=steps)
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen(local(path, run_dir, "--fresh"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)  # fmt: skip
-    try:
+    with launched(path, run_dir, "--fresh") as proc:
         wait_for_step(proc, run_dir, 30)
-        pod_pid = int(json.loads((run_dir / "pids.json").read_text())["pids"]["0"])
-        os.kill(pod_pid, signal.SIGTERM)  # only the first process, as a container runtime does
+        os.kill(pids(run_dir)[0], signal.SIGTERM)  # only the first process, as a container runtime does
         out, err = proc.communicate(timeout=400)
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            proc.wait(timeout=60)
     context = f"{out}\n{err}\n{logs(run_dir)[-4000:]}"
     assert proc.returncode == 0, context
     # backoffLimit 0: a failure would have ended the job; the stop is a disruption.
@@ -214,10 +219,6 @@ spec:
 """
 
 
-def pids(run_dir: Path) -> dict[int, int]:
-    return {int(k): v for k, v in json.loads((run_dir / "pids.json").read_text())["pids"].items()}
-
-
 def wait_until(what: str, cond: Any, proc: subprocess.Popen[str], timeout: float = 300) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -233,19 +234,13 @@ def test_sigterm_to_a_parameter_server_and_a_worker_replaces_them_as_disruptions
     steps = 300
     path = manifest(tmp_path, PARAMSERVER, "sigterm-ps", steps=steps)
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen(local(path, run_dir, "--fresh"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)  # fmt: skip
-    try:
-        wait_until("worker 0 at step 40", lambda: last_step(run_dir) >= 40, proc)
+    with launched(path, run_dir, "--fresh", merge_stderr=True) as proc:
+        wait_for_step(proc, run_dir, 40)
         before = pids(run_dir)  # ranks 0-1: workers, 2: the server shard
         os.kill(before[2], signal.SIGTERM)
         wait_until("the server replaced", lambda: pids(run_dir)[2] != before[2], proc)
         os.kill(before[1], signal.SIGTERM)
         out, _ = proc.communicate(timeout=400)
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            proc.wait(timeout=60)
     text = logs(run_dir)
     assert proc.returncode == 0, out + text[-4000:]
     # backoffLimit 0: either stop counted as a failure would have failed the job.
@@ -279,17 +274,11 @@ def test_sigterm_to_the_aggregator_resumes_the_rounds_as_a_disruption(tmp_path: 
     rounds = 40
     path = manifest(tmp_path, FEDERATED, "sigterm-fed", steps=rounds)
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen(local(path, run_dir, "--fresh"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)  # fmt: skip
-    try:
-        wait_until("round 5", lambda: last_step(run_dir) >= 5, proc)
+    with launched(path, run_dir, "--fresh", merge_stderr=True) as proc:
+        wait_for_step(proc, run_dir, 5)
         aggregator = max(pids(run_dir).items())[1]  # the aggregator is the rank after the clients
         os.kill(aggregator, signal.SIGTERM)
         out, _ = proc.communicate(timeout=400)
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            proc.wait(timeout=60)
     text = logs(run_dir)
     assert proc.returncode == 0, out + text[-4000:]
     assert "stopped on request: restarting the gang" in out, out
