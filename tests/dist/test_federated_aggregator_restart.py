@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from disttrain_api import model as api
 from disttrain_trainer.launcher import env as envmod
+from disttrain_trainer.launcher import identity
 
 pytestmark = pytest.mark.dist
 
@@ -65,8 +66,9 @@ def test_clients_ride_out_an_aggregator_killed_mid_round(tmp_path: Path) -> None
     )  # fmt: skip
     slots = envmod.gang_slots(2, 1)
     envs = [(s, envmod.process_env(os.environ, gang, s, 0)) for s in slots]
-    (_, agg_env), (_, c0_env), (_, c1_env) = envmod.federated_envs(envs, server_port=envmod.reserve_ports(1)[0],
-                                                                  metrics_port=0)  # fmt: skip
+    envs = envmod.federated_envs(envs, server_port=envmod.reserve_ports(1)[0], metrics_port=0)
+    # The credentials `disttrain local` mints: without them the trainer refuses federated mode.
+    (_, agg_env), (_, c0_env), (_, c1_env) = identity.provision(run_dir, api.parse_spec(SPEC), envs)
     logs = {name: open(tmp_path / f"{name}.log", "w") for name in ("aggregator", "aggregator2", "client0", "client1")}  # noqa: SIM115
 
     def start(name: str, env: dict[str, str]) -> subprocess.Popen:

@@ -77,8 +77,14 @@ def test_elastic_shrink_after_a_node_is_stopped(
     kubectl.apply(obj)
     kubectl.wait_phase(namespace, name, ("Running",), timeout=300)
     wait_for_checkpoint(kubectl, name, 20)
-    victim = next(p for p in kubectl.pods(namespace, name)
-                  if p["metadata"]["labels"]["disttrain.dev/replica-index"] == "1")["spec"]["nodeName"]
+
+    def second_workers_node() -> str | None:
+        # Read again until found: a pod being replaced (a gang restart) is briefly absent.
+        return next((p["spec"].get("nodeName") for p in kubectl.pods(namespace, name)
+                     if p["metadata"]["labels"]["disttrain.dev/replica-index"] == "1"
+                     and not p["metadata"].get("deletionTimestamp")), None)  # fmt: skip
+
+    victim = kubectl.wait_for("worker 1 on a node", second_workers_node, timeout=120, interval=1.0)
     cluster.stop_node(victim)
     try:
         def shrunk() -> dict[str, Any] | None:
