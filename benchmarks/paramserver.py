@@ -76,7 +76,7 @@ def time_to_accuracy(mode: str, workers: int, root: Path) -> dict[str, Any]:
     manifest.write_text(MANIFESTS[mode].format(name=name, workers=workers, MLP=MLP, DATA=DATA, EVAL=EVAL))
     run_dir = root / name
     t0 = time.time()
-    proc = subprocess.run([sys.executable, "-m", "disttrain_operator", "local", str(manifest), "--run-dir",
+    proc = subprocess.run([sys.executable, "-m", "disttrain_cli", "local", str(manifest), "--run-dir",
                            str(run_dir), "--fresh", "--no-progress", "--metrics-port", "0"],
                           capture_output=True, text=True, timeout=900)  # fmt: skip
     wall = time.time() - t0

@@ -50,7 +50,7 @@ def local_cmd(manifest: Path, run_dir: Path) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "disttrain_operator",
+        "disttrain_cli",
         "local",
         str(manifest),
         "--run-dir",

@@ -68,7 +68,7 @@ def manifest(tmp: Path, template: str, name: str, steps: int = STEPS) -> Path:
 
 
 def local(path: Path, run_dir: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "disttrain_operator", "local", str(path), "--run-dir", str(run_dir),
+    return [sys.executable, "-m", "disttrain_cli", "local", str(path), "--run-dir", str(run_dir),
             "--no-progress", "--metrics-port", "0", *extra]  # fmt: skip
 
 

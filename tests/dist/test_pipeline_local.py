@@ -38,7 +38,7 @@ def _local(manifest: dict[str, Any], tmp: Path, name: str) -> dict[str, Any]:
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(manifest))
     run_dir = tmp / name
-    result = subprocess.run([sys.executable, "-m", "disttrain_operator", "local", str(path), "--run-dir", str(run_dir),
+    result = subprocess.run([sys.executable, "-m", "disttrain_cli", "local", str(path), "--run-dir", str(run_dir),
                              "--no-progress", "--metrics-port", "0"], capture_output=True, text=True, timeout=900)  # fmt: skip
     assert result.returncode == 0 and "Succeeded" in result.stdout, (result.stdout + result.stderr)[-4000:]
     return json.loads((run_dir / "summary.json").read_text())

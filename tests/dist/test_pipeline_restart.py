@@ -44,7 +44,7 @@ spec:
 
 
 def cmd(manifest: Path, run_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "disttrain_operator", "local", str(manifest), "--run-dir", str(run_dir),
+    return [sys.executable, "-m", "disttrain_cli", "local", str(manifest), "--run-dir", str(run_dir),
             "--fresh", "--no-progress", "--metrics-port", "0"]  # fmt: skip
 
 
