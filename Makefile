@@ -9,6 +9,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 EXTRAS ?= operator,trainer,dev
 PYTEST_ARGS ?=
+# The whole suite on 3 pytest-xdist workers: one runs the cluster and e2e tiers in order (one
+# cluster, one operator: the xdist group in tests/conftest.py), two share the unit and dist tiers.
+SUITE_WORKERS ?= 3
 
 .PHONY: help venv demo test test-unit test-dist test-cluster test-e2e lint manifests protos bench clean helm unit-prereqs chart-docs
 
@@ -30,7 +33,7 @@ demo: $(STAMP) ## run the data-parallel digits job on 2 local CPU workers
 	$(VENV)/bin/disttrain local manifests/examples/data-parallel.yaml
 
 test: $(STAMP) unit-prereqs cluster-prereqs ## install everything and run the whole suite (all tiers)
-	$(PY) -m pytest $(PYTEST_ARGS) tests
+	$(PY) -m pytest -n $(SUITE_WORKERS) --dist loadgroup $(PYTEST_ARGS) tests
 
 test-unit: $(STAMP) unit-prereqs ## unit tier only
 	$(PY) -m pytest $(PYTEST_ARGS) tests/unit

@@ -32,9 +32,15 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
 
 
 TIERS = ("unit", *STRICT_TIERS)
+# The cluster and e2e tiers share one local cluster and one operator: under pytest-xdist's
+# `--dist loadgroup` (`make test`) they run in order on one worker while the others take the
+# CPU-bound unit and dist tiers; the cluster tests mostly wait on pods held to their CPU limits.
+CLUSTER_TIERS = ("cluster", "e2e")
+CLUSTER_GROUP = "local-cluster"
 TESTS_ROOT = Path(__file__).resolve().parent
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's loadgroup reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # The tier is the folder: tests/dist -> dist, tests/cluster -> cluster, tests/e2e -> e2e.
     for item in items:
@@ -42,6 +48,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for tier in STRICT_TIERS:
             if tier in parts[parts.index("tests") + 1 :][:1]:
                 item.add_marker(getattr(pytest.mark, tier))
+                if tier in CLUSTER_TIERS:
+                    item.add_marker(pytest.mark.xdist_group(name=CLUSTER_GROUP))
     # A whole-suite run (`make test`) must run every tier: a tier that collects nothing (a
     # folder lost to a .gitignore pattern, a broken conftest) fails instead of passing quietly.
     whole_suite = any(Path(arg).resolve() == TESTS_ROOT for arg in config.args)
@@ -54,6 +62,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         empty = [tier for tier, n in found.items() if n == 0]
         if empty:
             raise pytest.UsageError(f"no tests collected in tier(s) {', '.join(empty)} (tests/<tier>/)")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    # Under `--dist loadgroup` every cluster test must carry its group in its node id, or the
+    # workers would run them at once against one cluster (a stopped node would stall the others).
+    if not session.config.getvalue("loadgroup"):
+        return
+    loose = [i.nodeid for i in session.items
+             if i.get_closest_marker("xdist_group") and not i.nodeid.endswith("@" + CLUSTER_GROUP)]  # fmt: skip
+    if loose:
+        raise pytest.UsageError(f"--dist loadgroup did not group {loose[0]} (pytest-xdist and pytest versions?)")
 
 
 # ---- local cluster fixtures (hack/localcluster) ----------------------------------------------
