@@ -44,7 +44,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.tensor import DTensor
 
 from . import checkpoint as ckpt
-from . import resume
+from . import resume, scaling_record
 from .config import ConfigError, TrainerConfig
 from .data import Dataset, GlobalBatchSampler
 from .dist_env import DistContext
@@ -109,6 +109,7 @@ class PipeRun:
     totals: Tally = field(default_factory=Tally)
     bubble: dict[str, float] = field(default_factory=lambda: {"bubble": 0.0, "window": 0.0})
     peak_bytes: int = 0
+    scaling: scaling_record.ScalingRecorder = field(default_factory=scaling_record.ScalingRecorder)
 
     # ------------------------------------------------------------ checkpoints
 
@@ -205,7 +206,7 @@ def setup(cfg: TrainerConfig, ctx: DistContext, ds: Dataset, model: nn.Module, m
     mb = spec.data.batch_size // dp // par.microbatches
     sample_rows = np.arange(mb)
     x, _ = ds.batch(sample_rows)
-    plan, _ = choose_plan(blocks, torch.from_numpy(np.asarray(x)).to(ctx.device), method=par.partition,
+    plan, profiles = choose_plan(blocks, torch.from_numpy(np.asarray(x)).to(ctx.device), method=par.partition,
                           stages=n_stages, saved=saved_plan, peer=tp)  # fmt: skip
     if ctx.is_main:
         print(f"disttrain-trainer: {plan.describe()}", flush=True)
@@ -234,6 +235,7 @@ def setup(cfg: TrainerConfig, ctx: DistContext, ds: Dataset, model: nn.Module, m
                   stage_root=stage_root, plan=plan, engine=engine, block_ids=ids, dp_rank=dp_rank, dp_size=dp,
                   pp_rank=pp_rank, tp_rank=tp_rank, dp_group=mesh.get_group("dp"), optimizer=optimizer,
                   scheduler=scheduler, sampler=sampler, metrics=metrics, pmetrics=pm)  # fmt: skip
+    run.scaling.profiles = profiles  # rank 0's block profile: the forecast re-partitions it
     resume.seed_rank(spec.data.seed, 0, run.rng_stream)  # per-group streams (dropout), after identical init
     if loaded is not None:
         run.restore(loaded[1])
@@ -357,6 +359,7 @@ def loop(run: PipeRun, amp: Amp) -> dict[str, Any]:
                           f"samples/s {rec['samples_per_s'] * run.dp_size:.0f} bubble {times.bubble_fraction:.0%} "
                           f"comm {rec['comm_exposed_fraction']:.0%}", flush=True)  # fmt: skip
                 run.totals.merge(interval)
+                run.scaling.interval(interval)
                 interval, losses = Tally(), []
             loop_gc.after_step(run.step)
     train_s = time.perf_counter() - start
@@ -394,7 +397,22 @@ def loop(run: PipeRun, amp: Amp) -> dict[str, Any]:
                                      device=ctx.device, accelerators=ctx.world_size))  # fmt: skip
     if eval_result is not None:
         summary[SUMMARY_EVAL_KEY[eval_result[0]]] = eval_result[1]
+    summary["scaling"] = _scaling_block(run)
     return summary
+
+
+def _scaling_block(run: PipeRun) -> dict[str, Any]:
+    """The forecast's inputs (scaling_record.py); gathers each stage's compute (collective)."""
+    spec, ctx = run.cfg.spec, run.ctx
+    stage_compute = scaling_record.gather_stage_compute(run.scaling, run.totals, replica=run.dp_rank + run.tp_rank,
+                                                        stage=run.pp_rank, world_size=ctx.world_size,
+                                                        stages=spec.parallelism.pipeline)  # fmt: skip
+    host = scaling_record.host_facts(world_size=ctx.world_size, nproc_per_node=run.cfg.nproc_per_node,
+                                     master_addr=run.cfg.master_addr)  # fmt: skip
+    pipe = scaling_record.pipeline_facts(run.scaling.profiles, run.plan.bounds, stage_compute)
+    return scaling_record.summary_block(run.scaling, totals=run.totals, model=run.full,
+                                        batch=spec.data.batch_size // run.dp_size, precision=spec.training.precision,
+                                        host=host, pipeline=pipe)  # fmt: skip
 
 
 def _evaluate(run: PipeRun, amp: Amp) -> tuple[str, float] | None:

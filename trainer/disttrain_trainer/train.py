@@ -33,7 +33,7 @@ from torch import nn
 from torch.distributed.tensor.parallel import loss_parallel
 
 from . import checkpoint as ckpt
-from . import parallel, resume
+from . import parallel, resume, scaling_record
 from . import sharded_checkpoint as sharded_ckpt
 from .config import SUMMARY_FILE, ConfigError, TrainerConfig, finished_path
 from .data import Dataset, GlobalBatchSampler, load_dataset
@@ -141,6 +141,7 @@ class Run:
     totals: Tally = field(default_factory=Tally)
     saver: ckpt.AsyncSaver | None = None  # rank 0's background checkpoint writer
     _gather: resume.PendingGather | None = None  # the last checkpoint's per-rank parts, possibly in flight
+    scaling: scaling_record.ScalingRecorder = field(default_factory=scaling_record.ScalingRecorder)
 
     @property
     def sharded(self) -> bool:
@@ -341,7 +342,7 @@ def _loop(run: Run) -> dict[str, Any]:
     spec, ctx, metrics = run.cfg.spec, run.ctx, run.metrics
     tr = spec.training
     comm = run.comm if metrics.enabled else None
-    step_fn = parallel.train_step_for(run.model, comm)
+    step_fn = run.scaling.with_census(parallel.train_step_for(run.model, comm), run.model)
     loss_fn = loss_fn_for(run.ds)
     cuda = ctx.device.type == "cuda"
     layout = parallel.layout(run.cfg)
@@ -405,6 +406,7 @@ def _loop(run: Run) -> dict[str, Any]:
                     fold_steps(steps, interval, metrics)
                     _log_interval(run, interval, losses, grad_bytes, dp)
                     run.totals.merge(interval)
+                    run.scaling.interval(interval)
                     interval, losses = Tally(), []
                 loop_gc.after_step(run.step)
         train_s = time.perf_counter() - start
@@ -445,7 +447,21 @@ def _loop(run: Run) -> dict[str, Any]:
                                      device=ctx.device, accelerators=ctx.world_size))  # fmt: skip
     if eval_result is not None:
         summary[SUMMARY_EVAL_KEY[eval_result[0]]] = eval_result[1]
+    summary["scaling"] = _scaling_block(run, layout)
     return summary
+
+
+def _scaling_block(run: Run, layout: parallel.Layout) -> dict[str, Any]:
+    """The forecast's inputs (scaling_record.py): DDP's census and buckets, or the mesh's census."""
+    spec, ctx = run.cfg.spec, run.ctx
+    tr = spec.training
+    mesh_kinds = run.comm.kinds if isinstance(run.comm, parallel.ProfiledComm) else None
+    ddp = scaling_record.ddp_facts(run.model, run.scaling, compression=tr.gradient_compression, rank=tr.powersgd_rank)
+    host = scaling_record.host_facts(world_size=ctx.world_size, nproc_per_node=run.cfg.nproc_per_node,
+                                     master_addr=run.cfg.master_addr)  # fmt: skip
+    return scaling_record.summary_block(run.scaling, totals=run.totals, model=run.inner,
+                                        batch=spec.data.batch_size // layout.dp, precision=tr.precision, host=host,
+                                        ddp=ddp, kinds=mesh_kinds, pure_tensor=layout.dp == 1 and layout.tp > 1)  # fmt: skip
 
 
 def _log_interval(run: Run, interval: Tally, losses: list[torch.Tensor], grad_bytes: int, dp: int) -> None:
@@ -486,12 +502,14 @@ def run(cfg: TrainerConfig, *, metrics: Metrics | None = None) -> dict[str, Any]
         dist.barrier()
         if ctx.local_rank != 0:
             ds = load_dataset(spec)
+        link = scaling_record.probe_link(ctx.device, ctx.world_size)  # the forecast's link (a fraction of a second)
         amp = make_amp(spec.training.precision, ctx.device)
         inner = build_model(spec, ds)
         if parallel.runs_pipeline(spec):
             from . import pipeline_train  # noqa: PLC0415 - it imports this module
 
             prun = pipeline_train.setup(cfg, ctx, ds, inner, m)
+            prun.scaling.link = link
             keep_until_exit(prun)
             summary = pipeline_train.run_to_end(prun, amp, wall0)
             if ctx.is_main:
@@ -511,6 +529,7 @@ def run(cfg: TrainerConfig, *, metrics: Metrics | None = None) -> dict[str, Any]
         comm = parallel.comm_clock_for(wrapped) if m.enabled else None
         r = Run(cfg=cfg, ctx=ctx, ds=ds, model=wrapped, inner=inner, comm=comm, optimizer=optimizer,
                 scheduler=scheduler, amp=amp, sampler=sampler, metrics=m)  # fmt: skip
+        r.scaling.link = link
         keep_until_exit(r)
         _resume(r)
         if r.summary is not None and r.step >= spec.training.steps:

@@ -1,0 +1,149 @@
+"""The forecast's step-time model against hand-computed cases, through the summary a trainer writes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from disttrain_api.scaling import InputError, Layout, Link, best_at, forecast, measured_from_summary
+from disttrain_api.scaling.model import step_time
+
+MS = 1e-3
+FAST = {"alphaS": 0.0, "betaBytesPerS": 1e9, "worldSize": 2}  # 1 GB/s, no latency: bytes / 1e6 = ms
+
+
+def summary(*, world: int = 2, layout: str | None = None, mode: str = "data", device: str = "cuda",
+            backend: str = "nccl", step: float, compute: float, data: float = 0.0, exposed: float = 0.0,
+            busy: float = 0.0, grad: int = 1_000_000, buckets: int = 4, compression: dict[str, Any] | None = None,
+            link: dict[str, Any] | None = FAST, cores: float = 2, ranks_on_host: int | None = None,
+            batch: int = 32, blocks: int = 3, **scaling: Any) -> dict[str, Any]:  # fmt: skip
+    """A trainer summary (summary.json / status.result) with the given per-step figures."""
+    return {
+        "mode": mode, "worldSize": world, "layout": layout or f"dp={world},pp=1,tp=1", "device": device,
+        "backend": backend, "dataStrategy": "ddp",
+        "scaling": {
+            "perStep": {"stepS": step, "dataS": data, "computeS": compute, "commExposedS": exposed,
+                        "commBusyS": busy, "idleS": 0.0, "steps": 50},
+            "batchPerReplica": batch, "parameters": grad // 4, "parameterBytes": grad, "gradientBytes": grad,
+            "blocks": blocks, "buckets": buckets, "compression": compression or {"kind": "none"},
+            "link": link, "host": {"cores": cores, "ranksOnHost": ranks_on_host or world, "threadsPerRank": 1},
+            **scaling,
+        },
+    }  # fmt: skip
+
+
+def predict(s: dict[str, Any], lay: Layout, *, single: dict[str, Any] | None = None, **kw: Any) -> float:
+    fc = forecast(measured_from_summary(s, source="run"), single=single and measured_from_summary(single, source="one"),
+                  sizes=(1, lay.n), **kw)  # fmt: skip
+    return step_time(fc.calibrated, lay, fc.topology, fc.placement).step_s
+
+
+DP_RUN = summary(step=12 * MS, data=1 * MS, compute=10 * MS, busy=3 * MS, exposed=1 * MS)
+
+
+def test_data_parallel_by_hand() -> None:
+    # window W = busy - exposed = 2 ms; all-reduce at 2 ranks = 1 MB / 1 GB/s = 1 ms; the
+    # communication min(busy 3, exposed 1 x 4 calls) = 3 ms leaves R = 2 ms the link does not explain.
+    # N = 8: busy = 2 + 2 x 7/8 x 1 = 3.75 ms, exposed = max(3.75 - 2, 3.75 / 4) = 1.75 ms
+    assert predict(DP_RUN, Layout(dp=8)) == pytest.approx(12.75 * MS)
+    assert predict(DP_RUN, Layout(dp=2)) == pytest.approx(12 * MS)  # the run itself
+    fc = forecast(measured_from_summary(DP_RUN, source="run"), sizes=(1, 8))
+    p = fc.points[(8, "data")]
+    assert p.efficiency == pytest.approx(11 / 12.75)  # one worker: data + compute = 11 ms
+    assert p.samples_per_s == pytest.approx(8 * 32 / (12.75 * MS))
+
+
+def test_cpu_ranks_sharing_cores_slow_everything() -> None:
+    run = summary(step=12 * MS, data=1 * MS, compute=10 * MS, busy=3 * MS, exposed=1 * MS, device="cpu", backend="gloo")
+    # N = 4 on the run's 2 cores: x2; busy = 2 + 1.5 = 3.5 ms, exposed = max(1.5, 0.875): (1 + 10 + 1.5) x 2
+    assert predict(run, Layout(dp=4)) == pytest.approx(25 * MS)
+    assert predict(run, Layout(dp=4), own_cores=True) == pytest.approx(12.5 * MS)
+
+
+def test_powersgd_hook_that_holds_up_backward() -> None:
+    # gloo: the hook's 3 ms sat inside compute; compute alone 10 - (3 - 0.01) ms; it sent 1e5 bytes
+    # (10 %) in 3 all-reduces: R = 3 - 0.1 ms. N = 4: busy = 2.9 + 2 x 3/4 x 0.1 = 3.05 ms, all exposed
+    run = summary(step=10.01 * MS, compute=10 * MS, busy=3 * MS, exposed=0.01 * MS, device="cpu", backend="gloo",
+                  buckets=1, compression={"kind": "powersgd", "rank": 2, "wireBytes": 100_000, "calls": 3,
+                                          "blocksBackward": True})  # fmt: skip
+    assert predict(run, Layout(dp=4, compression="powersgd"), own_cores=True) == pytest.approx(10.06 * MS)
+
+
+def test_fsdp_from_a_data_parallel_run() -> None:
+    # 1 GB of parameters, 5 blocks -> 4 FSDP units, 10 GB/s; N = 8: all-gather 7/8 x 100 ms, twice,
+    # reduce-scatter 87.5 ms: 262.5 ms, hidden under 100 ms of compute but for the rest: 162.5 ms
+    run = summary(step=100.5 * MS, compute=100 * MS, busy=1 * MS, exposed=0.5 * MS, grad=1_000_000_000, blocks=5,
+                  link={"alphaS": 0.0, "betaBytesPerS": 1e10, "worldSize": 2})  # fmt: skip
+    assert predict(run, Layout(dp=8, strategy="fsdp")) == pytest.approx(262.5 * MS)
+    gloo = {**run, "backend": "gloo"}  # no reduce-scatter: an all-reduce of the whole buffer, 175 ms
+    assert predict(gloo, Layout(dp=8, strategy="fsdp")) == pytest.approx(350 * MS)
+
+
+TP_RUN = summary(layout="dp=1,pp=1,tp=2", mode="tensor", step=9 * MS, compute=8 * MS, exposed=1 * MS, busy=1 * MS,
+                 tensorComm={"count": 10, "bytes": 1_000_000, "source": "measured"}, tensorLimit=4)  # fmt: skip
+ONE_RANK = summary(world=1, step=10 * MS, compute=10 * MS, link=None)
+
+
+def test_tensor_parallel_by_hand() -> None:
+    # the collectives at tp 2: 1 MB / 1 GB/s = 1 ms, so compute at tp 2 = 9 - 1 = 8 ms. With the
+    # single-rank run's 10 ms: 5 ms split, 3 ms added by tensor parallelism. tp 4: 2.5 + 3 + 1.5 ms
+    assert predict(TP_RUN, Layout(tp=4), single=ONE_RANK) == pytest.approx(7 * MS)
+    # without it the compute splits perfectly: C = 16 ms, tp 4: 4 + 1.5 ms
+    assert predict(TP_RUN, Layout(tp=4)) == pytest.approx(5.5 * MS)
+
+
+PIPE_RUN = summary(layout="dp=1,pp=2,tp=1", mode="pipeline", step=12 * MS, compute=8 * MS, blocks=4,
+                   pipeline={"blockSeconds": [1 * MS] * 4, "blockOutBytes": [0] * 4,
+                             "stageComputeS": [8 * MS, 8 * MS], "boundaryBytes": [0]})  # fmt: skip
+PIPE_RUN["pipeline"] = {"schedule": "1F1B", "stages": 2, "microbatches": 4}
+
+
+def test_pipeline_by_hand() -> None:
+    # 4 blocks of 1 ms (the measured 16 ms / 4 micro-batches), 2 stages: makespan 2 + 2 + 3 x 2 = 10 ms;
+    # the run took 12: 0.4 ms per slot (m + p - 1 = 5). 4 stages of 1.4 ms: 4 x 1.4 + 3 x 1.4 = 9.8 ms
+    assert predict(PIPE_RUN, Layout(pp=4)) == pytest.approx(9.8 * MS)
+    assert predict(PIPE_RUN, Layout(pp=2)) == pytest.approx(12 * MS)
+
+
+def test_pipeline_on_shared_cores_is_bounded_by_its_work() -> None:
+    run = {**PIPE_RUN, "device": "cpu", "backend": "gloo"}
+    # 4 stage processes on 2 cores: the 4 x 4 x 1.4 = 22.4 ms of work get half a core each: 11.2 ms > 9.8
+    assert predict(run, Layout(pp=4)) == pytest.approx(11.2 * MS)
+
+
+def test_best_layout_and_its_reason() -> None:
+    run = summary(step=12 * MS, data=1 * MS, compute=10 * MS, busy=3 * MS, exposed=1 * MS,
+                  lowRank={"bytesPerRank": 10_000, "uncompressedBytes": 1_000})  # fmt: skip
+    fc = forecast(measured_from_summary(run, source="run"), sizes=(1, 64))
+    choice = best_at(fc, 64)
+    assert choice.point.family == "data+powersgd"
+    assert "exposed communication" in choice.reason and "N=64" in choice.reason
+    assert "tensor" in fc.missing and "pipeline" in fc.missing  # nothing known about them for this model
+    with pytest.raises(ValueError, match="was not forecast"):
+        best_at(fc, 128)
+
+
+def test_a_single_rank_run_needs_a_bandwidth() -> None:
+    m = measured_from_summary(ONE_RANK, source="one")
+    with pytest.raises(InputError, match="--bandwidth"):
+        forecast(m)
+    fc = forecast(m, link=Link(alpha_s=0.0, beta_bytes_per_s=1e9), sizes=(1, 2))
+    assert fc.points[(2, "data")].step_s == pytest.approx(11 * MS)  # 10 + 1 ms all-reduce, no overlap known
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda s: s.update(mode="federated"), "federated and parameter-server jobs are not modelled"),
+        (lambda s: s.pop("scaling"), "no 'scaling' block"),
+        (lambda s: s["scaling"]["perStep"].update(stepS=0.0), "measured no steps"),
+        (lambda s: s.update(layout="two replicas"), "not 'dp=D,pp=P,tp=T'"),
+        (lambda s: s["scaling"].pop("host"), "scaling.host is missing"),
+        (lambda s: s["scaling"]["perStep"].update(computeS="fast"), "expected"),
+    ],
+)
+def test_bad_summaries_name_what_is_missing(change: Any, message: str) -> None:
+    s = summary(step=12 * MS, compute=10 * MS)
+    change(s)
+    with pytest.raises(InputError, match=message):
+        measured_from_summary(s, source="RUN")
