@@ -20,6 +20,8 @@ Measured once per run, written into the summary's `scaling` block by rank 0:
 from __future__ import annotations
 
 import contextlib
+import copy
+import json
 import math
 import os
 import time
@@ -38,6 +40,11 @@ from torch.profiler import ProfilerActivity, profile
 from .metrics import Tally
 from .parallel.comm_profile import census
 
+# The kubelet keeps this many bytes of a container's termination message (the job's status.result).
+TERMINATION_MESSAGE_LIMIT = 4096
+# Dropped in this order while rank 0's summary does not fit the termination message (summary.json keeps them).
+DROP_FOR_MESSAGE = (("link", "bytes"), ("link", "seconds"), ("collectives",), ("pipeline", "blockOutBytes"),
+                    ("pipeline", "blockSeconds"), ())  # fmt: skip
 # The DDP step profiled for its collectives, counted from the process's first: DDP rebuilds its
 # buckets after the first, PowerSGD compresses from the second on (parallel/data.py), so the
 # third sends what every later step sends.
@@ -267,4 +274,35 @@ def summary_block(rec: ScalingRecorder, *, totals: Tally, model: nn.Module, batc
         block["tensorComm"] = measured
     if pipeline is not None:
         block["pipeline"] = pipeline
-    return block
+    return _rounded(block)
+
+
+def _rounded(value: Any) -> Any:
+    """Floats to 4 significant digits (plenty for a forecast; keeps the termination message short)."""
+    if isinstance(value, float):
+        return float(f"{value:.4g}")
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rounded(v) for v in value]
+    return value
+
+
+def termination_message(summary: dict[str, Any], limit: int = TERMINATION_MESSAGE_LIMIT) -> str:
+    """The summary as JSON within `limit` bytes: the kubelet cuts a longer message, and a cut JSON
+    is no result at all. The scaling block's bulkiest parts go first, then the whole block."""
+    text = json.dumps(summary, sort_keys=True)
+    if len(text.encode()) <= limit or not isinstance(summary.get("scaling"), dict):
+        return text
+    trimmed = copy.deepcopy(summary)
+    for path in DROP_FOR_MESSAGE:
+        full = ("scaling", *path)
+        parent: Any = trimmed
+        for key in full[:-1]:
+            parent = parent.get(key) if isinstance(parent, dict) else None
+        if isinstance(parent, dict):
+            parent.pop(full[-1], None)
+        text = json.dumps(trimmed, sort_keys=True)
+        if len(text.encode()) <= limit:
+            break
+    return text

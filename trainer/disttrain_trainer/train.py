@@ -574,6 +574,6 @@ def write_summary(cfg: TrainerConfig, summary: dict[str, Any]) -> None:
 def write_termination_message(path: Path, summary: dict[str, Any]) -> None:
     """The summary as the container's termination message (the operator's status.result)."""
     try:
-        Path(path).write_text(json.dumps(summary, sort_keys=True))
+        Path(path).write_text(scaling_record.termination_message(summary))
     except OSError as e:  # the summary.json is still there; a missing termination log is not fatal
         print(f"disttrain-trainer: cannot write termination log {path}: {e}", flush=True)
