@@ -5,7 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from disttrain_api.scaling import InputError, Layout, Link, best_at, forecast, measured_from_summary
+from disttrain_api.scaling import (
+    InputError,
+    Layout,
+    Link,
+    best_alternative,
+    best_at,
+    forecast,
+    measured_from_summary,
+)
 from disttrain_api.scaling.model import step_time
 
 MS = 1e-3
@@ -121,6 +129,24 @@ def test_best_layout_and_its_reason() -> None:
     assert "tensor" in fc.missing and "pipeline" in fc.missing  # nothing known about them for this model
     with pytest.raises(ValueError, match="was not forecast"):
         best_at(fc, 128)
+
+
+def test_the_best_alternative_at_the_runs_own_size() -> None:
+    # 100 MB/s: the all-reduce at 8 ranks takes 2 x 7/8 x 10 ms = 17.5 ms; busy 18.5 -> R = 1 ms,
+    # W = 8 ms, exposed 10.5 ms: the step 21.5 ms. PowerSGD sends 2 x 10 kB + 1 kB (2.1 %) in 12 calls:
+    # 1 + 0.3675 ms, hidden but for the last call's share: 11.114 ms
+    run = summary(world=8, step=21.5 * MS, data=1 * MS, compute=10 * MS, busy=18.5 * MS, exposed=10.5 * MS,
+                  link={"alphaS": 0.0, "betaBytesPerS": 1e8, "worldSize": 8},
+                  lowRank={"bytesPerRank": 10_000, "uncompressedBytes": 1_000})  # fmt: skip
+    fc = forecast(measured_from_summary(run, source="run"), sizes=(1, 8))
+    alt = best_alternative(fc)
+    assert alt is not None and alt.best.layout == Layout(dp=8, compression="powersgd")
+    assert alt.current.step_s == pytest.approx(21.5 * MS)
+    assert alt.best.step_s == pytest.approx(11 * MS + (1 + 0.3675) * MS / 12)
+    assert alt.gain == pytest.approx(alt.current.step_s / alt.best.step_s - 1)
+    # one worker: every family's layout at N = 1 is the run's own, nothing is faster
+    one = forecast(measured_from_summary(ONE_RANK, source="one"), link=Link(alpha_s=0.0, beta_bytes_per_s=1e9))
+    assert best_alternative(one) is None
 
 
 def test_a_single_rank_run_needs_a_bandwidth() -> None:

@@ -297,7 +297,9 @@ def _data_exposed(cal: Calibrated, lay: Layout, topo: Topology, compute: float) 
         return max(comm - compute, comm / units)
     calls = ddp_calls(m, lay.compression)
     wire = m.gradient_bytes / lay.tp * cal.wire_ratio[lay.compression]
-    busy = cal.residual_s.get(lay.compression, 0.0) + col.all_reduce_s(lay.dp, wire, link, calls=calls)
+    # A kind the run did not use keeps the plain run's residual (bucket copies happen whatever is sent).
+    residual = cal.residual_s.get(lay.compression, cal.residual_s.get("none", 0.0))
+    busy = residual + col.all_reduce_s(lay.dp, wire, link, calls=calls)
     hook_blocks = lay.compression == "powersgd" and m.host.device == "cpu"
     window = 0.0 if hook_blocks else cal.overlap_s * scale
     return max(busy - window, busy / calls)
