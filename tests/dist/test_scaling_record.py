@@ -29,6 +29,9 @@ def test_data_parallel_powersgd_records_its_wire_bytes_and_explains(trainer, mak
     out = capsys.readouterr().out
     assert "fastest:" in out and "measured wire bytes" in out
     assert (res.run_dir / "scaling-forecast.png").is_file()
+    # this host's ring measured with 4 local ranks (no training) replaces the extrapolated one at N = 4
+    assert main(["explain", str(res.run_dir), "--max-n", "4", "--probe-host"]) == 0
+    assert "links measured on this host at N=4 ranks" in capsys.readouterr().out
 
 
 def test_pipeline_records_blocks_stages_and_boundaries(trainer, make_digits_spec) -> None:  # noqa: ANN001

@@ -77,6 +77,8 @@ def test_a_single_rank_run_adds_its_compute_and_alone_needs_a_bandwidth(tmp_path
         (lambda t: run_dir(t, "two", summary(world=2)), ["--latency", "3"], "--latency needs --bandwidth"),
         (lambda t: run_dir(t, "two", summary(world=2)), ["--bandwidth", "0"], "give a bandwidth > 0"),
         (lambda t: run_dir(t, "two", summary(world=2)), ["--target", "0"], "--target 0"),
+        (lambda t: run_dir(t, "gpu", {**summary(world=2), "device": "cuda"}), ["--probe-host"],
+         "did not share this host's CPU cores"),
     ],
 )  # fmt: skip
 def test_inputs_it_cannot_use(tmp_path: Path, capsys: pytest.CaptureFixture[str], make: Any, args: list[str],

@@ -16,7 +16,8 @@ API = ROOT / "operator" / "disttrain_api"
 OPERATOR = ROOT / "operator" / "disttrain_operator"
 TRAINER = ROOT / "trainer" / "disttrain_trainer"
 # The `disttrain local` command runs the trainer's launcher; it imports it lazily, inside a function.
-LAZY_TRAINER_IMPORTERS = {OPERATOR / "cli" / "local_cmd.py"}
+# `disttrain explain --probe-host` runs its all-reduce probe processes, also inside a function.
+LAZY_TRAINER_IMPORTERS = {OPERATOR / "cli" / "local_cmd.py", OPERATOR / "cli" / "explain_cmd.py"}
 HEAVY = ("torch", "kopf", "kubernetes", "grpc", "numpy", "prometheus_client")
 
 

@@ -68,6 +68,15 @@ def test_cpu_ranks_sharing_cores_slow_everything() -> None:
     assert predict(run, Layout(dp=4), own_cores=True) == pytest.approx(12.5 * MS)
 
 
+def test_a_link_measured_with_the_targets_contention_is_not_stretched_again() -> None:
+    run = summary(step=12 * MS, data=1 * MS, compute=10 * MS, busy=3 * MS, exposed=1 * MS, device="cpu", backend="gloo")
+    host = Link(alpha_s=0.0, beta_bytes_per_s=0.25e9, source="host", contended=True)
+    # N = 4, c = 2: R and the window stretch (4 ms each), the ring does not: 2 x 3/4 x 1 MB / 0.25 GB/s = 6 ms;
+    # exposed = max(4 + 6 - 4, 10 / 4) = 6 ms; step = 2 x (1 + 10) + 6
+    assert predict(run, Layout(dp=4), host_links={4: host}) == pytest.approx(28 * MS)
+    assert predict(run, Layout(dp=4)) == pytest.approx(25 * MS)  # without it: the run's link x 2
+
+
 def test_powersgd_hook_that_holds_up_backward() -> None:
     # gloo: the hook's 3 ms sat inside compute; compute alone 10 - (3 - 0.01) ms; it sent 1e5 bytes
     # (10 %) in 3 all-reduces: R = 3 - 0.1 ms. N = 4: busy = 2.9 + 2 x 3/4 x 0.1 = 3.05 ms, all exposed
@@ -113,10 +122,10 @@ def test_pipeline_by_hand() -> None:
     assert predict(PIPE_RUN, Layout(pp=2)) == pytest.approx(12 * MS)
 
 
-def test_pipeline_on_shared_cores_is_bounded_by_its_work() -> None:
+def test_pipeline_on_shared_cores_stretches_the_makespan() -> None:
     run = {**PIPE_RUN, "device": "cpu", "backend": "gloo"}
-    # 4 stage processes on 2 cores: the 4 x 4 x 1.4 = 22.4 ms of work get half a core each: 11.2 ms > 9.8
-    assert predict(run, Layout(pp=4)) == pytest.approx(11.2 * MS)
+    # 4 stage processes on 2 cores: the 9.8 ms makespan at half speed
+    assert predict(run, Layout(pp=4)) == pytest.approx(19.6 * MS)
 
 
 def test_best_layout_and_its_reason() -> None:

@@ -22,8 +22,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
-import math
 import os
+import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -50,32 +50,33 @@ DROP_FOR_MESSAGE = (("link", "bytes"), ("link", "seconds"), ("collectives",), ("
 # third sends what every later step sends.
 CENSUS_STEP = 3
 PROBE_BYTES = (4 << 10, 64 << 10, 1 << 20, 4 << 20)
-PROBE_REPS = 5  # the fastest of these per size: interference only ever adds time
+PROBE_REPS = 5  # the median of these per size: the typical all-reduce, which a step's mean sees
 
 
 def probe_link(device: torch.device, world_size: int) -> dict[str, Any] | None:
     """All-reduce PROBE_BYTES over every rank (collective: all ranks call it), fit alpha and beta.
 
-    Each rank keeps its fastest of PROBE_REPS per size; the slowest rank's figure is taken
-    (an all-reduce of the times), so every rank fits the same link. About 30 all-reduces of
-    at most 4 MiB: tens of milliseconds on a CPU host."""
+    Each rank keeps its median of PROBE_REPS per size (not the fastest: a step's mean time sees
+    the typical all-reduce, scheduling delays included); the slowest rank's figure is taken (an
+    all-reduce of the times), so every rank fits the same link. About 30 all-reduces of at most
+    4 MiB: tens of milliseconds on a CPU host."""
     if world_size < 2:
         return None
     cuda = device.type == "cuda"
-    best = []
+    typical = []
     for nbytes in PROBE_BYTES:
         buf = torch.zeros(nbytes // 4, dtype=torch.float32, device=device)
         dist.all_reduce(buf)  # connections and buffers set up outside the timing
-        fastest = math.inf
+        reps = []
         for _ in range(PROBE_REPS):
             dist.barrier()
             t0 = time.perf_counter()
             dist.all_reduce(buf)
             if cuda:
                 torch.cuda.synchronize(device)
-            fastest = min(fastest, time.perf_counter() - t0)
-        best.append(fastest)
-    times = torch.tensor(best, dtype=torch.float64, device=device)
+            reps.append(time.perf_counter() - t0)
+        typical.append(statistics.median(reps))
+    times = torch.tensor(typical, dtype=torch.float64, device=device)
     dist.all_reduce(times, op=dist.ReduceOp.MAX)
     seconds = [float(t) for t in times.cpu()]
     link = fit_link(world_size, list(zip(PROBE_BYTES, seconds, strict=True)))

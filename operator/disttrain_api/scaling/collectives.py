@@ -31,7 +31,7 @@ Pure arithmetic: the operator, the CLI and the trainer all use it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,7 +40,10 @@ class Link:
 
     alpha_s: float  # latency per message, seconds
     beta_bytes_per_s: float  # bandwidth, bytes per second
-    source: str = "given"  # "probe" (measured between the job's ranks) or "given" (by the user)
+    source: str = "given"  # "probe" (the job's ranks), "host" (N local ranks) or "given" (by the user)
+    # Measured with the forecast's own number of ranks sharing the cores: its times already hold
+    # that contention, which the model must not add again.
+    contended: bool = False
 
     def __post_init__(self) -> None:
         if self.alpha_s < 0 or self.beta_bytes_per_s <= 0:
@@ -53,14 +56,19 @@ class Link:
 
 @dataclass(frozen=True, kw_only=True)
 class Topology:
-    """Ranks grouped into hosts: `intra` links the ranks of one host, `inter` the hosts."""
+    """Ranks grouped into hosts: `intra` links the ranks of one host, `inter` the hosts;
+    `measured`: links measured on this host at given ring sizes (contended ones)."""
 
     ranks_per_host: int
     intra: Link
     inter: Link
+    measured: dict[int, Link] = field(default_factory=dict)
 
-    def link_for(self, ranks: int) -> Link:
-        """The bottleneck link of a ring over `ranks` consecutive ranks (see the module docstring)."""
+    def link_for(self, ranks: int, *, measured: bool = True) -> Link:
+        """The bottleneck link of a ring over `ranks` consecutive ranks (see the module docstring);
+        a link measured at exactly that ring size wins unless `measured` is False."""
+        if measured and ranks in self.measured:
+            return self.measured[ranks]
         return self.intra if ranks <= self.ranks_per_host else self.inter
 
 

@@ -84,15 +84,23 @@ def candidates(n: int, family: str) -> Iterable[Layout]:
                     yield Layout(dp=dp, pp=pp, tp=tp, strategy="fsdp")
 
 
-def default_topology(m: Measured, *, link: Link | None, ranks_per_host: int | None) -> Topology:
-    """The probe's link inside a host and, between hosts, the user's link (else the probe's)."""
+def default_topology(m: Measured, *, link: Link | None, ranks_per_host: int | None,
+                     host_links: dict[int, Link] | None = None) -> Topology:  # fmt: skip
+    """Ranks on one host (`ranks_per_host` None): the given link, else the probe's, everywhere.
+    Hosts of `ranks_per_host`: the probe's link inside a host, the given one between hosts.
+    `host_links`: this host's links measured at given ring sizes (`--probe-host`)."""
     probe = m.link
     if probe is None and link is None:
         raise InputError(f"{m.source}: no link bandwidth: the run had one rank (nothing to probe) or no probe; "
                          "give one with --bandwidth GB/s (and --latency us)")  # fmt: skip
+    measured = dict(host_links or {})
+    if ranks_per_host is None:
+        base = link or probe
+        assert base is not None
+        return Topology(ranks_per_host=1 << 30, intra=base, inter=base, measured=measured)
     inter = link or probe
     assert inter is not None
-    return Topology(ranks_per_host=ranks_per_host or 1_000_000_000, intra=probe or inter, inter=inter)
+    return Topology(ranks_per_host=ranks_per_host, intra=probe or inter, inter=inter, measured=measured)
 
 
 def default_placement(m: Measured, *, ranks_per_host: int | None, own_cores: bool) -> Placement:
@@ -106,11 +114,11 @@ def default_placement(m: Measured, *, ranks_per_host: int | None, own_cores: boo
 
 
 def forecast(m: Measured, *, single: Measured | None = None, link: Link | None = None,
-             ranks_per_host: int | None = None, own_cores: bool = False,
-             sizes: Sequence[int] = SIZES) -> Forecast:  # fmt: skip
+             ranks_per_host: int | None = None, own_cores: bool = False, sizes: Sequence[int] = SIZES,
+             host_links: dict[int, Link] | None = None) -> Forecast:  # fmt: skip
     """Every family's fastest layout at each size (the pure entry point: a parsed run in, figures out)."""
-    topo = default_topology(m, link=link, ranks_per_host=ranks_per_host)
     place = default_placement(m, ranks_per_host=ranks_per_host, own_cores=own_cores)
+    topo = default_topology(m, link=link, ranks_per_host=place.ranks_per_host, host_links=host_links)
     cal = calibrate(m, topo, place, single=single)
     base = step_time(cal, Layout(), topo, place).step_s
     points: dict[tuple[int, str], Point] = {}
@@ -139,7 +147,7 @@ def forecast(m: Measured, *, single: Measured | None = None, link: Link | None =
         else:
             points.pop((1, family), None)
     return Forecast(measured=m, calibrated=cal, topology=topo, placement=place, sizes=tuple(sorted(set(sizes))),
-                    points=points, missing=missing, notes=tuple(notes(m, cal, place, single)))  # fmt: skip
+                    points=points, missing=missing, notes=tuple(notes(m, cal, place, topo, single)))  # fmt: skip
 
 
 PARTS = (("data_s", "data"), ("compute_s", "compute"), ("exposed_s", "exposed communication"),
@@ -201,7 +209,7 @@ def best_alternative(fc: Forecast) -> Alternative | None:
     return Alternative(current=current, best=best, gain=best.samples_per_s / current.samples_per_s - 1)
 
 
-def notes(m: Measured, cal: Calibrated, place: Placement, single: Measured | None) -> list[str]:
+def notes(m: Measured, cal: Calibrated, place: Placement, topo: Topology, single: Measured | None) -> list[str]:
     """What the forecast assumed, in words (printed under the table)."""
     out = [f"weak scaling: every data-parallel replica keeps {m.batch_per_replica} samples per step; "
            "pipeline and tensor split a replica's work"]  # fmt: skip
@@ -230,5 +238,11 @@ def notes(m: Measured, cal: Calibrated, place: Placement, single: Measured | Non
         out.append("pipeline: blocks not profiled (resumed run): equal blocks assumed")
     if m.pipeline is not None and m.pipeline.schedule not in ("GPipe", "1F1B", "Naive"):
         out.append(f"pipeline: schedule {m.pipeline.schedule} modelled as 1F1B (its bubble is smaller)")
+    if topo.measured:
+        out.append("links measured on this host at " + ", ".join(f"N={n}" for n in sorted(topo.measured))
+                   + " ranks (--probe-host) hold their contention; other sizes stretch the run's link by it")  # fmt: skip
+    elif place.cpu and place.ranks_per_host is None:
+        out.append("with more ranks than cores, a ring's latency grows faster than the contention factor (gloo "
+                   "ranks wait to be scheduled): --probe-host measures this host's link at those sizes")  # fmt: skip
     out.append("evaluation and checkpoint pauses (idle) are not part of the forecast step")
     return out

@@ -9,8 +9,12 @@ fewer cores than runnable threads, compute and the memory copies that move gloo'
 slow down alike. The run's own measurements are brought to full speed by dividing by the
 run's c.
 
-  step = c(N) x [ data + compute + exposed communication ]                       (pp = 1)
-  step = c(N) x [ data + dp all-reduce ] + max(makespan, c(N) x work / pp)        (pp > 1)
+  step = c(N) x [ data + compute + exposed communication ]     (pp = 1)
+  step = c(N) x [ data + pipeline makespan + dp all-reduce ]     (pp > 1)
+
+A link measured on this host at the forecast's own ring size (`Topology.measured`, from
+`disttrain explain --probe-host`) already holds the contention: its collectives are not
+stretched again.
 
 - compute = C / tp + O_tp (tp > 1): C is one replica's compute on one rank (Megatron splits
   every matrix product tp ways); O_tp is what tensor parallelism adds per rank whatever its
@@ -36,9 +40,10 @@ run's c.
   (scaled so that they add up to the run's measured stage compute), each boundary adding
   two point-to-point messages (activation forward, gradient back) per micro-batch, each
   stage a per-slot overhead fitted at the run (schedule bookkeeping the formula does not
-  see). On a shared CPU host, stages idle in the bubble leave their core to the others, so
-  the step is the larger of the makespan and the pipeline's total work over its share of
-  the cores. Replicas then all-reduce the largest stage's gradients, nothing overlapping it.
+  see). Replicas then all-reduce the largest stage's gradients, nothing overlapping it. On a
+  shared CPU host the whole makespan stretches by c(N): in 1F1B's steady state every stage
+  computes, so the stage on the critical path shares its core like the others (measured:
+  4 stages on 2 cores took 2.0 x the makespan of the uncontended split).
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import collectives as col
-from .collectives import Topology
+from .collectives import Link, Topology
 from .inputs import Measured
 from .pipeline_time import makespan, min_max_split
 
@@ -121,8 +126,8 @@ def _span(layout: Layout, dim: str) -> int:
     return {"tp": layout.tp, "pp": layout.pp * layout.tp, "dp": layout.n}[dim]
 
 
-def _tp_time(n: int, nbytes: float, count: int, topo: Topology) -> float:
-    return col.all_reduce_s(n, nbytes, topo.link_for(n), calls=count) if n > 1 else 0.0
+def _tp_time(n: int, nbytes: float, count: int, topo: Topology, *, measured: bool = True) -> float:
+    return col.all_reduce_s(n, nbytes, topo.link_for(n, measured=measured), calls=count) if n > 1 else 0.0
 
 
 def calibrate(m: Measured, topo: Topology, placement: Placement, *, single: Measured | None = None) -> Calibrated:
@@ -131,6 +136,9 @@ def calibrate(m: Measured, topo: Topology, placement: Placement, *, single: Meas
     `single`: a run of the same model and replica batch on one rank: its compute is C."""
     c = placement.contention(m.world_size)
     run = Layout(dp=m.dp, pp=m.pp, tp=m.tp, strategy=m.data_strategy, compression=m.compression)
+    # The run's own communication is modelled on the link it measured (a link the user gives is
+    # the target's, not the run's).
+    topo = Topology(ranks_per_host=1 << 30, intra=m.link, inter=m.link) if m.link else topo
     st = m.steps
     single_c = single.steps.compute_s / placement.contention(1) if single is not None else None
     tp_count, tp_bytes = (m.tensor_comm[0], m.tensor_comm[1]) if m.tensor_comm else (0, 0)
@@ -143,7 +151,7 @@ def calibrate(m: Measured, topo: Topology, placement: Placement, *, single: Meas
         # The profiler's exposed time of tensor-parallel collectives is an upper bound (Python
         # between operators counts): the collectives take what the link model says, the rest
         # of the step's work is compute.
-        split = max((st.compute_s + st.exposed_s) / c - _tp_time(m.tp, tp_bytes, tp_count, topo), 0.0)
+        split = max((st.compute_s + st.exposed_s) / c - _tp_time(m.tp, tp_bytes, tp_count, topo, measured=False), 0.0)
         replica = single_c if single_c else split * m.tp
         overhead = max(0.0, split - replica / m.tp)
     elif blocking:  # the hook's time sits inside the step's compute: take it out
@@ -172,7 +180,7 @@ def calibrate(m: Measured, topo: Topology, placement: Placement, *, single: Meas
         # (busy then also holds the gaps waiting for buckets): the smaller of the two.
         comm = min(st.busy_s, exposed * calls) / c
         wire = m.gradient_bytes * ratio.get(m.compression, 1.0)
-        model = col.all_reduce_s(m.dp, wire, topo.link_for(_span(run, "dp")), calls=calls)
+        model = col.all_reduce_s(m.dp, wire, topo.link_for(_span(run, "dp"), measured=False), calls=calls)
         residual[m.compression] = max(0.0, comm - model)
         measured_overlap = True
     # --- pipeline
@@ -181,6 +189,8 @@ def calibrate(m: Measured, topo: Topology, placement: Placement, *, single: Meas
     slot, micro = 0.0, 1
     if m.pipeline is not None:
         block_s, block_out, slot, micro = _calibrate_pipeline(m, topo, c, replica)
+        if single_c:  # layouts without a pipeline compute whole batches, as the single-rank run did
+            replica = single_c
     return Calibrated(
         m=m, c_run=c, data_s=st.data_s / c, replica_compute_s=replica, tp_overhead_s=overhead, overlap_s=overlap,
         overlap_measured=measured_overlap, residual_s=residual, wire_ratio=ratio, tp_count=tp_count,
@@ -211,28 +221,28 @@ def _calibrate_pipeline(m: Measured, topo: Topology, c: float, replica: float
         mean_out = sum(pf.boundary_bytes) // len(pf.boundary_bytes) if pf.boundary_bytes else 0
         outs = tuple(mean_out for _ in range(m.blocks))
     lay = Layout(dp=m.dp, pp=m.pp, tp=m.tp)
-    span, _ = _pipeline(blocks, outs, lay, topo, micro=micro, slot=0.0)
+    span = _pipeline(blocks, outs, lay, topo, micro=micro, slot=0.0)
     measured = (m.steps.step_s - m.steps.data_s) / c - _dp_allreduce(lay, topo, m.gradient_bytes)
     slot = max(0.0, (measured - span) / (micro + m.pp - 1))
     return blocks, outs, slot, micro
 
 
 def _pipeline(blocks: tuple[float, ...], outs: tuple[int, ...], lay: Layout, topo: Topology, *, micro: int,
-              slot: float, tp_scale: float = 1.0, tp_per_block: float = 0.0) -> tuple[float, float]:  # fmt: skip
-    """(makespan, the work of all stages) of the min-max split of `blocks` over lay.pp stages."""
-    link = topo.link_for(_span(lay, "pp"))
+              slot: float, tp_scale: float = 1.0, tp_per_block: float = 0.0) -> float:  # fmt: skip
+    """The makespan of the min-max split of `blocks` over lay.pp stages."""
+    link = topo.link_for(_span(lay, "pp"), measured=False)
     costs = [b * tp_scale + tp_per_block for b in blocks]
     cut = [2 * col.p2p_s(o, link) for o in outs]  # activation forward, its gradient back
     bounds = min_max_split(costs, lay.pp, cut_cost=cut)
     stage = [sum(costs[a:b]) + (cut[b - 1] if b < len(costs) else 0.0) + slot for a, b in bounds]
-    return makespan(stage, microbatches=micro), micro * sum(stage)
+    return makespan(stage, microbatches=micro)
 
 
 def _dp_allreduce(lay: Layout, topo: Topology, grad_bytes: float) -> float:
     """Replicas all-reduce one stage's gradients after the pipeline step (the largest share)."""
     if lay.dp <= 1:
         return 0.0
-    return col.all_reduce_s(lay.dp, grad_bytes / lay.pp, topo.link_for(_span(lay, "dp")))
+    return col.all_reduce_s(lay.dp, grad_bytes / lay.pp, topo.link_for(_span(lay, "dp"), measured=False))
 
 
 def infeasible(cal: Calibrated, lay: Layout) -> str | None:
@@ -256,34 +266,42 @@ def infeasible(cal: Calibrated, lay: Layout) -> str | None:
     return None
 
 
+def _wall(link: Link, seconds: float, c: float) -> float:
+    """Communication seconds at full speed on `link` -> wall seconds at contention c (a link measured
+    under that contention already holds it)."""
+    return seconds if link.contended else c * seconds
+
+
 def step_time(cal: Calibrated, lay: Layout, topo: Topology, placement: Placement) -> Breakdown:
-    """The forecast step of `lay` (see the module docstring for every term)."""
+    """The forecast step of `lay` (see the module docstring for every term), in wall seconds."""
     m = cal.m
     c = placement.contention(lay.n)
-    tp_scale = 1.0 / lay.tp
     compute = cal.replica_compute_s / lay.tp + (cal.tp_overhead_s if lay.tp > 1 else 0.0)
+    tp_link = topo.link_for(lay.tp)
     tp_comm = _tp_time(lay.tp, cal.tp_bytes, cal.tp_count, topo)
     if lay.pp == 1:
-        exposed = tp_comm + _data_exposed(cal, lay, topo, compute)
-        return Breakdown(step_s=c * (cal.data_s + compute + exposed), data_s=c * cal.data_s, compute_s=c * compute,
-                         exposed_s=c * exposed, bubble_s=0.0)  # fmt: skip
+        exposed = _wall(tp_link, tp_comm, c) + _data_exposed(cal, lay, topo, compute, c)
+        return Breakdown(step_s=c * (cal.data_s + compute) + exposed, data_s=c * cal.data_s, compute_s=c * compute,
+                         exposed_s=exposed, bubble_s=0.0)  # fmt: skip
+    # Pipelines: the makespan's transfers and the replicas' all-reduce on the links at full speed,
+    # the whole stretched by c (every stage computes in 1F1B's steady state).
     blocks, outs, micro = cal.block_s, cal.block_out, cal.microbatches
     if not blocks:  # a run without a pipeline: equal blocks, a layer's activation at each cut
         micro = lay.pp
         blocks = tuple(cal.replica_compute_s / (micro * m.blocks) for _ in range(m.blocks))
         outs = tuple(m.activation_bytes // micro for _ in range(m.blocks))
-    per_block = (tp_comm + cal.tp_overhead_s) / (micro * len(blocks)) if lay.tp > 1 else 0.0
-    span, work = _pipeline(blocks, outs, lay, topo, micro=micro, slot=cal.slot_overhead_s, tp_scale=tp_scale,
-                           tp_per_block=per_block)  # fmt: skip
-    pipe = max(span, c * work / lay.pp) if c > 1 else span
+    tp_base = _tp_time(lay.tp, cal.tp_bytes, cal.tp_count, topo, measured=False)
+    per_block = (tp_base + cal.tp_overhead_s) / (micro * len(blocks)) if lay.tp > 1 else 0.0
+    span = _pipeline(blocks, outs, lay, topo, micro=micro, slot=cal.slot_overhead_s, tp_scale=1.0 / lay.tp,
+                     tp_per_block=per_block)  # fmt: skip
     allreduce = _dp_allreduce(lay, topo, m.gradient_bytes / lay.tp)
-    own = c * (compute / lay.pp + tp_comm / lay.pp)  # this rank's own work inside the pipeline
-    return Breakdown(step_s=c * (cal.data_s + allreduce) + pipe, data_s=c * cal.data_s, compute_s=c * compute / lay.pp,
-                     exposed_s=c * (allreduce + tp_comm / lay.pp), bubble_s=max(0.0, pipe - own))  # fmt: skip
+    own = compute / lay.pp + tp_base / lay.pp  # this rank's own work inside the makespan
+    return Breakdown(step_s=c * (cal.data_s + span + allreduce), data_s=c * cal.data_s, compute_s=c * compute / lay.pp,
+                     exposed_s=c * (allreduce + tp_base / lay.pp), bubble_s=c * max(0.0, span - own))  # fmt: skip
 
 
-def _data_exposed(cal: Calibrated, lay: Layout, topo: Topology, compute: float) -> float:
-    """Exposed seconds of the data dimension's synchronisation (pp = 1), at full speed."""
+def _data_exposed(cal: Calibrated, lay: Layout, topo: Topology, compute: float, c: float) -> float:
+    """Exposed wall seconds of the data dimension's synchronisation (pp = 1) at contention c."""
     m = cal.m
     if lay.dp <= 1:
         return 0.0
@@ -292,14 +310,14 @@ def _data_exposed(cal: Calibrated, lay: Layout, topo: Topology, compute: float) 
     if lay.strategy == "fsdp":
         units = max(1, m.blocks - 1)  # each transformer/MLP block and the root (parallel/fsdp.py)
         params, grads = m.parameter_bytes / lay.tp, m.gradient_bytes / lay.tp
-        comm = 2 * col.all_gather_s(lay.dp, params, link, calls=units) + col.reduce_scatter_s(
-            lay.dp, grads, link, calls=units, native=m.backend != "gloo")  # fmt: skip
-        return max(comm - compute, comm / units)
+        comm = _wall(link, 2 * col.all_gather_s(lay.dp, params, link, calls=units) + col.reduce_scatter_s(
+            lay.dp, grads, link, calls=units, native=m.backend != "gloo"), c)  # fmt: skip
+        return max(comm - c * compute, comm / units)
     calls = ddp_calls(m, lay.compression)
     wire = m.gradient_bytes / lay.tp * cal.wire_ratio[lay.compression]
     # A kind the run did not use keeps the plain run's residual (bucket copies happen whatever is sent).
     residual = cal.residual_s.get(lay.compression, cal.residual_s.get("none", 0.0))
-    busy = residual + col.all_reduce_s(lay.dp, wire, link, calls=calls)
+    busy = c * residual + _wall(link, col.all_reduce_s(lay.dp, wire, link, calls=calls), c)
     hook_blocks = lay.compression == "powersgd" and m.host.device == "cpu"
-    window = 0.0 if hook_blocks else cal.overlap_s * scale
+    window = 0.0 if hook_blocks else c * cal.overlap_s * scale
     return max(busy - window, busy / calls)

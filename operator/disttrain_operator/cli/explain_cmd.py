@@ -65,6 +65,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                    help="ranks sharing a host (default: as in the run; a local run keeps every rank on this host)")
     p.add_argument("--own-cores", action="store_true",
                    help="CPU ranks get cores of their own (default: as placed in the run, sharing the host's cores)")
+    p.add_argument("--probe-host", action="store_true",
+                   help="a run whose ranks shared this host's cores: measure this host's all-reduce with N local "
+                        "gloo processes for each N up to 4 x its cores (seconds each; needs the trainer extra)")  # fmt: skip
     p.add_argument("--png", type=Path, default=None, help="where to write the plot (default: RUN_DIR/scaling-forecast.png)")
     p.set_defaults(handler=run)
 
@@ -108,13 +111,33 @@ def user_link(args: argparse.Namespace, m: Measured) -> Link | None:
     return Link(alpha_s=latency, beta_bytes_per_s=args.bandwidth * 1e9, source="given")
 
 
+def probe_host_links(m: Measured, sizes: list[int]) -> dict[int, Link]:
+    """This host's link at each forecast size from 3 ranks to 4 x its cores (a run on one CPU host only)."""
+    if m.host.device != "cpu" or m.host.ranks_on_host < m.world_size:
+        raise InputError("--probe-host: the run's ranks did not share this host's CPU cores (a local CPU run); "
+                         "give the link of a cluster with --bandwidth/--latency")  # fmt: skip
+    try:
+        from disttrain_trainer.launcher.link_probe import probe_host  # noqa: PLC0415 - torch only here
+    except ImportError as exc:
+        raise InputError(f"--probe-host needs the trainer extra (torch): pip install 'disttrain[trainer]' ({exc})") from exc
+    links = {}
+    for n in sizes:
+        if 2 < n <= 4 * m.host.cores:
+            print(f"probing this host's all-reduce with {n} local ranks ...", file=sys.stderr, flush=True)
+            got = probe_host(n)
+            links[n] = Link(alpha_s=got["alphaS"], beta_bytes_per_s=got["betaBytesPerS"], source="host", contended=True)
+    return links
+
+
 def explain(runs: list[Measured], args: argparse.Namespace, png: Path) -> str:
     """The forecast as text, the PNG written to `png`."""
     primary, single = pick(runs)
     sizes = [2**k for k in range(11) if 2**k <= args.max_n]
     target = args.target or sizes[-1]
+    all_sizes = sorted({*sizes, target})
+    host_links = probe_host_links(primary, all_sizes) if args.probe_host else None
     fc = forecast(primary, single=single, link=user_link(args, primary), ranks_per_host=args.ranks_per_host,
-                  own_cores=args.own_cores, sizes=sorted({*sizes, target}))  # fmt: skip
+                  own_cores=args.own_cores, sizes=all_sizes, host_links=host_links)  # fmt: skip
     choice = best_at(fc, target)
     text = explain_report.format_table(fc, choice)
     written = explain_report.write_plot(fc, png, target=target)
