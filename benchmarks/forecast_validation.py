@@ -20,7 +20,7 @@ On one host of 2 cores, world 4 time-shares the cores (4 single-threaded ranks):
 forecast's contention term (ranks x threads / cores) must carry that, and gloo's "link" is
 memory copies by the same cores. See benchmarks/README.md for what this shows and what not.
 
-    .venv/bin/python benchmarks/forecast_validation.py [--steps 80] [--cases data tensor] [--keep DIR]
+    .venv/bin/python benchmarks/forecast_validation.py [--cases data tensor] [--steps N] [--batch B] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -46,13 +46,13 @@ EXAMPLES = ROOT / "manifests" / "examples"
 TARGET = 4
 TOLERANCE = 0.15
 
-# case -> (example, per-replica batch, the layout predicted at world 4, overrides per world size)
+# case -> example, per-replica batch, training steps (the first 10 are warm-up), the layout predicted at world 4
 CASES: dict[str, dict[str, Any]] = {
-    "data": {"example": "data-parallel.yaml", "batch": 128, "layout": Layout(dp=TARGET)},
-    "data+powersgd": {"example": "data-parallel.yaml", "batch": 128, "compression": "powersgd",
+    "data": {"example": "data-parallel.yaml", "batch": 128, "steps": 300, "layout": Layout(dp=TARGET)},
+    "data+powersgd": {"example": "data-parallel.yaml", "batch": 128, "steps": 300, "compression": "powersgd",
                       "layout": Layout(dp=TARGET, compression="powersgd")},
-    "pipeline": {"example": "pipeline.yaml", "batch": 64, "layout": Layout(pp=TARGET)},
-    "tensor": {"example": "tensor.yaml", "batch": 32, "layout": Layout(tp=TARGET)},
+    "pipeline": {"example": "pipeline.yaml", "batch": 64, "steps": 80, "layout": Layout(pp=TARGET)},
+    "tensor": {"example": "tensor.yaml", "batch": 32, "steps": 60, "layout": Layout(tp=TARGET)},
 }  # fmt: skip
 
 
@@ -122,7 +122,7 @@ def load() -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
-    ap.add_argument("--steps", type=int, default=80, help="training steps per run (the first 10 are warm-up)")
+    ap.add_argument("--steps", type=int, default=None, help="training steps of every run (default: the case's)")
     ap.add_argument("--batch", type=int, default=None, help="per-replica batch of every case (default: the case's)")
     ap.add_argument("--keep", type=Path, default=None, help="keep the run dirs here (default: a temporary folder)")
     args = ap.parse_args()
@@ -137,7 +137,7 @@ def main() -> int:
     for case in args.cases:
         got = {}
         for world in (1, 2, TARGET):
-            doc = manifest(case, world, args.steps)
+            doc = manifest(case, world, args.steps or CASES[case]["steps"])
             got[world] = run(doc, root / doc["metadata"]["name"])
             print(f"  {case} world {world}: step {got[world]['scaling']['perStep']['stepS'] * 1e3:.2f} ms "
                   f"(load {load()})", flush=True)  # fmt: skip
