@@ -107,6 +107,11 @@ def test_tensor_parallel_by_hand() -> None:
     assert predict(TP_RUN, Layout(tp=4), single=ONE_RANK) == pytest.approx(7 * MS)
     # without it the compute splits perfectly: C = 16 ms, tp 4: 4 + 1.5 ms
     assert predict(TP_RUN, Layout(tp=4)) == pytest.approx(5.5 * MS)
+    # the single-rank run is N = 1 and the base of every efficiency: 10 ms against 4 x 7 ms at tp 4
+    fc = forecast(measured_from_summary(TP_RUN, source="tp2"), single=measured_from_summary(ONE_RANK, source="one"),
+                  sizes=(1, 4))  # fmt: skip
+    assert fc.points[(1, "tensor")].step_s == pytest.approx(10 * MS)
+    assert fc.points[(4, "tensor")].efficiency == pytest.approx(10 / (4 * 7))
 
 
 PIPE_RUN = summary(layout="dp=1,pp=2,tp=1", mode="pipeline", step=12 * MS, compute=8 * MS, blocks=4,

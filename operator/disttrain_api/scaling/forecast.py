@@ -120,7 +120,11 @@ def forecast(m: Measured, *, single: Measured | None = None, link: Link | None =
     place = default_placement(m, ranks_per_host=ranks_per_host, own_cores=own_cores)
     topo = default_topology(m, link=link, ranks_per_host=place.ranks_per_host, host_links=host_links)
     cal = calibrate(m, topo, place, single=single)
-    base = step_time(cal, Layout(), topo, place).step_s
+    one = step_time(cal, Layout(), topo, place)
+    if single is not None:  # one worker was measured: that is N = 1, and the efficiencies' base
+        st = single.steps
+        one = Breakdown(step_s=st.step_s - st.idle_s, data_s=st.data_s, compute_s=st.compute_s, exposed_s=0.0, bubble_s=0.0)
+    base = one.step_s
     points: dict[tuple[int, str], Point] = {}
     missing: dict[str, str] = {}
     for n in sorted(set(sizes)):
@@ -131,7 +135,7 @@ def forecast(m: Measured, *, single: Measured | None = None, link: Link | None =
                 why = infeasible(cal, lay)
                 if why is not None:
                     continue
-                bd = step_time(cal, lay, topo, place)
+                bd = one if n == 1 else step_time(cal, lay, topo, place)
                 samples = lay.dp * m.batch_per_replica / bd.step_s
                 pt = Point(n=n, family=family, layout=lay, breakdown=bd, samples_per_s=samples,
                            efficiency=base * lay.dp / (n * bd.step_s))  # fmt: skip
