@@ -54,8 +54,9 @@ class Forecast:
         return {f: self.points.get((n, f)) for f in FAMILIES}
 
     def at(self, n: int) -> list[Point]:
-        """Every family's point at n, fastest first."""
-        return sorted((p for (k, _), p in self.points.items() if k == n), key=lambda p: p.step_s)
+        """Every family's point at n, the most samples/s first (weak scaling: layouts with more
+        data-parallel replicas take more samples per step, so step time alone does not rank them)."""
+        return sorted((p for (k, _), p in self.points.items() if k == n), key=lambda p: -p.samples_per_s)
 
 
 def _divisors(n: int) -> list[int]:
@@ -159,22 +160,27 @@ PARTS = (("data_s", "data"), ("compute_s", "compute"), ("exposed_s", "exposed co
 
 
 def best_at(fc: Forecast, n: int) -> Choice:
-    """The fastest layout at n and a one-line reason: the part of the step that beats the runner-up."""
+    """The layout with the most samples/s at n and a one-line reason: the part of the step that
+    beats the runner-up (per sample of a replica's batch, when their data degrees differ)."""
     if n not in fc.sizes:
         raise ValueError(f"N={n} was not forecast (sizes {fc.sizes}): pass it in forecast(..., sizes=...)")
     ranked = fc.at(n)
     if not ranked:
         raise InputError(f"no layout can be forecast at N={n}")
     best = ranked[0]
-    head = (f"{best.layout.describe()} ({best.family}) is fastest at N={n}: {best.step_s * 1e3:.3g} ms/step, "
-            f"{best.samples_per_s:.4g} samples/s, efficiency {best.efficiency:.0%}")  # fmt: skip
+    head = (f"{best.layout.describe()} ({best.family}) is fastest at N={n}: {best.samples_per_s:.4g} samples/s "
+            f"({best.step_s * 1e3:.3g} ms/step), efficiency {best.efficiency:.0%}")  # fmt: skip
     if len(ranked) == 1:
         return Choice(point=best, reason=head + " (the only layout forecast)")
     runner = ranked[1]
-    gaps = [(getattr(runner.breakdown, k) - getattr(best.breakdown, k), k, name) for k, name in PARTS]
-    gap, key, name = max(gaps)
-    why = (f"; {name} {getattr(best.breakdown, key) * 1e3:.3g} ms against {getattr(runner.breakdown, key) * 1e3:.3g} ms "
-           f"for the next, {runner.layout.describe()} ({runner.step_s * 1e3:.3g} ms/step)")  # fmt: skip
+    # Seconds per step of one replica's batch: a layout with dp replicas takes dp batches per step.
+    per = (1.0 / best.layout.dp, 1.0 / runner.layout.dp)
+    gaps = [(getattr(runner.breakdown, k) * per[1] - getattr(best.breakdown, k) * per[0], k, name) for k, name in PARTS]
+    _, key, name = max(gaps)
+    unit = "ms" if best.layout.dp == runner.layout.dp else "ms per replica batch"
+    why = (f"; {name} {getattr(best.breakdown, key) * per[0] * 1e3:.3g} {unit} against "
+           f"{getattr(runner.breakdown, key) * per[1] * 1e3:.3g} for the next, {runner.layout.describe()} "
+           f"({runner.samples_per_s:.4g} samples/s)")  # fmt: skip
     return Choice(point=best, reason=head + why)
 
 
@@ -209,7 +215,7 @@ def best_alternative(fc: Forecast) -> Alternative | None:
     ranked = [p for p in fc.at(n) if p.layout != lay]
     if not ranked or ranked[0].samples_per_s <= current.samples_per_s:
         return None
-    best = max(ranked, key=lambda p: p.samples_per_s)
+    best = ranked[0]
     return Alternative(current=current, best=best, gain=best.samples_per_s / current.samples_per_s - 1)
 
 

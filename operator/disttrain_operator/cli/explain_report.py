@@ -36,7 +36,7 @@ def format_table(fc: Forecast, choice: Choice | None) -> str:
     lines = [
         f"forecast from {m.label}",
         f"link: {topo.intra.describe()}"
-        + (f"; between hosts ({topo.ranks_per_host} ranks each): {topo.inter.describe()}" if topo.inter is not topo.intra
+        + (f"; between hosts of {topo.ranks_per_host} rank(s): {topo.inter.describe()}" if topo.inter is not topo.intra
            and topo.ranks_per_host < 1_000_000_000 else ""),
         "per layout family: step time, samples/s, efficiency (weak scaling: samples/s over N x one worker's)",
     ]  # fmt: skip
