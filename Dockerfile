@@ -55,6 +55,6 @@ CMD ["python", "-m", "disttrain_trainer"]
 FROM base AS operator
 RUN --mount=type=bind,source=build/wheels,target=/wheels \
     pip install --no-cache-dir --no-index --find-links=/wheels "disttrain[operator]" \
- && python -c "import kopf, disttrain_operator"
+ && python -c "import kopf, disttrain_operator, disttrain_cli"
 USER 10001:10001
 CMD ["disttrain", "operator"]

@@ -45,7 +45,7 @@ test-e2e: $(STAMP) unit-prereqs cluster-prereqs ## end-to-end tier (any cluster:
 	$(PY) -m pytest $(PYTEST_ARGS) tests/e2e
 
 lint: $(STAMP) ## ruff
-	$(VENV)/bin/ruff check operator trainer tests benchmarks hack
+	$(VENV)/bin/ruff check operator trainer cli tests benchmarks hack
 
 manifests: $(STAMP) ## regenerate the CRD from the API model (manifests/crd and the chart's crds/)
 	$(VENV)/bin/disttrain crd > manifests/crd/disttrainjobs.yaml
@@ -85,8 +85,9 @@ demo-cluster: $(STAMP) ## local cluster up, CRD+RBAC+operator installed, data-pa
 	trap '$(MAKE) --no-print-directory demo-cluster-down' EXIT; \
 	kubectl apply -k manifests/; \
 	kubectl rollout status deployment/disttrain-operator -n disttrain-system --timeout=300s; \
+	kubectl apply -f hack/demo-checkpoints.yaml; \
 	$(PY) -c 'import sys, yaml; d = yaml.safe_load(open("manifests/examples/data-parallel.yaml")); \
-	d["spec"]["checkpoint"]["volume"] = {"hostPath": {"path": "/var/lib/disttrain/checkpoints", "type": "Directory"}}; \
+	d["spec"]["checkpoint"]["volume"] = {"persistentVolumeClaim": {"claimName": "checkpoints"}}; \
 	print(yaml.safe_dump(d))' | kubectl apply -f -; \
 	phase=; while [ "$$phase" != Succeeded ] && [ "$$phase" != Failed ]; do \
 	  sleep 5; kubectl get dtj $(DEMO_JOB) --no-headers; \
@@ -97,6 +98,7 @@ demo-cluster: $(STAMP) ## local cluster up, CRD+RBAC+operator installed, data-pa
 demo-cluster-down: ## delete the demo job and the operator install, then stop the local cluster
 	-@export KUBECONFIG="$(DEMO_KUBECONFIG)"; \
 	kubectl delete dtj $(DEMO_JOB) --ignore-not-found --wait=true --timeout=120s; \
+	kubectl delete -f hack/demo-checkpoints.yaml --ignore-not-found --wait=true --timeout=60s; \
 	kubectl delete -k manifests/ --ignore-not-found --wait=true --timeout=180s
 	$(MAKE) cluster-down
 

@@ -2,7 +2,7 @@
 
 A wide MLP with a small batch makes the step communication-bound here: tens of MB
 of gradients per step against a few ms of compute per rank. The trainer itself
-runs each setting (`train.run`, `training.gradientCompression` = none | fp16 |
+runs each setting (`modes/data/entry.run`, `training.gradientCompression` = none | fp16 |
 powersgd), metrics on, one JSON-lines record per step; the settings alternate
 round by round so load drift hits all alike. Printed per setting: median step
 time, exposed and busy communication per step (DDP's reducer timer), compute,
@@ -38,9 +38,9 @@ import torch
 import torch.multiprocessing as mp
 from disttrain_api import constants as C
 from disttrain_api import model as api
-from disttrain_trainer import train as trainer
-from disttrain_trainer.config import config_for
-from disttrain_trainer.metrics import Metrics
+from disttrain_trainer.modes.data import entry as data_mode
+from disttrain_trainer.process.config import config_for
+from disttrain_trainer.telemetry.step_metrics import Metrics
 
 WORLD = 2
 SETTINGS = ("none", "fp16", "powersgd")
@@ -118,7 +118,7 @@ def _run(rank: int, ns: dict[str, Any], work: str, job: str, compression: str, p
                      master_addr=ADDRS[0] if ns["link_mbit"] else "127.0.0.1")  # fmt: skip
     m = Metrics(job=job, rank=rank, mode="data", port=0, run_dir=run_dir)
     try:
-        trainer.run(cfg, metrics=m)
+        data_mode.run(cfg, metrics=m)
     finally:
         m.close()
 

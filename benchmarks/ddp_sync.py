@@ -8,7 +8,7 @@ without disttrain in the way:
       bucket sizes issued back to back with the ranks aligned by a barrier   (diagnostic)
   (b) the trainer's loop with metrics on vs the same trainer with metrics off
       (`Metrics(enabled=False)`: no reducer timing, no Prometheus, no JSON lines):
-      whole `train.run` calls, alternating on/off           target: overhead <= 3%
+      whole `modes/data/entry.run` calls, alternating on/off           target: overhead <= 3%
   (b') (diagnostic) the communication timing alone, on/off every 5 steps in one gang
   (c) checkpoints: the loop's stall for an asynchronous save (`Run.save_checkpoint`:
       snapshot to host memory while the RNG gather runs) vs a synchronous save of the
@@ -18,8 +18,8 @@ without disttrain in the way:
   (c') (diagnostic) the loop's barrier right after the async save, on rank 0: it waits for
       the RNG gather and shares the cores with the writer thread
 
-It drives the trainer's own code (config, dist_env, data, models, parallel,
-metrics, checkpoint, train): that is what is being measured. Warmups first,
+It drives the trainer's own code (process/, datasets, models, parallel/, telemetry/,
+checkpoints/, the data mode): that is what is being measured. Warmups first,
 then medians; the sides alternate so drift from other load hits all alike.
 
     .venv/bin/python benchmarks/ddp_sync.py [--bucket-mb 25 --runs 6 --json out.json --strict]
@@ -45,17 +45,19 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from disttrain_api import constants as C
 from disttrain_api import model as api
-from disttrain_trainer import checkpoint as ckpt
-from disttrain_trainer import parallel
-from disttrain_trainer import train as trainer
-from disttrain_trainer.config import config_for
-from disttrain_trainer.data import GlobalBatchSampler, load_dataset
-from disttrain_trainer.dist_env import cleanup, init_distributed
-from disttrain_trainer.metrics import Metrics
+from disttrain_trainer.checkpoints import whole as ckpt
+from disttrain_trainer.datasets import GlobalBatchSampler, load_dataset
 from disttrain_trainer.models import build_model
+from disttrain_trainer.modes.data import entry as data_mode
+from disttrain_trainer.modes.data import layouts
+from disttrain_trainer.modes.data.run_state import Run
 from disttrain_trainer.optim import build_optimizer, build_scheduler
-from disttrain_trainer.parallel.data import train_step
-from disttrain_trainer.precision import make_amp
+from disttrain_trainer.parallel.ddp import CommTimes, train_step
+from disttrain_trainer.process.config import config_for
+from disttrain_trainer.process.dist_env import cleanup, init_distributed
+from disttrain_trainer.process.precision import make_amp
+from disttrain_trainer.run_common import loss_fn_for
+from disttrain_trainer.telemetry.step_metrics import Metrics
 
 WORLD = 2
 MB = 1e6
@@ -110,7 +112,7 @@ def _trainer_run(rank: int, a: Args, port: int, job: str, metrics_on: bool, out:
     m = Metrics(job=job, rank=rank, mode="data", port=_free_port() if metrics_on else 0,
                 run_dir=cfg.run_dir, enabled=metrics_on)  # fmt: skip
     try:
-        summary = trainer.run(cfg, metrics=m)
+        summary = data_mode.run(cfg, metrics=m)
     finally:
         m.close()
     if rank == 0:
@@ -155,17 +157,17 @@ def _worker(rank: int, a: Args, port: int, out: str) -> None:
         if rank != 0:
             ds = load_dataset(spec, work / "data")
         amp = make_amp("fp32", ctx.device)
-        loss_fn = trainer.loss_fn_for(ds)
+        loss_fn = loss_fn_for(ds)
         inner = build_model(spec, ds)
-        model = parallel.apply(inner, mesh=ctx, cfg=cfg)
-        clock = parallel.comm_clock_for(model)
+        model = layouts.apply(inner, mesh=ctx, cfg=cfg)
+        clock = layouts.comm_clock_for(model)
         assert clock is not None
         opt = build_optimizer(inner.parameters(), spec.optimizer, spec.data.batch_size)
         sched = build_scheduler(opt, spec.optimizer, spec.data.batch_size, spec.training.steps)
         sampler = GlobalBatchSampler(ds.num_train, spec.data.batch_size, spec.data.seed, rank, WORLD)
         metrics = Metrics(job="bench", rank=rank, mode="data", port=0, run_dir=None)
 
-        def step() -> parallel.CommTimes:
+        def step() -> CommTimes:
             x, y = ds.batch(sampler.next_indices())
             train_step(model, [(torch.from_numpy(x), torch.from_numpy(y))], loss_fn=loss_fn, optimizer=opt,
                        scheduler=sched, amp=amp)  # fmt: skip
@@ -202,7 +204,7 @@ def _worker(rank: int, a: Args, port: int, out: str) -> None:
                 raw.append(time.perf_counter() - t0)
 
         # (c) checkpoints of the trainer's full state (model, optimizer, scheduler, sampler, RNG).
-        run = trainer.Run(cfg=cfg, ctx=ctx, ds=ds, model=model, inner=inner, comm=clock, optimizer=opt,
+        run = Run(cfg=cfg, ctx=ctx, ds=ds, model=model, inner=inner, comm=clock, optimizer=opt,
                           scheduler=sched, amp=amp, sampler=sampler, metrics=metrics, step=1000)  # fmt: skip
         sync_s: list[float] = []
         stall_s: list[float] = []

@@ -59,8 +59,8 @@ def spec_of(rounds: int):  # noqa: ANN201
 
 
 def client_data(spec, index: int):  # noqa: ANN001, ANN201
-    from disttrain_trainer.data import load_dataset
-    from disttrain_trainer.federated import partition
+    from disttrain_trainer.datasets import load_dataset
+    from disttrain_trainer.modes.federated import partition
 
     ds = load_dataset(spec)
     rows = partition.iid(ds.num_train, CLIENTS, spec.data.seed)[index][:BATCH]
@@ -108,10 +108,10 @@ def flower_client(port: int, index: int, rounds: int) -> None:
 
 def run_flower(rounds: int) -> dict[str, Any]:
     import flwr as fl
-    from disttrain_trainer.data import load_dataset
+    from disttrain_trainer.datasets import load_dataset
     from disttrain_trainer.models import build_model
-    from disttrain_trainer.precision import make_amp
-    from disttrain_trainer.train import evaluate
+    from disttrain_trainer.process.precision import make_amp
+    from disttrain_trainer.run_common import evaluate
 
     spec = spec_of(rounds)
     ds = load_dataset(spec)
@@ -158,9 +158,10 @@ def run_flower(rounds: int) -> dict[str, Any]:
 
 
 def disttrain_client(port: int, key: bytes, index: int, rounds: int) -> None:
-    from disttrain_trainer.federated.client import ClientRunner, ClientState
-    from disttrain_trainer.federated.settings import client_ids
     from disttrain_trainer.models import build_model
+    from disttrain_trainer.modes.federated.client import ClientRunner
+    from disttrain_trainer.modes.federated.local_training import ClientState
+    from disttrain_trainer.modes.federated.settings import client_ids
     from disttrain_trainer.tensor_transport.channel import aio_channel
 
     torch.set_num_threads(1)
@@ -179,13 +180,13 @@ def disttrain_client(port: int, key: bytes, index: int, rounds: int) -> None:
 
 
 def run_disttrain(rounds: int) -> dict[str, Any]:
-    from disttrain_trainer.config import config_for
-    from disttrain_trainer.data import load_dataset
-    from disttrain_trainer.federated import inprocess
-    from disttrain_trainer.federated.aggregator import Aggregator
-    from disttrain_trainer.federated.entry import make_evaluator
-    from disttrain_trainer.federated.fedmetrics import FedMetrics
+    from disttrain_trainer.datasets import load_dataset
     from disttrain_trainer.models import build_model
+    from disttrain_trainer.modes.federated import inprocess
+    from disttrain_trainer.modes.federated.aggregator import Aggregator
+    from disttrain_trainer.modes.federated.entry import make_evaluator
+    from disttrain_trainer.process.config import config_for
+    from disttrain_trainer.telemetry.federated_series import FedMetrics
     from disttrain_trainer.tensor_transport import auth
 
     spec = spec_of(rounds)
@@ -228,6 +229,7 @@ RAW_METHOD = "/bench.Raw/Push"
 
 def sender(agg_port: int, raw_port: int, key: bytes, numel: int, repeats: int, out: Any) -> None:
     import grpc
+    from disttrain_trainer.modes.federated.bindings import JOIN, round_binding, wait_binding
     from disttrain_trainer.tensor_transport import auth, codec
     from disttrain_trainer.tensor_transport.channel import OPTIONS, aio_channel
     from disttrain_trainer.tensor_transport.protos import tensor_transport_pb2 as pb
@@ -242,15 +244,20 @@ def sender(agg_port: int, raw_port: int, key: bytes, numel: int, repeats: int, o
         push_raw = raw_channel.stream_unary(RAW_METHOD)
         channel = aio_channel(f"127.0.0.1:{agg_port}", None)
         stub = pbg.FederatedStub(channel)
-        md = auth.metadata_for(key, "client-0")
+        creds = auth.Credentials.derive(key, ["client-0"])
+        joined = await stub.Join(pb.JoinRequest(client_ids=["client-0"]), metadata=creds.metadata("client-0", "", JOIN))
+        heard = joined.round
         for _ in range(repeats):
             t = time.perf_counter()
             await push_raw(iter(raw_chunks))
             times["raw"].append(time.perf_counter() - t)
-            task = codec.decode_all([c async for c in stub.GetTask(pb.TaskRequest(client_id="client-0"), metadata=md)],
+            wait = creds.metadata("client-0", joined.session, wait_binding(heard))
+            task = codec.decode_all([c async for c in stub.GetTask(pb.TaskRequest(client_id="client-0"), metadata=wait)],
                                     1 << 40)  # fmt: skip
+            heard, attempt = task.header.round, int(task.header.scalars["attempt"])
+            md = creds.metadata("client-0", joined.session, round_binding(heard, attempt))
             header = codec.make_header(kind="update", round=task.header.round, tensors=update,
-                                       scalars={"attempt": task.header.scalars["attempt"], "num_samples": 1})  # fmt: skip
+                                       scalars={"attempt": attempt, "num_samples": 1})  # fmt: skip
             chunks = list(codec.encode(header, update))  # built before the clock starts, like raw_chunks
             t = time.perf_counter()
             reply = await stub.PushUpdate(iter(chunks), metadata=md)
@@ -266,9 +273,9 @@ def sender(agg_port: int, raw_port: int, key: bytes, numel: int, repeats: int, o
 def run_ingest(numel: int, repeats: int) -> dict[str, Any]:
     import grpc
     from disttrain_api.model import parse_spec
-    from disttrain_trainer.federated import inprocess
-    from disttrain_trainer.federated.aggregator import Aggregator
-    from disttrain_trainer.federated.fedmetrics import FedMetrics
+    from disttrain_trainer.modes.federated import inprocess
+    from disttrain_trainer.modes.federated.aggregator import Aggregator
+    from disttrain_trainer.telemetry.federated_series import FedMetrics
     from disttrain_trainer.tensor_transport import auth
     from disttrain_trainer.tensor_transport.channel import SERVER_OPTIONS
 
@@ -327,7 +334,7 @@ def main() -> None:
     torch.set_num_threads(1)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     spec = spec_of(args.rounds)
-    from disttrain_trainer.data import load_dataset
+    from disttrain_trainer.datasets import load_dataset
     from disttrain_trainer.models import build_model
 
     params = sum(p.numel() for p in build_model(spec, load_dataset(spec)).parameters())

@@ -13,7 +13,7 @@ same shape, global batch, AdamW and precision on one CUDA device with NCCL (worl
 
 Throughput = tokens / wall time from the end of step `warmup` to the end of step
 `steps - warmup` on rank 0; MFU = throughput x model FLOPs per token / the GPU's dense
-peak for the precision (disttrain_trainer.model_flops: the same formula the trainer's
+peak for the precision (disttrain_trainer.telemetry.model_flops: the same formula the trainer's
 summary reports). Runs alternate plain/disttrain per precision.
 
     python benchmarks/gpu_gpt.py [--precisions fp32,fp16,bf16] [--json out.json]
@@ -183,8 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     ns = p.parse_args(argv)
 
     import torch
-    from disttrain_trainer.data import vocabulary
-    from disttrain_trainer.model_flops import gpt_flops_per_token, peak_flops
+    from disttrain_trainer.datasets import vocabulary
+    from disttrain_trainer.telemetry.model_flops import gpt_flops_per_token, peak_flops
 
     if ns.device == "cuda" and not torch.cuda.is_available():
         print("gpu_gpt.py needs a CUDA GPU (or --device cpu --tiny for a smoke test)", file=sys.stderr)

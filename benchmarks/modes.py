@@ -15,7 +15,7 @@ PP x TP) real gloo processes train the same GPT on the same global batch. Per la
   peak RSS MiB     the process's peak resident memory (includes ~300 MiB of runtime),
   prof x           profiled / unprofiled step time: the profiler's own cost,
   bubble           pipelines only: the schedule's idle time / pipeline window, mean
-                   of the stages (pipeline_stats.split_idle on the unprofiled steps).
+                   of the stages (stage_times.split_idle on the unprofiled steps).
 A pipeline's P2P receive is in flight from when the schedule posts it until the
 peer's tensor arrives, so its busy and exposed time include the bubble (waiting for
 the peer stage to compute); the bubble column says how much of it that is.
@@ -41,15 +41,15 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 from disttrain_trainer.models import GPT
+from disttrain_trainer.modes.pipeline.loop import average_over_data
+from disttrain_trainer.modes.pipeline.partition import BlockProfile, make_plan
+from disttrain_trainer.modes.pipeline.schedules import Pipeline, StepOut, total_stages
+from disttrain_trainer.modes.pipeline.stage_times import split_idle
 from disttrain_trainer.parallel.blocks import split_blocks
 from disttrain_trainer.parallel.comm_profile import ProfiledComm
 from disttrain_trainer.parallel.hybrid import apply_layout
 from disttrain_trainer.parallel.mesh import Layout, build_mesh
-from disttrain_trainer.parallel.partition import BlockProfile, make_plan
-from disttrain_trainer.parallel.pipeline import Pipeline, StepOut, total_stages
-from disttrain_trainer.parallel.pipeline_stats import split_idle
 from disttrain_trainer.parallel.tensor import stage_sharder
-from disttrain_trainer.pipeline_train import average_over_data
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -143,7 +143,7 @@ def _flat(rank: int, case: Case) -> Trainee:
 
 
 def _pipelined(rank: int, case: Case) -> Trainee:
-    """Pipeline, DP x PP and PP x TP as pipeline_train.py builds and steps them: the GPT's blocks
+    """Pipeline, DP x PP and PP x TP as the pipeline mode (modes/pipeline/) builds and steps them: the GPT's blocks
     cut into stages, each stage sharded over mesh["tp"], replicas' stage gradients averaged
     over mesh["dp"]. The plan is the trainer's `partition: params` (equal parameter counts):
     deterministic, so the memory and bytes columns are too, where `profile` times the blocks."""

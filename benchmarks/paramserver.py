@@ -76,7 +76,7 @@ def time_to_accuracy(mode: str, workers: int, root: Path) -> dict[str, Any]:
     manifest.write_text(MANIFESTS[mode].format(name=name, workers=workers, MLP=MLP, DATA=DATA, EVAL=EVAL))
     run_dir = root / name
     t0 = time.time()
-    proc = subprocess.run([sys.executable, "-m", "disttrain_operator", "local", str(manifest), "--run-dir",
+    proc = subprocess.run([sys.executable, "-m", "disttrain_cli", "local", str(manifest), "--run-dir",
                            str(run_dir), "--fresh", "--no-progress", "--metrics-port", "0"],
                           capture_output=True, text=True, timeout=900)  # fmt: skip
     wall = time.time() - t0
@@ -109,23 +109,23 @@ def time_to_accuracy(mode: str, workers: int, root: Path) -> dict[str, Any]:
 
 
 def _tensors(total_mb: int, count: int) -> list[tuple[str, Any]]:
-    import torch  # noqa: PLC0415
+    import torch
 
     n = total_mb * (1 << 20) // 4 // count
     g = torch.Generator().manual_seed(0)
     return [(f"t{i}", torch.randn(n, generator=g)) for i in range(count)]
 
 
-def _serve(total_mb: int, count: int, ports: Any, stop: Any) -> None:
-    import grpc  # noqa: PLC0415
-    import torch  # noqa: PLC0415
-    from disttrain_api.model import parse_spec  # noqa: PLC0415
-    from disttrain_trainer.paramserver.entry import start_server  # noqa: PLC0415
-    from disttrain_trainer.paramserver.psmetrics import ServerMetrics  # noqa: PLC0415
-    from disttrain_trainer.paramserver.server import Shard, ShardConfig  # noqa: PLC0415
-    from disttrain_trainer.tensor_transport.channel import SERVER_OPTIONS  # noqa: PLC0415
-    from disttrain_trainer.tensor_transport.codec import CHUNK_BYTES  # noqa: PLC0415
-    from disttrain_trainer.tensor_transport.frames import reuse_freed_memory  # noqa: PLC0415
+def _serve(total_mb: int, count: int, key: bytes, ports: Any, stop: Any) -> None:
+    import grpc
+    import torch
+    from disttrain_api.model import parse_spec
+    from disttrain_trainer.modes.paramserver.entry import start_server
+    from disttrain_trainer.modes.paramserver.server import Shard, ShardConfig
+    from disttrain_trainer.telemetry.paramserver_series import ServerMetrics
+    from disttrain_trainer.tensor_transport.channel import SERVER_OPTIONS
+    from disttrain_trainer.tensor_transport.codec import CHUNK_BYTES
+    from disttrain_trainer.tensor_transport.frames import reuse_freed_memory
 
     reuse_freed_memory()  # as the paramserver processes do; the raw server shares the process
     torch.set_num_threads(1)
@@ -133,7 +133,7 @@ def _serve(total_mb: int, count: int, ports: Any, stop: Any) -> None:
     cfg = ShardConfig(index=0, workers=1, steps=10**9, max_staleness=10**9, optimizer=opt, push_batch=256,
                       checkpoint_dir=None, checkpoint_interval=10**9, keep=1)  # fmt: skip
     shard = Shard(cfg, _tensors(total_mb, count), ServerMetrics(job="bench", shard=0, port=0, log_path=None))
-    server, ps_port = start_server(shard, "127.0.0.1:0", workers=1)
+    server, ps_port = start_server(shard, "127.0.0.1:0", key=key, log=lambda s: None)
 
     blob = bytes(total_mb << 20)
     chunks = [blob[i : i + CHUNK_BYTES] for i in range(0, len(blob), CHUNK_BYTES)]
@@ -181,22 +181,24 @@ def _serve(total_mb: int, count: int, ports: Any, stop: Any) -> None:
 
 
 def transport(total_mb: int, count: int, reps: int) -> dict[str, Any]:
-    import grpc  # noqa: PLC0415
-    import torch  # noqa: PLC0415
-    from disttrain_trainer.paramserver.service import ShardClient  # noqa: PLC0415
-    from disttrain_trainer.tensor_transport.channel import OPTIONS  # noqa: PLC0415
-    from disttrain_trainer.tensor_transport.codec import CHUNK_BYTES  # noqa: PLC0415
-    from disttrain_trainer.tensor_transport.frames import reuse_freed_memory  # noqa: PLC0415
+    import grpc
+    import torch
+    from disttrain_trainer.modes.paramserver.service import ShardClient
+    from disttrain_trainer.tensor_transport import auth
+    from disttrain_trainer.tensor_transport.channel import OPTIONS
+    from disttrain_trainer.tensor_transport.codec import CHUNK_BYTES
+    from disttrain_trainer.tensor_transport.frames import reuse_freed_memory
 
     reuse_freed_memory()
     torch.set_num_threads(1)
     ctx = mp.get_context("spawn")
     ports, stop = ctx.Queue(), ctx.Event()
-    proc = ctx.Process(target=_serve, args=(total_mb, count, ports, stop), daemon=True)
+    key = auth.new_key()
+    proc = ctx.Process(target=_serve, args=(total_mb, count, key, ports, stop), daemon=True)
     proc.start()
     ps_port, raw_port = ports.get(timeout=120)
     nbytes = total_mb << 20
-    client = ShardClient(f"127.0.0.1:{ps_port}", max_bytes=nbytes)
+    client = ShardClient(f"127.0.0.1:{ps_port}", max_bytes=nbytes, creds=auth.Credentials.derive(key, ["worker-0"]))
     channel = grpc.insecure_channel(f"127.0.0.1:{raw_port}", options=OPTIONS)
     sink = channel.stream_unary("/bench.Raw/Sink")
     source = channel.unary_stream("/bench.Raw/Source")

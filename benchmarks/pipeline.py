@@ -3,7 +3,7 @@
 One run, real gloo processes on this machine, identical blocks (so stages are
 balanced and GPipe's theory applies):
   1. bubble fraction of GPipe and 1F1B for p stages and m micro-batches, measured
-     from every stage's compute timeline (pipeline_stats.split_idle), against
+     from every stage's compute timeline (stage_times.split_idle), against
      (p - 1) / (m + p - 1);
   2. step time of every schedule on the same model and batch;
   3. peak activation bytes held per stage, GPipe vs 1F1B (measured by the stages'
@@ -34,10 +34,10 @@ import torch.multiprocessing as mp
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "trainer"))
-from disttrain_trainer.parallel.partition import Plan, uniform_bounds  # noqa: E402
-from disttrain_trainer.parallel.pipedream import PipeDreamStage  # noqa: E402
-from disttrain_trainer.parallel.pipeline import Pipeline, total_stages  # noqa: E402
-from disttrain_trainer.parallel.pipeline_stats import split_idle, theory_bubble  # noqa: E402
+from disttrain_trainer.modes.pipeline.partition import Plan, uniform_bounds  # noqa: E402
+from disttrain_trainer.modes.pipeline.pipedream import PipeDreamStage  # noqa: E402
+from disttrain_trainer.modes.pipeline.schedules import Pipeline, total_stages  # noqa: E402
+from disttrain_trainer.modes.pipeline.stage_times import split_idle, theory_bubble  # noqa: E402
 
 WARMUP, STEPS = 2, 10
 

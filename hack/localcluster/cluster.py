@@ -148,8 +148,7 @@ class LocalCluster:
         (self.cfg.root / "cluster.json").write_text(json.dumps({"nodes": nodes}))
 
     def _start_runtime(self, n: NodeConfig, archives: dict[str, images.Archive]) -> None:
-        node.start_containerd(self.cfg, n)
-        node.remove_stale_containers(self.cfg, n)
+        node.start_runtime(self.cfg, n)
         if images.import_into(self.cfg, n, archives):
             # containerd's CRI image cache keeps the old image behind a re-used name until restart
             self._restart_containerd(n)
@@ -266,8 +265,7 @@ class LocalCluster:
         n = self.cfg.node(name)
         bins = bin_dir()
         node.stop(self.cfg, n)
-        node.start_containerd(self.cfg, n)
-        node.remove_stale_containers(self.cfg, n)
+        node.start_runtime(self.cfg, n)
         node.start_kubelet_and_proxy(self.cfg, n, bins)
         self.wait_ready()
 

@@ -36,7 +36,7 @@ BASE_IMAGE = "localhost/disttrain-base:bookworm"
 WHEELS = REPO_ROOT / "build" / "wheels"
 BUILDAH = ["buildah", "--storage-driver", "vfs"]
 # README.md is needed by the build (package metadata) but does not change what runs: not hashed.
-PROJECT_INPUTS = ("Dockerfile", ".dockerignore", "pyproject.toml", "operator", "trainer")
+PROJECT_INPUTS = ("Dockerfile", ".dockerignore", "pyproject.toml", "operator", "trainer", "cli")
 
 
 @dataclass(frozen=True, kw_only=True)

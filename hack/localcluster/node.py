@@ -171,11 +171,19 @@ def start_containerd(cfg: ClusterConfig, node: NodeConfig, *, fresh: bool = True
              timeout=30, step=f"containerd: {node.name}", log=log, pid=pid)
 
 
-def remove_stale_containers(cfg: ClusterConfig, node: NodeConfig) -> None:
-    """Containers recorded by an earlier run of this node (its pods are gone or will be recreated)."""
+def start_runtime(cfg: ClusterConfig, node: NodeConfig) -> None:
+    """containerd without the containers an earlier run of this node recorded (their tasks died
+    with the node; their pods are gone or will be recreated).
+
+    They are removed through containerd's own API, and containerd is then restarted: its CRI
+    plugin loads every container into memory when it starts, so a container removed behind its
+    back stays listed, every RemoveContainer of it answers NotFound, and the kubelet never
+    finishes deleting its pod (seen: a pod Terminating for 40 minutes after its node restarted)."""
+    start_containerd(cfg, node)
     ids = run(ctr(cfg, node, "containers", "ls", "-q"), step="containerd", check=False).stdout.split()
     if ids:
         run(ctr(cfg, node, "containers", "rm", *ids), step="containerd", check=False)
+        restart_containerd(cfg, node)
 
 
 def start_kubelet_and_proxy(cfg: ClusterConfig, node: NodeConfig, bin_dir: Path) -> None:

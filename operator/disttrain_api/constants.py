@@ -18,6 +18,9 @@ ENV_JOB = "DISTTRAIN_JOB"
 ENV_NAMESPACE = "DISTTRAIN_NAMESPACE"  # the job's namespace, a label of every metric series
 ENV_CONFIG = "DISTTRAIN_CONFIG"  # path of the spec rendered as JSON
 ENV_RESTART_ATTEMPT = "DISTTRAIN_RESTART_ATTEMPT"
+# The job's UID: with the restart attempt it names a checkpoint writer (checkpoint fencing);
+# absent for runs started by hand or by `disttrain local`.
+ENV_JOB_UID = "DISTTRAIN_JOB_UID"
 # Optional overrides (defaults come from the spec):
 ENV_CHECKPOINT_DIR = "DISTTRAIN_CHECKPOINT_DIR"  # default spec.checkpoint.path
 ENV_RUN_DIR = "DISTTRAIN_RUN_DIR"  # JSON-lines metrics logs, summary.json, plots
@@ -34,7 +37,12 @@ ENV_RENDEZVOUS_TIMEOUT = "DISTTRAIN_RENDEZVOUS_TIMEOUT_S"
 DEFAULT_MASTER_PORT = 29500
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 CONFIG_FILENAME = "config.json"
-CONFIG_MOUNT_DIR = "/etc/disttrain"
+CONFIG_MOUNT_DIR = "/etc/disttrain"  # read-only: the config; the federated TLS / token dirs sit inside
+# Worker pods run with a read-only root filesystem; these emptyDirs are what they may write:
+# the run dir (JSON-lines logs, summary, plots) and a tmp that HOME and the library caches
+# (matplotlib, torch inductor, triton) point into.
+RUN_MOUNT_DIR = "/run/disttrain"
+TMP_MOUNT_DIR = "/tmp"
 
 # --- labels and annotations ---------------------------------------------------
 LABEL_JOB = "disttrain.dev/job-name"
@@ -56,16 +64,17 @@ ENV_SERVER_ADDR = "DISTTRAIN_SERVER_ADDR"  # paramserver: every shard's host:por
 # Set on servers run by a Deployment: after the last round / step keep serving "done" until
 # stopped (SIGTERM), since a container that exits would be restarted and replay the end.
 ENV_SERVE_UNTIL_STOPPED = "DISTTRAIN_SERVE_UNTIL_STOPPED"
-# Federated channel security, mounted from Secrets by the operator:
-# a folder with ca.crt / tls.crt / tls.key (clients read only ca.crt), and the
-# file holding the key that per-client tokens are derived from (HMAC).
-ENV_FED_TLS_DIR = "DISTTRAIN_FED_TLS_DIR"
-ENV_FED_TOKEN_KEY_FILE = "DISTTRAIN_FED_TOKEN_KEY_FILE"
+# Channel security of the federated aggregator and the parameter servers, mounted from
+# Secrets by the operator: a folder with ca.crt / tls.crt / tls.key (clients read only
+# ca.crt), and a folder of identity credentials: a server finds the key every credential
+# is derived from (identities.SERVER_KEY), a client or worker pod one file per identity it
+# hosts, named by the identity (client-07, worker-3) and nothing else.
+ENV_TLS_DIR = "DISTTRAIN_TLS_DIR"
+ENV_IDENTITY_DIR = "DISTTRAIN_IDENTITY_DIR"
 # Name the server certificate is issued for, when clients dial it by another name (an IP).
-ENV_FED_TLS_SERVER_NAME = "DISTTRAIN_FED_TLS_SERVER_NAME"
-FED_TLS_MOUNT_DIR = "/etc/disttrain/federated-tls"
-FED_TOKEN_MOUNT_DIR = "/etc/disttrain/federated-token"
-FED_TOKEN_SECRET_KEY = "token-key"
+ENV_TLS_SERVER_NAME = "DISTTRAIN_TLS_SERVER_NAME"
+TLS_MOUNT_DIR = "/etc/disttrain/tls"
+IDENTITY_MOUNT_DIR = "/etc/disttrain/identity"
 LABEL_MODE = "disttrain.dev/mode"
 # Mesh layout of a gang, for humans (kubectl describe): "dp=2,pp=2,tp=1".
 ANNOTATION_MESH = "disttrain.dev/mesh"

@@ -48,6 +48,8 @@ PRINTER_COLUMNS = [
     {"name": "Comm", "type": "number", "jsonPath": ".status.commFraction",
      "description": "Communication seconds / step seconds of rank 0."},
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "description": "Gang restarts."},
+    {"name": "Disruptions", "type": "integer", "jsonPath": ".status.disruptions", "priority": 1,
+     "description": "Pods ended by evictions, drains, preemptions (not counted as restarts)."},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 
@@ -131,12 +133,12 @@ def openapi_schema() -> dict[str, Any]:
         "properties": {
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},
-            # Only metadata.name may be restricted (structural-schema rule): worker pod
-            # names are "<job>-worker-<index>" and must fit in 63 characters.
+            # Only metadata.name may be restricted (structural-schema rule): the name is
+            # the headless Service's (DNS-1035) and prefixes every pod name (63 characters).
             "metadata": {
                 "type": "object",
                 "properties": {
-                    "name": {"type": "string", "maxLength": api.MAX_JOB_NAME, "pattern": api.DNS_LABEL_PATTERN}
+                    "name": {"type": "string", "maxLength": api.MAX_JOB_NAME, "pattern": api.JOB_NAME_PATTERN}
                 },
             },
             "spec": {"description": "Desired state; defaults are filled in by the API server.", "default": {}, **spec},

@@ -1,6 +1,6 @@
 """Names of the Prometheus series and labels that cross the trainer/operator boundary.
 
-The trainer exports them (trainer `metrics.py`), the operator scrapes rank 0 for
+The trainer exports them (trainer `telemetry/`), the operator scrapes rank 0 for
 progress, and the dashboards (charts/disttrain/dashboards/) query them: one
 definition for all three.
 
@@ -90,6 +90,8 @@ FED_CLIENTS_ANSWERED = PREFIX + "federated_clients_answered"
 FED_CLIENTS_DROPPED = PREFIX + "federated_clients_dropped"
 FED_UPDATES_REJECTED = PREFIX + "federated_updates_rejected"
 FED_ROUND_RETRIES = PREFIX + "federated_round_retries"
+FED_ROUNDS_ABANDONED = PREFIX + "federated_rounds_abandoned"
+FED_PRIVACY_EPSILON = PREFIX + "federated_privacy_epsilon"
 FED_BYTES_UP = PREFIX + "federated_bytes_up"
 FED_BYTES_DOWN = PREFIX + "federated_bytes_down"
 FED_ACCURACY = PREFIX + "federated_global_accuracy"

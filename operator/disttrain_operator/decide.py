@@ -6,183 +6,85 @@ State lives in the cluster, never in operator memory: the gang attempt is the ma
 point picks up where the last one stopped. Ordering in the glue keeps it crash-safe:
 on a restart the status (restarts+1, attempt+1) is written before pods are deleted;
 on creation pods are created (409 = already there) before the status says so.
+
+By phase: here, the spec (invalid, immutable fields), a finished job's clean-up and TTL, the
+deadline, suspend and resume, a resize, the previous attempt's pods and the gang's creation;
+once the gang exists, running_gang.py; the types and the status builder, decision.py.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
-from disttrain_api import exitcodes
-from disttrain_api import metric_names as names
 from disttrain_api.model import KIND, JobSpec
-from disttrain_api.validation import valid_sizes
 
-from .observe import PodView, format_time, parse_summary, parse_time
-
-# Phases (DESIGN.md): Pending | Running | Restarting | Succeeded | Failed | Suspended
-PENDING, RUNNING, RESTARTING = "Pending", "Running", "Restarting"
-SUCCEEDED, FAILED, SUSPENDED = "Succeeded", "Failed", "Suspended"
-TERMINAL = (SUCCEEDED, FAILED)
-IMMUTABLE_FIELDS = ("mode", "model", "parallelism")
-# Exit code 2 is the trainer's "configuration error / mode not implemented": retrying cannot help.
-PERMANENT_EXIT_CODES = exitcodes.PERMANENT
-# Modes without gang restart: a failed worker (paramserver) or client (federated) pod is replaced
-# alone while the others go on; its Deployment restarts a server.
-SOLO_REPLACE_MODES = ("paramserver", "federated")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Observed:
-    generation: int
-    uid: str = ""  # the job's UID: only pods whose controller reference carries it are the job's
-    spec: JobSpec | None  # None when the spec is invalid
-    spec_error: str = ""
-    accepted: JobSpec | None = None  # spec the running gang was built from (its ConfigMap)
-    status: dict[str, Any] = field(default_factory=dict)
-    pods: list[PodView] = field(default_factory=list)  # gang pods of every attempt
-    progress: dict[str, float] | None = None  # rank 0's disttrain_step / disttrain_last_checkpoint_step
-    now: datetime
-    force_delete_after_s: float = 30.0
-    node_lost_after_s: float = 15.0
+from .decision import (
+    FAILED,
+    IMMUTABLE_FIELDS,
+    PENDING,
+    RESTARTING,
+    RUNNING,
+    SUSPENDED,
+    TERMINAL,
+    Observed,
+    Plan,
+    StatusBuilder,
+    restart,
+    stuck,
+)
+from .observe import PodView, format_time, parse_time
+from .running_gang import decide_running
 
 
-@dataclass(frozen=True, kw_only=True)
-class Plan:
-    status: dict[str, Any]
-    spec: JobSpec | None = None  # effective spec (immutable fields from the accepted spec)
-    create: bool = False  # create the gang at status.attempt / status.replicas
-    delete_pods: list[str] = field(default_factory=list)
-    force_delete_pods: list[str] = field(default_factory=list)
-    delete_servers: bool = False  # federated/paramserver Deployment
-    delete_job: bool = False  # ttlSecondsAfterFinished expired
-    events: list[tuple[str, str, str]] = field(default_factory=list)  # (Normal|Warning, reason, message)
-
-
-# Conditions that record a state the job reached by itself, not something the operator did
-# or a problem: the condition (with its lastTransitionTime) is the record, and no Event is
-# posted. Events say what the operator did (created, deleted, restarted, replaced, resized,
-# suspended, resumed a gang) and every failure, so a healthy job costs one Event, not one
-# per phase.
-STATE_CONDITIONS = ("Running", "Succeeded")
-
-
-class _Builder:
-    """Accumulates status changes and the Events of the operator's actions and of failures."""
-
-    def __init__(self, status: dict[str, Any], now: datetime) -> None:
-        self.status = copy.deepcopy(status)
-        self.status.setdefault("conditions", [])
-        self.now = now
-        self.events: list[tuple[str, str, str]] = []
-
-    def condition(self, type_: str, value: bool, reason: str, message: str = "") -> None:
-        want = "True" if value else "False"
-        for cond in self.status["conditions"]:
-            if cond.get("type") == type_:
-                if cond.get("status") != want:
-                    cond["lastTransitionTime"] = format_time(self.now)
-                    if value:
-                        self._event(type_, reason, message)
-                elif value and cond.get("reason") != reason:
-                    self._event(type_, reason, message)
-                cond.update(status=want, reason=reason, message=message)
-                return
-        if not value and type_ not in ("Running", "Suspended"):
-            return  # absent == False; only record the ones users look for
-        self.status["conditions"].append(
-            {"type": type_, "status": want, "reason": reason, "message": message,
-             "lastTransitionTime": format_time(self.now)}
-        )
-        if value:
-            self._event(type_, reason, message)
-
-    def is_true(self, type_: str, reason: str | None = None) -> bool:
-        for cond in self.status["conditions"]:
-            if cond.get("type") == type_ and cond.get("status") == "True":
-                return reason is None or cond.get("reason") == reason
-        return False
-
-    def _event(self, type_: str, reason: str, message: str) -> None:
-        if type_ in STATE_CONDITIONS:
-            return
-        warn = type_ in ("Failed", "InvalidSpec", "Restarting") or reason in ("Unschedulable",)
-        self.event("Warning" if warn else "Normal", reason, message or type_)
-
-    def event(self, kind: str, reason: str, message: str) -> None:
-        self.events.append((kind, reason, message))
-
-    def phase(self, value: str, message: str = "") -> None:
-        self.status["phase"] = value
-        self.status["message"] = message
-
-
-def _immutable_diff(old: JobSpec, new: JobSpec) -> list[str]:
-    return [f"spec.{name}" for name in IMMUTABLE_FIELDS if getattr(old, name) != getattr(new, name)]
-
-
-def _counts(pods: list[PodView]) -> dict[str, int]:
-    phases = [p.phase for p in pods if not p.deleting]
-    return {
-        "active": sum(ph in ("Pending", "Running") for ph in phases),
-        "pending": phases.count("Pending"),
-        "succeeded": phases.count("Succeeded"),
-        "failed": sum(ph in ("Failed", "Unknown") for ph in phases),
-    }
-
-
-def _failure(p: PodView, node_lost_after_s: float) -> str:
-    """Why this pod of the live gang is lost, or '' when it is fine."""
-    if p.deleting:
-        return f"pod {p.name} was deleted or evicted"
-    if p.phase in ("Failed", "Unknown"):
-        detail = (p.message.splitlines() or [""])[-1][:300] if p.message else p.reason
-        code = f" (exit code {p.exit_code})" if p.exit_code is not None else ""
-        return f"pod {p.name} failed{code}: {detail or 'no message'}"
-    if p.not_ready_for_s >= node_lost_after_s:
-        return f"pod {p.name} lost its node (not ready for {int(p.not_ready_for_s)}s)"
-    return ""
+def earlier_job(p: PodView, obs: Observed) -> bool:
+    """A pod of an earlier job with this name: the garbage collector deletes it with its owner."""
+    return p.owner_kind == KIND and p.owner_uid != obs.uid and p.owner_name in ("", obs.name)
 
 
 def decide(obs: Observed) -> Plan:
     """The next status and actions. Pods carrying the job's labels but controlled by
-    another owner (an earlier job of the same name, or orphans) are never adopted or
-    counted: they are deleted, and no gang is created while they exist (they hold the
-    pod names and would answer for the job's DNS names)."""
+    another owner are never adopted, counted or deleted: those of an earlier job with
+    this name go with it (garbage collection), any other (an orphan, another owner's) is
+    a NameConflict. No gang is created while either exists: they hold the pod names and
+    would answer for the job's DNS names. Only a pod of an earlier job that its node
+    cannot confirm deleted (Terminating for too long) is force-deleted, as ours are."""
     ours = [p for p in obs.pods if p.owner_uid == obs.uid]
     foreign = [p for p in obs.pods if p.owner_uid != obs.uid]
     plan = _decide(dataclasses.replace(obs, pods=ours), foreign)
-    if not foreign:
+    held = stuck([p for p in foreign if earlier_job(p, obs)], obs)
+    if not held:
         return plan
-    mine = [p for p in foreign if p.owner_kind in ("", KIND)]  # an earlier incarnation, or orphaned
-    return dataclasses.replace(
-        plan,
-        delete_pods=sorted({*plan.delete_pods, *(p.name for p in mine if not p.deleting)}),
-        force_delete_pods=sorted({*plan.force_delete_pods, *_stuck(mine, obs)}),
-    )
+    return dataclasses.replace(plan, force_delete_pods=sorted({*plan.force_delete_pods, *held}))
 
 
 def _decide(obs: Observed, foreign: list[PodView]) -> Plan:
-    b = _Builder(obs.status, obs.now)
+    b = StatusBuilder(obs.status, obs.now)
     st = b.status
     st["observedGeneration"] = obs.generation
     pods = obs.pods
 
-    if obs.spec is None:
+    if obs.spec is None and obs.accepted is None:  # never had a valid spec: nothing to go on with
         b.condition("InvalidSpec", True, "InvalidSpec", obs.spec_error)
         b.phase(FAILED, f"invalid spec: {obs.spec_error}")
         return Plan(status=st, delete_pods=[p.name for p in pods if not p.deleting], events=b.events)
-    if b.is_true("InvalidSpec", "InvalidSpec"):
-        b.condition("InvalidSpec", False, "SpecValid", "the spec was fixed")
-        b.phase(PENDING if obs.accepted is None else st.get("phase", PENDING))
-        if st["phase"] == FAILED:
-            st["phase"] = PENDING
-
-    spec = obs.spec
-    accepted = obs.accepted
+    if obs.spec is None:
+        # An edit made the spec invalid: the gang goes on with the spec it was built from (a
+        # fix clears the condition without touching the pods), at the size the user last
+        # asked for.
+        assert obs.accepted is not None
+        b.condition("InvalidSpec", True, "InvalidSpec", f"{obs.spec_error} (the job goes on with its last valid "
+                    "spec until this is fixed)")
+        last = int(st.get("lastSpecReplicas") or 0) or obs.accepted.workers.replicas
+        spec = dataclasses.replace(obs.accepted, workers=dataclasses.replace(obs.accepted.workers, replicas=last))
+        accepted = None
+    else:
+        if b.is_true("InvalidSpec", "InvalidSpec"):
+            b.condition("InvalidSpec", False, "SpecValid", "the spec was fixed")
+            if st.get("phase") in (FAILED, None, ""):
+                b.phase(PENDING)
+        spec, accepted = obs.spec, obs.accepted
     if accepted is not None:
         changed = _immutable_diff(accepted, spec)
         if changed:
@@ -199,6 +101,7 @@ def _decide(obs: Observed, foreign: list[PodView]) -> Plan:
     phase = st.get("phase") or ""
     current = [p for p in pods if p.attempt == attempt]
     st.setdefault("restarts", restarts)
+    st.setdefault("disruptions", 0)
     st["attempt"], st["replicas"] = attempt, replicas
     st["workers"] = _counts(current)
     plan: dict[str, Any] = {"spec": spec}
@@ -237,7 +140,7 @@ def _decide(obs: Observed, foreign: list[PodView]) -> Plan:
             b.phase(SUSPENDED, "suspended")
         # A pod Terminating for too long (its kubelet cannot confirm) is force-deleted, as on
         # a restart: a suspended job holds no pods.
-        return finish(delete_pods=[p.name for p in pods if not p.deleting], force_delete_pods=_stuck(pods, obs),
+        return finish(delete_pods=[p.name for p in pods if not p.deleting], force_delete_pods=stuck(pods, obs),
                       delete_servers=True)  # fmt: skip
 
     # ---- replicas may change only inside the elastic range (a resize = a new attempt).
@@ -247,7 +150,7 @@ def _decide(obs: Observed, foreign: list[PodView]) -> Plan:
         if el is not None and el.min_replicas <= desired <= el.max_replicas:
             if desired != replicas and phase in (PENDING, RUNNING):
                 st["lastSpecReplicas"] = desired
-                return _restart(b, st, plan, current, pods, attempt + 1, desired, "Resized",
+                return restart(b, st, plan, current, pods, attempt + 1, desired, "Resized",
                                 f"spec.workers.replicas changed to {desired}: recreating the gang", count=False)
             replicas = st["replicas"] = desired
         else:
@@ -259,7 +162,7 @@ def _decide(obs: Observed, foreign: list[PodView]) -> Plan:
 
     if phase == SUSPENDED:  # resumed
         if any(p for p in pods if p.attempt == attempt):
-            return finish(force_delete_pods=_stuck(pods, obs))
+            return finish(force_delete_pods=stuck(pods, obs))
         msg = "runPolicy.suspend is false: resuming from the checkpoint"
         b.condition("Suspended", False, "Resumed", msg)
         b.event("Normal", "Resumed", msg)  # a condition turning False posts no Event by itself
@@ -275,18 +178,25 @@ def _decide(obs: Observed, foreign: list[PodView]) -> Plan:
     if stale:
         return finish(
             delete_pods=[p.name for p in stale if not p.deleting],
-            force_delete_pods=_stuck(stale, obs),
+            force_delete_pods=stuck(stale, obs),
         )
 
     if phase in ("", RESTARTING) or (phase == PENDING and not b.is_true("Created")):
+        others = [p for p in foreign if not earlier_job(p, obs)]
+        if others:
+            msg = "; ".join(name_conflict(f"Pod {p.name}", p.owner_kind, p.owner_name) for p in others[:3])
+            b.condition("NameConflict", True, "NameConflict", msg)
+            b.phase(PENDING, f"waiting for names to be free: {msg}")
+            return finish()
         if foreign:
-            blocker = foreign[0]
-            owner = f"{blocker.owner_kind} {blocker.owner_uid}" if blocker.owner_uid else "no owner"
-            b.phase(PENDING, f"waiting for {len(foreign)} pod(s) not owned by this job to go "
-                             f"(e.g. {blocker.name}, controlled by {owner})")
+            b.phase(PENDING, f"waiting for the garbage collector to delete {len(foreign)} pod(s) of an earlier "
+                             f"job with this name (e.g. {foreign[0].name})")
             return finish()
         n = len(current)
         msg = f"created {replicas} {spec.mode}-parallel worker pods (attempt {attempt})"
+        # Assumes the creation succeeds; the glue writes blocked.creation_blocked's status instead when not.
+        b.condition("NameConflict", False, "NamesFree", "every name this job needs is free")
+        b.condition("ChildRejected", False, "Created", "the API server accepted every child")
         b.condition("Created", True, "GangCreated", msg)
         if phase == RESTARTING:
             b.condition("Restarting", False, "GangRecreated", msg)
@@ -294,152 +204,29 @@ def _decide(obs: Observed, foreign: list[PodView]) -> Plan:
         st["workers"] = {**st["workers"], "active": max(n, replicas), "pending": max(replicas - n, 0)}
         return finish(create=True)
 
-    # ---- the gang exists: failed / vanished / unschedulable / running / done.
-    gang = {p.index: p for p in current}
-    missing = [i for i in range(replicas) if i not in gang]
-    reasons = [r for p in current if (r := _failure(p, obs.node_lost_after_s))]
-    if missing:
-        reasons.append(f"worker pod(s) {missing} vanished")
-    if reasons:
-        permanent = [p for p in current if p.exit_code in PERMANENT_EXIT_CODES]
-        limit = spec.run_policy.backoff_limit
-        if spec.mode in SOLO_REPLACE_MODES and not permanent and (
-            restarts < limit or not any(not p.deleting and _failure(p, obs.node_lost_after_s) for p in current)
-        ):  # below the limit, or only finishing replacements already counted
-            return _replace_alone(b, st, finish, current, missing, restarts, obs)
-        if permanent or restarts >= limit:
-            why = "TrainerConfigError" if permanent else "BackoffLimitExceeded"
-            msg = reasons[0] if permanent else f"{reasons[0]}; {restarts} restarts reached runPolicy.backoffLimit={limit}"
-            b.condition("Failed", True, why, msg)
-            b.condition("Running", False, why, msg)
-            b.phase(FAILED, msg)
-            st["completionTime"] = format_time(obs.now)
-            return finish(delete_pods=[p.name for p in live], delete_servers=True)
-        kind = "NodeLost" if "lost its node" in reasons[0] else ("WorkerVanished" if "vanished" in reasons[0]
-                                                                  or "deleted" in reasons[0] else "WorkerFailed")
-        return _restart(b, st, plan, current, pods, attempt + 1, replicas, kind,
-                        f"{reasons[0]}; restarting the gang from the last checkpoint", count=True,
-                        force=_stuck(current, obs) + [p.name for p in current if p.not_ready_for_s > 0])
-
-    if all(p.phase == "Succeeded" for p in current):
-        result = parse_summary(gang[0].message) if 0 in gang else None
-        msg = "training finished"
-        if result and isinstance(result.get("device"), str):
-            msg += f" on {result['device']}"
-        if result and isinstance(result.get("testAccuracy"), int | float):
-            msg += f": test accuracy {result['testAccuracy']:.4f}"
-        if result is not None:
-            st["result"] = result
-            for key, target in (("steps", "step"),):
-                if isinstance(result.get(key), int | float):
-                    st[target] = int(result[key])
-            if isinstance(result.get("commFraction"), int | float):
-                st["commFraction"] = round(float(result["commFraction"]), 4)
-        b.condition("Succeeded", True, "Completed", msg)
-        b.condition("Running", False, "Completed", msg)
-        b.phase(SUCCEEDED, msg)
-        st["completionTime"] = format_time(obs.now)
-        return finish(delete_servers=spec.run_policy.clean_pod_policy != "None")
-
-    waiting = [p for p in current if p.unschedulable_message]
-    if waiting:
-        worst = max(waiting, key=lambda p: p.age_s)
-        el = spec.elastic
-        if el is not None and worst.age_s >= el.schedule_timeout_seconds and (
-            new := _shrunk_size(spec, replicas, placed=sum(1 for p in current if p.scheduled))
-        ) is not None:
-            return _restart(b, st, plan, current, pods, attempt + 1, new, "ElasticShrink",
-                            f"{len(waiting)} of {replicas} pods unschedulable for "
-                            f"{el.schedule_timeout_seconds}s ({worst.unschedulable_message}); "
-                            f"shrinking to {new} replicas, resuming from the checkpoint", count=False)
-        msg = f"{len(waiting)} of {replicas} pods cannot be scheduled: {worst.unschedulable_message}"
-        b.condition("Running", False, "Unschedulable", msg)
-        b.phase(PENDING, msg)
-        return finish()
-
-    if all(p.phase in ("Running", "Succeeded") for p in current):
-        if phase != RUNNING:
-            st.setdefault("startTime", format_time(obs.now))
-            b.condition("Running", True, "GangRunning", f"all {replicas} worker pods are running (attempt {attempt})")
-            b.phase(RUNNING, "training")
-        if obs.progress:
-            if names.STEP in obs.progress:
-                st["step"] = int(obs.progress[names.STEP])
-            if names.LAST_CHECKPOINT_STEP in obs.progress:
-                st["lastCheckpointStep"] = int(obs.progress[names.LAST_CHECKPOINT_STEP])
-            if (frac := names.comm_fraction(obs.progress)) is not None:
-                st["commFraction"] = frac
-        return finish()
-
-    stuck = next((p for p in current if p.phase == "Pending" and p.reason and p.message), None)
-    if stuck is not None:  # e.g. ErrImagePull: say why instead of a bare "starting"
-        msg = f"pod {stuck.name}: {stuck.reason}: {stuck.message}"[:500]
-        b.condition("Running", False, stuck.reason, msg)
-        b.phase(PENDING, msg)
-        return finish()
-    b.phase(PENDING, f"{st['workers']['pending']} of {replicas} pods starting")
-    return finish()
+    return decide_running(b, finish, plan, obs, spec=spec, pods=pods, current=current, live=live, attempt=attempt,
+                          replicas=replicas, restarts=restarts, phase=phase)
 
 
-def _shrunk_size(spec: JobSpec, replicas: int, *, placed: int) -> int | None:
-    """The gang size to shrink to when only `placed` of `replicas` pods were scheduled:
-    the largest valid size (validation.valid_sizes: every rule holds there) the placed
-    pods fit, else the smallest valid size below the current one; None when there is none."""
-    smaller = [n for n in valid_sizes(spec) if n < replicas]
-    target = placed if placed < replicas else replicas - 1
-    fits = [n for n in smaller if n <= target]
-    return max(fits) if fits else (smaller[0] if smaller else None)
+def _immutable_diff(old: JobSpec, new: JobSpec) -> list[str]:
+    return [f"spec.{name}" for name in IMMUTABLE_FIELDS if getattr(old, name) != getattr(new, name)]
 
 
-def _stuck(pods: list[PodView], obs: Observed) -> list[str]:
-    """Pods Terminating for too long (their node is gone and cannot confirm): force-delete."""
-    return [p.name for p in pods if p.deleting and p.deleting_for_s >= obs.force_delete_after_s]
+def _counts(pods: list[PodView]) -> dict[str, int]:
+    phases = [p.phase for p in pods if not p.deleting]
+    return {
+        "active": sum(ph in ("Pending", "Running") for ph in phases),
+        "pending": phases.count("Pending"),
+        "succeeded": phases.count("Succeeded"),
+        "failed": sum(ph in ("Failed", "Unknown") for ph in phases),
+    }
 
 
-def _replace_alone(b: _Builder, st: dict[str, Any], finish: Any, current: list[PodView], missing: list[int],
-                   restarts: int, obs: Observed) -> Plan:  # fmt: skip
-    """Modes whose workers never wait for each other (paramserver, federated): only the failed pods are
-    replaced, in the same attempt, while the others keep training. A failed pod is deleted (one
-    restart counted); once gone it is missing and created again with the others left as they are."""
-    failed = [p for p in current if not p.deleting and _failure(p, obs.node_lost_after_s)]
-    if failed:
-        st["restarts"] = restarts + len(failed)
-        for p in failed:
-            b.events.append(("Warning", "WorkerReplaced",
-                             f"{_failure(p, obs.node_lost_after_s)}; replacing only this pod"))  # fmt: skip
-    return finish(delete_pods=[p.name for p in failed], force_delete_pods=_stuck(failed, obs),
-                  create=bool(missing) and not failed)  # fmt: skip
-
-
-def _restart(
-    b: _Builder,
-    st: dict[str, Any],
-    plan: dict[str, Any],
-    current: list[PodView],
-    pods: list[PodView],
-    attempt: int,
-    replicas: int,
-    reason: str,
-    message: str,
-    *,
-    count: bool,
-    force: list[str] | None = None,
-) -> Plan:
-    if count:
-        st["restarts"] = int(st.get("restarts") or 0) + 1
-    st["attempt"], st["replicas"] = attempt, replicas
-    b.condition("Restarting", True, reason, message)
-    b.condition("Running", False, reason, message)
-    b.condition("Created", False, "Restarting", message)
-    b.phase(RESTARTING, message)
-    return Plan(
-        status=st,
-        events=b.events,
-        spec=plan["spec"],
-        delete_pods=[p.name for p in pods if not p.deleting],
-        force_delete_pods=sorted(set(force or [])),
-        delete_servers=False,
-    )
+def name_conflict(what: str, owner_kind: str, owner_name: str) -> str:
+    """A user's explanation of an object that holds a name the job needs."""
+    by = f"controlled by {owner_kind} {owner_name}" if owner_kind else "with no controller owner"
+    return (f"{what} exists, {by}, and is not this job's: the operator leaves it alone; delete or rename it, "
+            "or give the job another name")
 
 
 def needs_recheck(obs: Observed, plan: Plan) -> bool:

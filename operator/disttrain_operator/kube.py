@@ -11,12 +11,14 @@ report API requests per job from the operator's own metrics.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote, urlencode
 
+import urllib3
 from disttrain_api.model import GROUP, PLURAL, VERSION
 from kubernetes import client, config
 
@@ -26,6 +28,8 @@ TIMEOUT_S = 30.0
 # Requests one reconcile sends at once (a gang's children); the pool is shared by all jobs.
 FANOUT = 16
 EVENT_SOURCE = "disttrain-operator"
+# Every write, at DEBUG (`disttrain operator -v`), as it is sent: which replica wrote when.
+log = logging.getLogger("disttrain.operator.api")
 
 
 def load_config() -> None:
@@ -39,10 +43,14 @@ class KubeError(RuntimeError):
     def __init__(self, status: int, method: str, path: str, body: str) -> None:
         self.status = status
         try:
-            message = json.loads(body).get("message", body)
+            answer = json.loads(body)
         except ValueError:
-            message = body
-        super().__init__(f"{method} {path}: HTTP {status}: {message}")
+            answer = {}
+        answer = answer if isinstance(answer, dict) else {}
+        # The API server's own words (a Status object): what a user reads in a condition.
+        self.message = str(answer.get("message") or body)
+        self.reason = str(answer.get("reason") or "")
+        super().__init__(f"{method} {path}: HTTP {status}: {self.message}")
 
 
 class Conflict(KubeError):
@@ -55,6 +63,7 @@ _PATHS = {
     "ConfigMap": ("/api/v1", "configmaps"),
     "Secret": ("/api/v1", "secrets"),
     "Deployment": ("/apis/apps/v1", "deployments"),
+    "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies"),
 }
 
 
@@ -91,7 +100,13 @@ class Kube:
         body: Any = None,
         content_type: str = "application/json",
         allow: tuple[int, ...] = (),
+        timeout_s: float | None = None,
+        retries: bool = True,
     ) -> tuple[int, dict[str, Any]]:
+        """`timeout_s`: connecting and waiting for the reply share this budget (urllib3's total
+        timeout) instead of TIMEOUT_S each; a server trickling bytes can still stretch a read,
+        so the lease's watchdog never relies on it. `retries=False` sends the request once
+        (urllib3 otherwise resends one that timed out or lost its connection, 3 more times)."""
         opmetrics.API_REQUESTS.labels(verb=verb, resource=resource).inc()
         if self.cfg.refresh_api_key_hook is not None:
             self.cfg.refresh_api_key_hook(self.cfg)  # rotates the in-cluster token
@@ -99,8 +114,12 @@ class Kube:
         for auth in self.cfg.auth_settings().values():
             headers[auth["key"]] = auth["value"]
         url = self.cfg.host + path + (f"?{urlencode(query)}" if query else "")
+        timeout = TIMEOUT_S if timeout_s is None else urllib3.Timeout(total=timeout_s)
+        if method != "GET":
+            log.debug("api write %s %s", method, path)
         resp = self.pool.request(
-            method, url, headers=headers, body=None if body is None else json.dumps(body), timeout=TIMEOUT_S
+            method, url, headers=headers, body=None if body is None else json.dumps(body), timeout=timeout,
+            **({} if retries else {"retries": False}),
         )
         text = resp.data.decode("utf-8", "replace") if resp.data else ""
         if resp.status >= 300 and resp.status not in allow:
@@ -150,12 +169,14 @@ class Kube:
                      verb="create", body=body)
 
     # ----------------------------------------------------------------- children
-    def create(self, obj: dict[str, Any]) -> bool:
-        """Create; False when it already exists (idempotent re-creation after a crash)."""
+    # Every write below touches one named object; deletes carry the UID the caller checked
+    # (a precondition), so a same-named object created meanwhile by anyone is never hit.
+    def create(self, obj: dict[str, Any]) -> dict[str, Any] | None:
+        """Create; the created object, or None when one with its name already exists (409)."""
         prefix, plural = _PATHS[obj["kind"]]
         path = f"{prefix}/namespaces/{quote(obj['metadata']['namespace'])}/{plural}"
-        status, _ = self.request("POST", path, resource=plural, verb="create", body=obj, allow=(409,))
-        return status != 409
+        status, body = self.request("POST", path, resource=plural, verb="create", body=obj, allow=(409,))
+        return None if status == 409 else body
 
     @staticmethod
     def _object_path(obj: dict[str, Any]) -> tuple[str, str]:
@@ -169,9 +190,12 @@ class Kube:
         status, body = self.request("GET", path, resource=plural, verb="get", allow=(404,))
         return None if status == 404 else body
 
-    def replace(self, obj: dict[str, Any]) -> None:
+    def replace(self, obj: dict[str, Any], resource_version: str) -> bool:
+        """Replace the object as read at `resource_version`; False when it changed since (409)."""
         path, plural = self._object_path(obj)
-        self.request("PUT", path, resource=plural, verb="update", body=obj)
+        body = {**obj, "metadata": {**obj["metadata"], "resourceVersion": resource_version}}
+        status, _ = self.request("PUT", path, resource=plural, verb="update", body=body, allow=(409,))
+        return status != 409
 
     def delete_exact(self, obj: dict[str, Any], uid: str) -> None:
         """Delete this very object (a UID precondition: never a same-named successor)."""
@@ -184,13 +208,11 @@ class Kube:
                                     resource="configmaps", verb="get", allow=(404,))
         return None if status == 404 else body
 
-    def delete_pod(self, namespace: str, name: str, *, force: bool = False) -> None:
-        # grace 0 removes the object at once: only for pods whose node cannot confirm.
-        body = {"gracePeriodSeconds": 0} if force else None
+    def delete_pod(self, namespace: str, name: str, uid: str, *, force: bool = False) -> None:
+        """Delete the pod `name` only if it is still the one with `uid` (409 otherwise: ignored).
+        grace 0 removes the object at once: only for pods whose node cannot confirm."""
+        body: dict[str, Any] = {"preconditions": {"uid": uid}} if uid else {}
+        if force:
+            body["gracePeriodSeconds"] = 0
         self.request("DELETE", f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}", resource="pods",
-                     verb="delete", body=body, allow=(404,))
-
-    def delete_deployments(self, namespace: str, selector: str) -> None:
-        self.request("DELETE", f"/apis/apps/v1/namespaces/{quote(namespace)}/deployments", resource="deployments",
-                     verb="deletecollection", query={"labelSelector": selector},
-                     body={"propagationPolicy": "Background"})
+                     verb="delete", body=body, allow=(404, 409))

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from disttrain_api import constants as c
+from disttrain_api import exitcodes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,6 +35,24 @@ class PodView:
     message: str = ""  # the container's termination message (rank 0's summary JSON on success)
     owner_uid: str = ""  # UID of the pod's controller (ownerReferences[controller=true]); "" when none
     owner_kind: str = ""
+    owner_name: str = ""
+    # Why the pod ended by a disruption rather than a failure of its own, from what the pod
+    # itself says (disruption_of); "" otherwise. A deletion by someone other than the
+    # operator is a disruption too: running_gang.py tells it from the operator's own deletions.
+    disruption: str = ""
+
+
+# status.reason of a pod that the kubelet ended, before 1.26 added the DisruptionTarget
+# condition (the local cluster runs 1.20): node-pressure eviction, preemption by a critical
+# pod, graceful node shutdown (1.21+: "Terminated"; later "Shutdown"/"NodeShutdown").
+DISRUPTION_REASONS = {
+    "Evicted": "evicted by its kubelet",
+    "Preempting": "preempted by its kubelet for a critical pod",
+    "Terminated": "terminated by its kubelet for a node shutdown",
+    "Shutdown": "terminated by its kubelet for a node shutdown",
+    "NodeShutdown": "terminated by its kubelet for a node shutdown",
+}
+DISRUPTION_CONDITION = "DisruptionTarget"  # Kubernetes >= 1.26: eviction, preemption, taint manager, GC
 
 
 def parse_time(value: str | None) -> datetime | None:
@@ -69,6 +88,23 @@ def slim_pod(pod: dict[str, Any]) -> dict[str, Any]:
     return {"metadata": {k: meta[k] for k in _POD_META if k in meta}, "status": pod.get("status") or {}}
 
 
+def disruption_of(name: str, phase: str, pod_reason: str, message: str, conditions: dict[str, Any],
+                  exit_code: int | None) -> str:  # fmt: skip
+    """Why a pod that ended (or is being ended) was disrupted, or "" when nothing says so."""
+    target = conditions.get(DISRUPTION_CONDITION) or {}
+    if target.get("status") == "True":
+        detail = target.get("message") or target.get("reason") or "DisruptionTarget"
+        return f"pod {name} was disrupted ({target.get('reason') or 'DisruptionTarget'}: {detail})"[:300]
+    if phase != "Failed":
+        return ""
+    if pod_reason in DISRUPTION_REASONS:
+        detail = f": {message}" if message else ""
+        return f"pod {name} was {DISRUPTION_REASONS[pod_reason]}{detail}"[:300]
+    if exit_code == exitcodes.STOPPED:
+        return f"pod {name} stopped on request (exit code {exit_code}) after checkpointing its step"
+    return ""
+
+
 def pod_view(pod: dict[str, Any], now: datetime) -> PodView:
     meta = pod.get("metadata") or {}
     labels = meta.get("labels") or {}
@@ -90,6 +126,7 @@ def pod_view(pod: dict[str, Any], now: datetime) -> PodView:
     exit_code: int | None = None
     reason = status.get("reason") or ""
     message = status.get("message") or ""
+    pod_reason, pod_message = reason, message
     for cs in status.get("containerStatuses") or []:
         if cs.get("name") != "trainer":
             continue
@@ -121,6 +158,8 @@ def pod_view(pod: dict[str, Any], now: datetime) -> PodView:
         message=message,
         owner_uid=(controller_of(pod) or {}).get("uid", ""),
         owner_kind=(controller_of(pod) or {}).get("kind", ""),
+        disruption=disruption_of(meta.get("name", ""), phase, pod_reason, pod_message, conditions, exit_code),
+        owner_name=(controller_of(pod) or {}).get("name", ""),
     )
 
 

@@ -1,7 +1,8 @@
 """One reconcile of one job: read (the job from the watch-fed cache, its pods from the
 watch-fed index, rank 0's last progress reading; the ConfigMap only when the spec may have
-changed), decide (pure, decide.py), act (create / delete children, patch status, post
-Events).
+changed or is invalid), decide (pure, decide.py), act (create children (creation.py; a
+blocked creation becomes blocked.py's status, retried with backoff), delete the job's own
+pods and servers, patch status, post Events).
 
 The work queue (workqueue.py) runs at most one reconcile per job at a time. The caches lag
 the API by a watch event, so the glue keeps two promises a fresh LIST used to keep:
@@ -25,14 +26,17 @@ from typing import Any
 
 import kopf
 from disttrain_api import constants as c
-from disttrain_api.model import KIND, SpecError, parse_spec
+from disttrain_api.model import SpecError, parse_spec
 from disttrain_api.validation import load_job
 
 from . import opmetrics, topology
+from .blocked import creation_blocked
 from .cache import JobCache, JobKey
-from .decide import PENDING, RUNNING, Observed, Plan, decide, needs_recheck
+from .creation import create_children, delete_servers
+from .decide import decide, needs_recheck
+from .decision import PENDING, RUNNING, Observed, Plan
 from .kube import Conflict, Kube
-from .observe import PodView, controller_of, pod_view
+from .observe import PodView, pod_view
 from .scraper import Endpoint, ProgressScraper
 from .settings import OperatorSettings
 from .statusdiff import merge_patch, progress_only
@@ -42,14 +46,18 @@ log = logging.getLogger("disttrain.operator")
 EventFn = Callable[[dict[str, Any], str, str, str], None]
 # How long a created pod that the watch has not shown yet still counts as existing.
 EXPECT_TIMEOUT_S = 30.0
+# A blocked creation (a name held by another object, a child the API server rejects) is
+# tried again after the poll interval, doubling up to this.
+MAX_CREATE_RETRY_S = 60.0
 
 
 def _spec_error(err: SpecError) -> str:
     return "; ".join(f"{e.path}: {e.message}" for e in err.errors)
 
 
-def _accepted_spec(kube: Kube, job: dict[str, Any], status: dict[str, Any]) -> Any:
-    """The spec the existing gang runs (its ConfigMap); read only when the spec may have changed."""
+def _accepted_spec(kube: Kube, job: dict[str, Any], status: dict[str, Any], *, valid: bool) -> Any:
+    """The spec the existing gang runs (its ConfigMap); read only when the spec may have
+    changed, or when it is invalid (the job then goes on with this one)."""
     ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
     if not status.get("phase") or status.get("phase") == "Failed" and not status.get("replicas"):
         return None
@@ -57,7 +65,7 @@ def _accepted_spec(kube: Kube, job: dict[str, Any], status: dict[str, Any]) -> A
         cond.get("type") == "InvalidSpec" and cond.get("status") == "True" and cond.get("reason") == "ImmutableFieldChanged"
         for cond in status.get("conditions") or []
     )
-    if status.get("observedGeneration") == job["metadata"].get("generation") and not refused:
+    if valid and status.get("observedGeneration") == job["metadata"].get("generation") and not refused:
         return "unchanged"
     cm = kube.read_config_map(ns, config_map_name(name))
     if not cm:
@@ -119,11 +127,13 @@ class Reconciler:
         self.expect = Expectations()
         self._last_write: dict[JobKey, float] = {}
         self._progress_since: dict[JobKey, float] = {}  # when an unwritten progress change was first seen
+        self._create_retries: dict[JobKey, int] = {}  # blocked creations in a row
 
     def forget(self, key: JobKey, uid: str) -> None:
         self.expect.forget(key)
         self._last_write.pop(key, None)
         self._progress_since.pop(key, None)
+        self._create_retries.pop(key, None)
         self.scraper.target(key, None)
         opmetrics.set_phase(uid, None)
 
@@ -163,20 +173,20 @@ class Reconciler:
             spec = load_job(job).spec
         except SpecError as err:
             error = _spec_error(err)
-        accepted = None
-        if spec is not None:
-            found = _accepted_spec(kube, job, status)
-            accepted = spec if found == "unchanged" else found
-        mode = (accepted or spec).mode if (accepted or spec) else "data"
+        found = _accepted_spec(kube, job, status, valid=spec is not None)
+        accepted = spec if found == "unchanged" else found
+        effective = spec or accepted
+        mode = effective.mode if effective else "data"
         role = topology.gang_role(mode)
         all_views = [pod_view(p, now) for p in raw_pods]
         views = [v for v in all_views if v.role == role]
 
-        source = _progress_source(mode, status, views, all_views) if spec is not None else None
+        source = _progress_source(mode, status, views, all_views) if effective is not None else None
         prog = self.scraper.latest(key) if source is not None else None
 
         obs = Observed(
             generation=int(meta.get("generation") or 0),
+            name=name,
             uid=meta["uid"],
             spec=spec,
             spec_error=error,
@@ -187,13 +197,15 @@ class Reconciler:
             now=now,
             force_delete_after_s=settings.force_delete_after_s,
             node_lost_after_s=settings.node_lost_after_s,
+            deleted_by_operator=frozenset(self.expect.already_deleted(key, mono)),
         )
         plan = decide(obs)
         # Scrape the pod that reports progress while the job runs, from the reconcile that
         # decides it runs: that reconcile's own status write may be the job's last watch event
         # for a long time (steady pods send none), and the first reading triggers the next one.
-        source = _progress_source(mode, plan.status, views, all_views) if spec is not None else None
-        self.scraper.target(key, Endpoint(source.ip, spec.metrics.port) if source and source.ip and spec else None)
+        run = plan.spec
+        source = _progress_source(mode, plan.status, views, all_views) if run is not None else None
+        self.scraper.target(key, Endpoint(source.ip, run.metrics.port) if source and source.ip and run else None)
         servers_seen = any(v.role in (c.ROLE_AGGREGATOR, c.ROLE_SERVER) for v in all_views)
         again = self._apply(key, job, status, plan, views, servers_seen, mono)
         if needs_recheck(obs, plan):
@@ -203,12 +215,15 @@ class Reconciler:
     def _apply(self, key: JobKey, job: dict[str, Any], old: dict[str, Any], plan: Plan, pods: list[PodView],
                servers_seen: bool, mono: float) -> float | None:
         """Act on the plan; at most one status write. Returns seconds until a deferred progress
-        write is due, else None."""
+        write or the next try of a blocked creation is due, else None."""
         kube, settings = self.kube, self.settings
         meta = job["metadata"]
         ns, name = key
+        restarting = int(plan.status.get("attempt") or 0) > int(old.get("attempt") or 0) and not plan.create
+        retry: float | None = None
+        if plan.create and plan.spec is not None:
+            plan, retry = self._create(key, job, old, plan, pods)
         new = plan.status
-        restarting = int(new.get("attempt") or 0) > int(old.get("attempt") or 0) and not plan.create
         patch = merge_patch(old, new)
         deferred: float | None = None
         if not patch:
@@ -250,42 +265,19 @@ class Reconciler:
             write_status()
             reason = next((cond["reason"] for cond in new["conditions"] if cond["type"] == "Restarting"), "Restart")
             opmetrics.RESTARTS.labels(reason=reason).inc()
-        if plan.create and plan.spec is not None:
-            ctx = BuildContext(
-                name=name,
-                namespace=ns,
-                uid=meta["uid"],
-                image=plan.spec.image or settings.default_image,
-                image_pull_policy=settings.image_pull_policy,
-                attempt=int(new.get("attempt") or 0),
-                replicas=int(new.get("replicas") or plan.spec.workers.replicas),
-                termination_grace_s=settings.termination_grace_s,
-                gpu=settings.gpu,
-                allow_cpu_fallback=settings.allow_cpu_fallback,
-            )
-            children = topology.build_children(plan.spec, ctx)
-            for obj in children.all():
-                # Builders already set the controller reference; kopf.adopt keeps the kopf idiom
-                # (idempotent for our own reference) and copies the job's labels to its children.
-                kopf.adopt(obj, owner=job)
-            self.expect.expect_created(key, [p["metadata"]["name"] for p in children.pods], time.monotonic())
-            if not _create_children(kube, children, meta["uid"]):
-                # An earlier job's object holds one of our names: it is being deleted; a later
-                # reconcile creates the gang. Nothing recorded, so nothing to undo.
-                self.expect.forget(key)
-                return settings.poll_interval_s
         uids = {p.name: p.uid for p in pods}
         gone = self.expect.already_deleted(key, mono)
+        # Deletes name the pod the decision saw (its UID): never a same-named successor.
         for pod in plan.force_delete_pods:
-            kube.delete_pod(ns, pod, force=True)
+            kube.delete_pod(ns, pod, uids.get(pod, ""), force=True)
         # A pod deleted by an earlier reconcile whose watch event has not arrived yet is not
         # deleted again.
         doomed = [pod for pod in plan.delete_pods if pod not in plan.force_delete_pods and uids.get(pod) not in gone]
-        kube.each(lambda pod: kube.delete_pod(ns, pod), doomed)
+        kube.each(lambda pod: kube.delete_pod(ns, pod, uids.get(pod, "")), doomed)
         self.expect.expect_deleted(key, [uids[p] for p in doomed if uids.get(p)], mono)
         if (plan.delete_servers and plan.spec is not None and plan.spec.mode in ("federated", "paramserver")
                 and (servers_seen or patch)):
-            kube.delete_deployments(ns, f"{c.LABEL_JOB}={name}")
+            delete_servers(kube, plan.spec, job)
         if not restarting:
             write_status()
         for type_, reason, message in plan.events:
@@ -295,7 +287,50 @@ class Reconciler:
         if plan.delete_job:
             self.event(job, "Normal", "TTLExpired", "ttlSecondsAfterFinished expired: deleting the job")
             kube.delete_job(ns, name)
+        if retry is not None:
+            return retry if deferred is None else min(retry, deferred)
         return deferred
+
+    def _create(self, key: JobKey, job: dict[str, Any], old: dict[str, Any], plan: Plan, pods: list[PodView]
+                ) -> tuple[Plan, float | None]:  # fmt: skip
+        """Create the planned children; when something stops it, the plan to act on instead
+        (blocked.py) and the seconds until the next try (backoff), else (plan, None)."""
+        settings, meta, new = self.settings, job["metadata"], plan.status
+        assert plan.spec is not None
+        ctx = BuildContext(
+            name=meta["name"],
+            namespace=meta["namespace"],
+            uid=meta["uid"],
+            image=plan.spec.image or settings.default_image,
+            image_pull_policy=settings.image_pull_policy,
+            attempt=int(new.get("attempt") or 0),
+            replicas=int(new.get("replicas") or plan.spec.workers.replicas),
+            gpu=settings.gpu,
+            allow_cpu_fallback=settings.allow_cpu_fallback,
+        )
+        children = topology.build_children(plan.spec, ctx)
+        for obj in children.all():
+            # Builders already set the controller reference; kopf.adopt keeps the kopf idiom
+            # (idempotent for our own reference) and copies the job's labels to its children.
+            kopf.adopt(obj, owner=job)
+        self.expect.expect_created(key, [p["metadata"]["name"] for p in children.pods], time.monotonic())
+        outcome = create_children(self.kube, children, job)
+        if outcome.done:
+            self._create_retries.pop(key, None)
+            return plan, None
+        # Nothing recorded as created: a later reconcile plans the creation again.
+        self.expect.forget(key)
+        tries = self._create_retries[key] = self._create_retries.get(key, 0) + 1
+        for what in (*outcome.conflicts, *outcome.rejected, *outcome.waiting):
+            log.info("%s/%s: creation blocked (try %d): %s", *key, tries, what)
+        ours = [p.name for p in pods if p.owner_uid == meta["uid"] and not p.deleting]
+        blocked, left = creation_blocked(plan, old, datetime.now(UTC), outcome, ours)
+        delay = min(settings.poll_interval_s * 2 ** (tries - 1), MAX_CREATE_RETRY_S)
+        if not outcome.conflicts and not outcome.rejected:
+            delay = settings.poll_interval_s  # only the garbage collector to wait for: soon
+        if left is not None:
+            delay = min(delay, max(left, 0.5))  # fail on time
+        return blocked, delay
 
 
 def _progress_source(mode: str, status: dict[str, Any], views: list[PodView], all_views: list[PodView]
@@ -309,39 +344,3 @@ def _progress_source(mode: str, status: dict[str, Any], views: list[PodView], al
         return next((v for v in all_views if v.role == c.ROLE_AGGREGATOR and v.phase == "Running"
                      and not v.deleting), None)
     return next((v for v in views if v.index == 0 and v.attempt == attempt and v.phase == "Running"), None)
-
-
-def _create_children(kube: Kube, children: topology.Children, uid: str) -> bool:
-    """Create the job's children: first every object the pods refer to (ConfigMap, Services,
-    Secrets, Deployments) at once, then every pod at once. 409 (AlreadyExists) is expected
-    after a crash or a lagging cache: an existing object is ours only when its controller
-    reference carries this job's UID (a re-created gang replaces its ConfigMap); one of an
-    earlier job with the same name, or an orphan, is deleted and no pod is created: returns
-    False, the caller retries later."""
-    support = [*children.secrets, *children.config_maps, *children.services, *children.deployments]
-    clear = True
-    for obj, created in zip(support, kube.each(kube.create, support), strict=True):
-        if created:
-            continue
-        live = kube.get(obj)
-        owner = controller_of(live) if live else None
-        if owner is not None and owner.get("uid") == uid:
-            if obj["kind"] == "ConfigMap":
-                kube.replace(obj)  # the config of the new attempt (a resize changes it)
-            continue
-        clear = False
-        if live is None:
-            continue  # deleted meanwhile: created on the next try
-        what = f"{obj['kind']} {obj['metadata']['namespace']}/{obj['metadata']['name']}"
-        if owner is None or owner.get("kind") == KIND:
-            log.info("%s belongs to an earlier job of the same name (or none): deleting it", what)
-            kube.delete_exact(obj, live["metadata"]["uid"])
-        else:
-            log.warning("%s is controlled by %s %s, not this job: delete or rename it", what,
-                        owner.get("kind"), owner.get("name"))
-    if not clear:
-        return False
-    # A pod that already exists (409) is one the pod index has not shown yet, or one of an
-    # earlier job that decide() has already seen and is deleting; either way not created twice.
-    kube.each(kube.create, children.pods)
-    return True

@@ -14,6 +14,8 @@ from typing import Any
 
 ENV_PREFIX = "DISTTRAIN_OPERATOR_"
 DEFAULT_IMAGE = "disttrain-trainer:dev"
+# Kubernetes' default-not-ready/unreachable-toleration-seconds (the pod-eviction default).
+NODE_LOST_AFTER_S = 300.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,10 +45,12 @@ class OperatorSettings:
     poll_interval_s: float = 3.0
     # A pod stuck Terminating this long (a dead node cannot confirm) is force-deleted.
     force_delete_after_s: float = 30.0
-    # A Running pod whose Ready condition turned False (node lost) this long counts as failed.
-    node_lost_after_s: float = 15.0
-    # Pod termination grace: trainers checkpoint periodically, nothing to flush on SIGTERM.
-    termination_grace_s: int = 5
+    # A Running pod whose Ready condition turned False (node lost) this long counts as failed and
+    # its gang is replaced (its pods force-deleted). Kubernetes' own default: pods tolerate a
+    # not-ready/unreachable node for 300 s before they are evicted. Shorter detects a lost node
+    # sooner, but a pod on a partitioned node keeps running meanwhile: checkpoint fencing
+    # (trainer checkpoints/fence.py) is what keeps such a process from writing.
+    node_lost_after_s: float = NODE_LOST_AFTER_S
     scrape_timeout_s: float = 1.5
     gpu: GpuPods = field(default_factory=GpuPods)
     # Every job may train on CPU when its GPUs are missing (passed to pods as
@@ -120,7 +124,7 @@ def from_env(environ: Mapping[str, str] | None = None, **overrides: object) -> O
         "liveness": get("LIVENESS") or "",
         "poll_interval_s": number("POLL_INTERVAL", 3.0, float),
         "force_delete_after_s": number("FORCE_DELETE_AFTER", 30.0, float),
-        "node_lost_after_s": number("NODE_LOST_AFTER", 15.0, float),
+        "node_lost_after_s": number("NODE_LOST_AFTER", NODE_LOST_AFTER_S, float),
         "gpu": GpuPods(
             node_selector=json_value("GPU_NODE_SELECTOR", dict, '{"nvidia.com/gpu.present": "true"}'),
             tolerations=tuple(json_value("GPU_TOLERATIONS", list, '[{"key": "gpu", "operator": "Exists"}]')),

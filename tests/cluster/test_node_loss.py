@@ -37,3 +37,12 @@ def test_stopping_a_node_evicts_its_pods_and_they_are_replaced(kube, namespace, 
     finally:
         local_cluster.start_node(victim)
     assert {c.type: c.status for c in kube.core.read_node(victim).status.conditions}["Ready"] == "True"
+
+    # The restarted kubelet finishes what the eviction began: the old pod object goes. (It stayed
+    # Terminating for good when the node's containerd forgot its containers behind the CRI
+    # plugin's back: every RemoveContainer answered NotFound.)
+    def old_pod_gone() -> bool:
+        names = {p.metadata.name for p in kube.core.list_namespaced_pod(namespace).items}
+        return first.metadata.name not in names
+
+    kube.wait(old_pod_gone, timeout=90, what=f"the restarted {victim} to finish deleting {first.metadata.name}")

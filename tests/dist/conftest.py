@@ -64,8 +64,12 @@ class TrainerLauncher:
         expect_ok: bool = True,
         timeout: float = RANK_TIMEOUT_S,
     ) -> RunResult:
+        return self.start(spec, world=world, job=job, env=env).wait(expect_ok=expect_ok, timeout=timeout)
+
+    def start(self, spec: dict[str, Any], *, world: int, job: str, env: dict[str, str] | None = None) -> Started:
+        """The job's ranks started and not waited for (`Started.wait` collects them)."""
         config = self.spec_file(spec, job)
-        run_dir = self.tmp / "runs" / job
+        run_dir = Path((env or {}).get(C.ENV_RUN_DIR) or self.tmp / "runs" / job)
         port = free_port()
         procs = []
         for rank in range(world):
@@ -97,19 +101,29 @@ class TrainerLauncher:
                     text=True,
                 )
             )
+        return Started(procs=procs, run_dir=run_dir, checkpoint_dir=self.ckpt_root / job)
+
+
+@dataclass
+class Started:
+    procs: list[subprocess.Popen[str]]
+    run_dir: Path
+    checkpoint_dir: Path
+
+    def wait(self, *, expect_ok: bool = True, timeout: float = RANK_TIMEOUT_S) -> RunResult:
         outputs = []
         try:
-            for p in procs:
+            for p in self.procs:
                 out, _ = p.communicate(timeout=timeout)
                 outputs.append(out)
         finally:
-            for p in procs:
+            for p in self.procs:
                 if p.poll() is None:
                     p.kill()
                     p.wait()
-        result = RunResult(run_dir, self.ckpt_root / job, [p.returncode for p in procs], outputs)
+        result = RunResult(self.run_dir, self.checkpoint_dir, [p.returncode for p in self.procs], outputs)
         if expect_ok:
-            assert result.returncodes == [0] * world, "\n".join(outputs)[-4000:]
+            assert result.returncodes == [0] * len(self.procs), "\n".join(outputs)[-4000:]
         return result
 
 
@@ -141,7 +155,7 @@ def make_digits_spec():  # noqa: ANN201
 
 def _gloo_entry(rank: int, world: int, port: int, fn: Any, args: tuple[Any, ...]) -> None:
     import torch  # noqa: PLC0415 - the trainer-process tests above never import torch here
-    import torch.distributed as dist  # noqa: PLC0415
+    import torch.distributed as dist
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
@@ -156,7 +170,7 @@ def run_gloo(fn: Any, world: int, *args: Any) -> None:
 
     fork, not spawn: the workers are functions of test modules, which a spawned
     child could not import (pytest's importlib mode)."""
-    import torch.multiprocessing as mp  # noqa: PLC0415
+    import torch.multiprocessing as mp
 
     mp.start_processes(_gloo_entry, args=(world, free_port(), fn, args), nprocs=world, join=True,
                        start_method="fork")  # fmt: skip

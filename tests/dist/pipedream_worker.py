@@ -12,8 +12,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from disttrain_trainer.models import MLP
 from disttrain_trainer.parallel.blocks import block_state, split_blocks
-from disttrain_trainer.parallel.partition import uniform_bounds
-from disttrain_trainer.parallel.pipedream import PipeDreamStage
+from disttrain_trainer.modes.pipeline.partition import uniform_bounds
+from disttrain_trainer.modes.pipeline.pipedream import PipeDreamStage
 from sklearn.datasets import load_digits
 from torch import nn
 

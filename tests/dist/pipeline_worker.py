@@ -13,8 +13,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from disttrain_trainer.models import GPT, MLP
 from disttrain_trainer.parallel.blocks import named_block_params, split_blocks
-from disttrain_trainer.parallel.partition import Plan, uniform_bounds
-from disttrain_trainer.parallel.pipeline import Pipeline, total_stages
+from disttrain_trainer.modes.pipeline.partition import Plan, uniform_bounds
+from disttrain_trainer.modes.pipeline.schedules import Pipeline, total_stages
 
 MICROBATCHES = 4
 BATCH = 16

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.dist
 
 
 def _cmd(path: Path, run_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "disttrain_operator", "local", str(path), "--run-dir", str(run_dir),
+    return [sys.executable, "-m", "disttrain_cli", "local", str(path), "--run-dir", str(run_dir),
             "--no-progress", "--metrics-port", "0"]  # fmt: skip
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from disttrain_trainer import checkpoint as ckpt
+from disttrain_trainer.checkpoints import whole as ckpt
 
 JOB = "chaos"
 STEPS = 100
@@ -41,7 +41,7 @@ spec:
 
 
 def local_cmd(manifest: Path, run_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "disttrain_operator", "local", str(manifest), "--run-dir",
+    return [sys.executable, "-m", "disttrain_cli", "local", str(manifest), "--run-dir",
             str(run_dir), "--fresh", "--no-progress", "--metrics-port", "0"]  # fmt: skip
 
 

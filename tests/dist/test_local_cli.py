@@ -43,7 +43,7 @@ def cmd(path: Path, run_dir: Path, *extra: str) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "disttrain_operator",
+        "disttrain_cli",
         "local",
         str(path),
         "--run-dir",
@@ -74,7 +74,7 @@ def test_a_cross_field_error_is_reported_like_validate(tmp_path: Path) -> None:
     result = run(path, tmp_path / "run")
     assert result.returncode == 2
     assert "spec.data.batchSize" in result.stderr
-    validate = subprocess.run([sys.executable, "-m", "disttrain_operator", "validate", str(path)],
+    validate = subprocess.run([sys.executable, "-m", "disttrain_cli", "validate", str(path)],
                               capture_output=True, text=True, timeout=60)  # fmt: skip
     problems = [line for line in validate.stderr.splitlines() if line.startswith(str(path))]
     assert problems and all(p in result.stderr for p in problems)

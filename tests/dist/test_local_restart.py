@@ -50,7 +50,7 @@ def local_cmd(manifest: Path, run_dir: Path) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "disttrain_operator",
+        "disttrain_cli",
         "local",
         str(manifest),
         "--run-dir",
@@ -96,7 +96,7 @@ def last_step(run_dir: Path) -> int:
 
 
 def final_state(run_dir: Path, job: str = JOB) -> tuple[int, dict[str, Any]]:
-    from disttrain_trainer import checkpoint
+    from disttrain_trainer.checkpoints import whole as checkpoint
 
     found = checkpoint.load_latest(run_dir / "checkpoints" / job)
     assert found is not None, f"no checkpoint in {run_dir}"
@@ -107,7 +107,7 @@ def kill_rank1_mid_run(
     proc: subprocess.Popen[str], run_dir: Path, timeout: float = 240
 ) -> tuple[int, int]:
     """Wait until rank 0 logged step >= KILL_AFTER_STEP and a checkpoint exists, then SIGKILL rank 1."""
-    from disttrain_trainer import checkpoint
+    from disttrain_trainer.checkpoints import whole as checkpoint
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

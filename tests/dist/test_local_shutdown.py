@@ -30,7 +30,7 @@ spec:
 
 
 def local(manifest: Path, run_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "disttrain_operator", "local", str(manifest), "--run-dir",
+    cmd = [sys.executable, "-m", "disttrain_cli", "local", str(manifest), "--run-dir",
            str(run_dir), "--no-progress", "--metrics-port", "0", *extra]  # fmt: skip
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
 

@@ -38,7 +38,7 @@ spec:
 
 
 def start(manifest: Path, run_dir: Path) -> subprocess.Popen[str]:
-    cmd = [sys.executable, "-m", "disttrain_operator", "local", str(manifest), "--run-dir", str(run_dir),
+    cmd = [sys.executable, "-m", "disttrain_cli", "local", str(manifest), "--run-dir", str(run_dir),
            "--fresh", "--no-progress", "--metrics-port", "0"]  # fmt: skip
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 

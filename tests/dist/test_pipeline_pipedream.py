@@ -45,7 +45,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
 
 def stage_module(rank: int) -> nn.Module:
     blocks = split_blocks(worker.model())
-    from disttrain_trainer.parallel.partition import uniform_bounds  # noqa: PLC0415
+    from disttrain_trainer.modes.pipeline.partition import uniform_bounds
 
     a, b = uniform_bounds(len(blocks), WORLD)[rank]
     return nn.Sequential(*blocks[a:b])

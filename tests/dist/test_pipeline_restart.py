@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from disttrain_trainer import checkpoint
+from disttrain_trainer.checkpoints import whole as checkpoint
 
 JOB = "pipe-restart"
 STEPS = 100
@@ -44,7 +44,7 @@ spec:
 
 
 def cmd(manifest: Path, run_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "disttrain_operator", "local", str(manifest), "--run-dir", str(run_dir),
+    return [sys.executable, "-m", "disttrain_cli", "local", str(manifest), "--run-dir", str(run_dir),
             "--fresh", "--no-progress", "--metrics-port", "0"]  # fmt: skip
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from disttrain_trainer import checkpoint as ckpt
+from disttrain_trainer.checkpoints import whole as ckpt
 from disttrain_trainer.models import GPT
 from disttrain_trainer.parallel.blocks import block_state, split_blocks
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from disttrain_trainer import checkpoint as ckpt
+from disttrain_trainer.checkpoints import whole as ckpt
 from disttrain_trainer.models import MLP
 from disttrain_trainer.parallel.blocks import block_state, split_blocks
 
@@ -76,9 +76,9 @@ def test_hybrid_data_times_pipeline_equals_one_process(trainer, make_digits_spec
 
 
 def test_pipedream_example_trains_digits(trainer) -> None:  # noqa: ANN001
-    from pathlib import Path  # noqa: PLC0415
+    from pathlib import Path
 
-    import yaml  # noqa: PLC0415
+    import yaml
 
     example = Path(__file__).resolve().parents[2] / "manifests" / "examples" / "pipedream.yaml"
     spec = yaml.safe_load(example.read_text())["spec"]

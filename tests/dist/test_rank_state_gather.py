@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from disttrain_trainer import resume
+from disttrain_trainer.checkpoints import rank_state as resume
 
 
 def _gather_behind_other_collectives() -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from disttrain_trainer import sharded_checkpoint as sc
+from disttrain_trainer.checkpoints import sharded as sc
 from disttrain_trainer.models import GPT
 from disttrain_trainer.parallel.hybrid import apply_layout
 from disttrain_trainer.parallel.mesh import Layout, build_mesh
@@ -45,7 +45,7 @@ def _snapshot(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, t
 
 
 def _train_and_save(root: str, layout: Layout) -> None:
-    from torch.distributed.tensor.parallel import loss_parallel  # noqa: PLC0415
+    from torch.distributed.tensor.parallel import loss_parallel
 
     model, opt = _model(0, layout)
     torch.manual_seed(1)  # same batch on every rank: the data dimension sees replicas of it

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from disttrain_operator.cli import main
+from disttrain_cli import main
 
 STEPS, LOG = 20, 5
 

@@ -28,7 +28,7 @@ def _write(tmp: Path, name: str, obj: dict[str, Any]) -> Path:
 
 
 def _local(path: Path, run_dir: Path) -> dict[str, Any]:
-    result = subprocess.run([sys.executable, "-m", "disttrain_operator", "local", str(path), "--run-dir", str(run_dir),
+    result = subprocess.run([sys.executable, "-m", "disttrain_cli", "local", str(path), "--run-dir", str(run_dir),
                              "--no-progress", "--metrics-port", "0"], capture_output=True, text=True, timeout=1200)  # fmt: skip
     assert result.returncode == 0 and "Succeeded" in result.stdout, (result.stdout + result.stderr)[-4000:]
     return json.loads((run_dir / "summary.json").read_text())

@@ -12,8 +12,8 @@ import shutil
 from typing import Any
 
 import pytest
-from disttrain_trainer import checkpoint as ckpt
-from disttrain_trainer import sharded_checkpoint as sc
+from disttrain_trainer.checkpoints import whole as ckpt
+from disttrain_trainer.checkpoints import sharded as sc
 
 REL = 1e-4
 DATA = {"mode": "data", "parallelism": {"tensor": 1}}

@@ -176,7 +176,7 @@ def test_disttrain_local_fails_at_once_when_one_process_of_a_replica_exits_2(tmp
     manifest.write_text(LOCAL_MANIFEST)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
     res = subprocess.run(
-        [sys.executable, "-m", "disttrain_operator", "local", str(manifest), "--run-dir",
+        [sys.executable, "-m", "disttrain_cli", "local", str(manifest), "--run-dir",
          str(tmp_path / "run"), "--no-progress", "--metrics-port", "0"],
         env=env, capture_output=True, text=True, timeout=TIMEOUT_S,
     )  # fmt: skip

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from disttrain_api import constants as C
@@ -24,8 +26,8 @@ def test_gpt_on_cuda_nccl_mixed_precision(trainer, precision: str) -> None:
             "warmupSteps": 20,
             "weightDecay": 0.01,
         },
-        "training": {"steps": 200, "precision": precision, "logIntervalSteps": 10},
-        "checkpoint": {"intervalSteps": 200},
+        "training": {"steps": 200, "precision": precision, "logIntervalSteps": 10, "evalIntervalSteps": 50},
+        "checkpoint": {"intervalSteps": 100},
     }
     res = trainer.run(spec, world=1, job=f"gpt-{precision}", env={C.ENV_DEVICE: "cuda"})
     s = res.summary
@@ -33,14 +35,29 @@ def test_gpt_on_cuda_nccl_mixed_precision(trainer, precision: str) -> None:
     assert s["tokensPerS"] == pytest.approx(s["samplesPerS"] * 128)
     if any(g in torch.cuda.get_device_name() for g in ("H100", "H200", "A100")):
         assert 0.0 < s["mfu"] < 1.0, s  # the datasheet peak of a GPU that model_flops knows
-    # The loop waits for the GPU twice per log interval; the categories still add up to the step
-    # time and every interval's communication was measured on its last step.
-    parts = ("computeFraction", "dataFraction", "commExposedFraction", "idleFraction")
-    assert sum(s[k] for k in parts) == pytest.approx(1.0, abs=0.02), s
-    assert all(r["comm_busy_s"] > 0 for r in res.steps_log(0))
+    check_time_categories(s, res.steps_log(0), alone={50, 100, 150})
     losses = [r["loss"] for r in res.steps_log(0)]
     assert losses[-1] < 0.7 * losses[0], losses
     print(
         f"GPT {precision} on CUDA: {s['tokensPerS']:.0f} tokens/s, MFU {s.get('mfu')}, "
         f"val_loss {s['valLoss']:.3f}"
     )
+
+
+def check_time_categories(summary: dict[str, Any], intervals: list[dict[str, Any]], *, alone: set[int]) -> None:
+    """Each category is measured on its own (train.py), so their sum is a check, not an identity:
+    data = the batch's fetch and copy, compute + exposed communication = the step's work (DDP's
+    timer splits it), idle = rank 0 working alone (evaluation, checkpoint snapshot) up to the
+    barrier, timed around that and nothing else. The loop's own bookkeeping is in no category.
+
+    `alone`: the steps after which rank 0 evaluated or checkpointed."""
+    for r in intervals:
+        first = r["step"] - r["steps"] + 1
+        # Idle is not the rest of the step: zero where nobody waited for rank 0, positive where it did.
+        assert (r["idle_s"] > 0) == any(first <= a <= r["step"] for a in alone), r
+        parts = r["data_s"] + r["compute_s"] + r["comm_exposed_s"] + r["idle_s"]
+        assert parts <= r["step_s"] * (1 + 1e-9), r  # nothing counted twice
+        assert parts >= 0.9 * r["step_s"], r  # nothing of substance left out (the GPU's time included)
+        assert r["comm_busy_s"] > 0, r  # every interval's communication measured on its last step
+    fractions = sum(summary[k] for k in ("computeFraction", "dataFraction", "commExposedFraction", "idleFraction"))
+    assert 0.9 <= fractions <= 1.0 + 1e-9, summary

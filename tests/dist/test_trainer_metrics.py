@@ -16,9 +16,9 @@ from disttrain_api import metric_names as names
 # test can scrape it after the run; it exits when the test closes its stdin.
 RANK_SCRIPT = """
 import sys
-from disttrain_trainer.config import load_config
-from disttrain_trainer.metrics import Metrics
-from disttrain_trainer.train import run
+from disttrain_trainer.process.config import load_config
+from disttrain_trainer.telemetry.step_metrics import Metrics
+from disttrain_trainer.modes.data.entry import run
 cfg = load_config()
 m = Metrics(job=cfg.job, rank=cfg.rank, mode=cfg.spec.mode, port=cfg.metrics_port, run_dir=cfg.run_dir)
 run(cfg, metrics=m)

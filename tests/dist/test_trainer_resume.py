@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import torch
-from disttrain_trainer import checkpoint as ckpt
+from disttrain_trainer.checkpoints import whole as ckpt
 
 STEPS = 30
 

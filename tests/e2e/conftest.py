@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -28,6 +29,14 @@ ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "manifests" / "crd" / "disttrainjobs.yaml"
 DISTTRAIN = Path(sys.executable).parent / "disttrain"
 CHECKPOINT_HOSTPATH = "/var/lib/disttrain/checkpoints"
+NODE_LOST_AFTER_S = 15
+# Jobs keep checkpoints on a claim, the way users do: worker pods may not mount a hostPath
+# (restricted Pod Security), but a PersistentVolume is the cluster admin's object, and on the
+# local cluster (every node shares this machine's folder) and on kind (hack/kind.yaml mounts
+# it into every node) a static hostPath PersistentVolume is one store shared by all nodes.
+# Every test namespace gets a claim of this name bound to its own such volume.
+CHECKPOINT_CLAIM = "checkpoints"
+CHECKPOINT_VOLUME = {"persistentVolumeClaim": {"claimName": CHECKPOINT_CLAIM}}
 
 
 class Kubectl:
@@ -137,8 +146,10 @@ class OperatorProcess:
         return f"http://127.0.0.1:{self.liveness_port}/healthz"
 
     def start(self) -> None:
+        # The local cluster evicts a lost node's pods after 15 s (controlplane.py), not Kubernetes'
+        # 300 s: the operator is told the same, so node-loss tests take seconds.
         args = [str(DISTTRAIN), "operator", "--metrics-port", str(self.metrics_port), "--poll-interval", "2",
-                "--liveness", self.liveness_url]
+                "--liveness", self.liveness_url, "--node-lost-after", str(NODE_LOST_AFTER_S)]
         for ns in self.namespaces:
             args += ["--namespace", ns]
         args += list(self.extra)
@@ -178,12 +189,32 @@ def operator(kubectl: Kubectl, crd: None, tmp_path_factory: pytest.TempPathFacto
     print("operator log tail:\n" + op.tail())
 
 
+def checkpoint_claim(kubectl: Kubectl, ns: str) -> str:
+    """The claim CHECKPOINT_CLAIM in `ns`, pre-bound to a new PersistentVolume of
+    CHECKPOINT_HOSTPATH (no provisioner needed); returns the volume's name."""
+    pv = f"disttrain-checkpoints-{ns}"
+    access = {"accessModes": ["ReadWriteMany"], "storageClassName": ""}
+    docs = [
+        {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv}, "spec": {
+            **access, "capacity": {"storage": "1Gi"}, "persistentVolumeReclaimPolicy": "Retain",
+            "hostPath": {"path": CHECKPOINT_HOSTPATH, "type": "Directory"},
+            "claimRef": {"namespace": ns, "name": CHECKPOINT_CLAIM}}},
+        {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": CHECKPOINT_CLAIM, "namespace": ns},
+         "spec": {**access, "volumeName": pv, "resources": {"requests": {"storage": "1Gi"}}}},
+    ]
+    kubectl.run("apply", "-f", "-", input=yaml.safe_dump_all(docs))
+    return pv
+
+
 def _namespace(kubectl: Kubectl, prefix: str) -> Iterator[str]:
     ns = f"{prefix}-{uuid.uuid4().hex[:6]}"
     kubectl.run("create", "namespace", ns)
+    pv = checkpoint_claim(kubectl, ns)
     yield ns
-    # Jobs carry no finalizer: the namespace goes whether or not an operator still runs.
+    # Jobs carry no finalizer: the namespace goes whether or not an operator still runs. The
+    # volume (Retain: the folder is kept) goes once its claim has.
     kubectl.run("delete", "namespace", ns, "--wait=false", check=False)
+    kubectl.run("delete", "persistentvolume", pv, "--wait=false", check=False)
 
 
 @pytest.fixture
@@ -210,6 +241,8 @@ def job_manifest(name: str, ns: str, *, steps: int = 20, sleep: int | None = Non
     }
     if sleep is not None:
         body["workers"]["template"] = {"containers": [{"name": "trainer", "command": ["sh", "-c", f"sleep {sleep}"]}]}
+        # `sh` as PID 1 ignores SIGTERM (the trainer handles it): do not wait out the default 30 s.
+        body["runPolicy"] = {"terminationGracePeriodSeconds": 1}
     for key, value in spec.items():
         if isinstance(value, dict) and isinstance(body.get(key), dict):
             body[key] = {**body[key], **value}
@@ -222,11 +255,11 @@ def job_manifest(name: str, ns: str, *, steps: int = 20, sleep: int | None = Non
 
 
 def digits_manifest(name: str, ns: str, **over: Any) -> dict[str, Any]:
-    """The data-parallel example, renamed, with a shared hostPath checkpoint volume."""
+    """The data-parallel example, renamed, with the namespace's shared checkpoint claim."""
     obj = yaml.safe_load((ROOT / "manifests" / "examples" / "data-parallel.yaml").read_text())
     obj["metadata"] = {"name": name, "namespace": ns}
     obj["spec"]["workers"]["resources"]["cpu"] = "750m"
-    obj["spec"]["checkpoint"]["volume"] = {"hostPath": {"path": CHECKPOINT_HOSTPATH, "type": "Directory"}}
+    obj["spec"]["checkpoint"]["volume"] = dict(CHECKPOINT_VOLUME)
     for key, value in over.items():
         obj["spec"][key] = {**obj["spec"].get(key, {}), **value}
     return obj
@@ -254,12 +287,13 @@ def assert_no_repeated_events(kubectl: Kubectl, ns: str, name: str) -> list[dict
 
 
 def checkpoint_steps(job: str) -> list[int]:
-    """Steps of the job's complete checkpoints in the hostPath volume (this machine's folder
+    """Steps of the job's complete checkpoints on the checkpoint volume (this machine's folder
     on the local cluster: every node shares it)."""
     root = Path(CHECKPOINT_HOSTPATH) / job
     if not root.is_dir():
         return []
-    return sorted(int(p.name.split("-", 1)[1]) for p in root.iterdir() if p.name.startswith("step-"))
+    # step-N.corrupt (moved aside) and the dot-entries (.fence/, .tmp-*) are not checkpoints.
+    return sorted(int(p.name[5:]) for p in root.iterdir() if re.fullmatch(r"step-\d+", p.name))
 
 
 def remove_checkpoints(job: str) -> None:

@@ -4,7 +4,7 @@ parameters equal those of an uninterrupted run of the same job.
 Both runs go through the operator on the same cluster, with the same pod resources and
 OMP_NUM_THREADS pinned, so the arithmetic is the same; only the kills differ. Each kill
 is a SIGKILL of a trainer (the pod turns Failed), the operator restarts the gang, and the
-trainers resume from the newest complete checkpoint in the shared hostPath volume.
+trainers resume from the newest complete checkpoint on the shared checkpoint volume.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import torch
 
 from .conftest import (  # type: ignore[import-not-found]
     CHECKPOINT_HOSTPATH,
+    CHECKPOINT_VOLUME,
     Kubectl,
     OperatorProcess,
     checkpoint_steps,
@@ -44,7 +45,7 @@ def chaos_job(name: str, ns: str) -> dict[str, Any]:
                        model={"name": "mlp", "hidden": 256, "layers": 3},
                        data={"batchSize": 64},
                        checkpoint={"intervalSteps": INTERVAL, "keep": 2,
-                                   "volume": {"hostPath": {"path": CHECKPOINT_HOSTPATH, "type": "Directory"}}},
+                                   "volume": dict(CHECKPOINT_VOLUME)},
                        runPolicy={"backoffLimit": KILLS + 2})
     obj["spec"]["training"].update(evalIntervalSteps=0, logIntervalSteps=10)
     return obj

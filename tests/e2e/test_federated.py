@@ -1,10 +1,10 @@
 """The federated example on a cluster: clients reach the aggregator by its Service name over
-TLS with per-client tokens (the operator's Secrets), the job Succeeds with >= 0.90 test
+TLS with per-client credentials (the operator's Secrets), the job Succeeds with >= 0.90 test
 accuracy; killing the aggregator pod resumes from its checkpointed round; killing a client
 pod leaves the rounds going (no gang restart in this mode).
 
-The operator creates the two Secrets (TLS key pair, token key); the aggregator checkpoints to a
-volume that outlives its pod (the hostPath below).
+The operator creates the two Secrets (TLS key pair, identity credentials); the aggregator
+checkpoints to a volume that outlives its pod (the namespace's checkpoint claim).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from .conftest import CHECKPOINT_HOSTPATH  # type: ignore[import-not-found]
+from .conftest import CHECKPOINT_VOLUME  # type: ignore[import-not-found]
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e
@@ -25,7 +25,7 @@ def _manifest(name: str, ns: str, cpu: str = "750m", **fed: Any) -> dict[str, An
     obj = yaml.safe_load((ROOT / "manifests" / "examples" / "federated.yaml").read_text())
     obj["metadata"] = {"name": name, "namespace": ns}
     obj["spec"]["workers"]["resources"]["cpu"] = cpu
-    obj["spec"]["checkpoint"]["volume"] = {"hostPath": {"path": CHECKPOINT_HOSTPATH, "type": "Directory"}}
+    obj["spec"]["checkpoint"]["volume"] = dict(CHECKPOINT_VOLUME)
     obj["spec"]["federated"].update(fed)
     return obj
 
@@ -43,7 +43,8 @@ def test_federated_example_succeeds_on_the_cluster(kubectl: Any, operator: Any, 
     assert job["status"]["result"]["testAccuracy"] >= 0.90
     assert job["status"]["restarts"] == 0
     secrets = kubectl.run("get", "secrets", "-n", namespace, "-o", "name").stdout.split()
-    assert {"secret/fed-federated-tls", "secret/fed-federated-token"} <= set(secrets)
+    uid = job["metadata"]["uid"].replace("-", "")[:8]
+    assert {f"secret/fed-tls-{uid}", f"secret/fed-identity-{uid}"} <= set(secrets)
 
 
 def test_killed_aggregator_resumes_and_killed_client_is_replaced(kubectl: Any, operator: Any, namespace: str) -> None:

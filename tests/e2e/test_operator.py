@@ -29,15 +29,18 @@ def uniq(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:5]}"
 
 
-def kill_worker(request: pytest.FixtureRequest, kubectl: Kubectl, ns: str, pod: str) -> None:
-    """Kill the trainer process inside the pod (the pod object stays: it turns Failed)."""
+def kill_worker(request: pytest.FixtureRequest, kubectl: Kubectl, ns: str, pod: str) -> str:
+    """Kill the trainer process inside the pod (the pod object stays: it turns Failed); returns the
+    status counter the operator counts it in."""
     local = Path(os.environ.get("DISTTRAIN_CACHE", Path.home() / ".cache" / "disttrain")) / "cluster" / "kubeconfig"
     if Path(kubectl.kubeconfig).resolve() != local.resolve():
-        # Another cluster (kind): no node access; deleting the pod is the closest failure.
+        # Another cluster (kind): no node access; deleting the pod is the closest failure, and a
+        # pod deleted by someone other than the operator is a disruption, not a restart.
         kubectl.run("delete", "pod", pod, "-n", ns, "--wait=false")
-        return
+        return "disruptions"
     cluster = request.getfixturevalue("local_cluster")
     cluster.kill_pod_container(ns, pod, "trainer")
+    return "restarts"
 
 
 def test_invalid_field_is_refused_by_the_api_server(kubectl: Kubectl, crd: None, namespace: str) -> None:
@@ -170,20 +173,20 @@ def test_killed_worker_restarts_gang_and_resumes(
         return ckpt_dir.is_dir() and any(p.name.startswith("step-") for p in ckpt_dir.iterdir())
 
     kubectl.wait_for("a first checkpoint", checkpointed, timeout=300, interval=1.0)
-    kill_worker(request, kubectl, namespace, f"{name}-worker-1")
+    counter = kill_worker(request, kubectl, namespace, f"{name}-worker-1")
 
     def restarted() -> dict[str, Any] | None:
         job = kubectl.job(namespace, name)
-        return job if int((job.get("status") or {}).get("restarts") or 0) >= 1 else None
+        return job if int((job.get("status") or {}).get(counter) or 0) >= 1 else None
 
-    job = kubectl.wait_for("restarts == 1", restarted, timeout=120, interval=1.0)
+    job = kubectl.wait_for(f"{counter} == 1", restarted, timeout=120, interval=1.0)
     assert condition(job, "Restarting") is not None
     events = kubectl.json("get", "events", "-n", namespace, "--field-selector", f"involvedObject.name={name}")
-    assert any(e["reason"] in ("WorkerFailed", "WorkerVanished") for e in events["items"])
+    assert any(e["reason"] in ("WorkerFailed", "WorkerVanished", "Disrupted") for e in events["items"])
     job = kubectl.wait_phase(namespace, name, ("Succeeded", "Failed"), timeout=600)
     status = job["status"]
     assert status["phase"] == "Succeeded", status
-    assert status["restarts"] == 1
+    assert status[counter] == 1 and status["restarts"] + status["disruptions"] == 1, status
     assert status["result"]["resumedFromStep"] > 0, status["result"]
     assert status["result"]["testAccuracy"] >= 0.95, status["result"]
     assert_no_repeated_events(kubectl, namespace, name)

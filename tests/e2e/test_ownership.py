@@ -1,5 +1,6 @@
-"""Ownership: a job's children are its own only by UID, and deleting a job never needs the
-operator (no finalizer)."""
+"""Ownership: a job's children are its own only by UID (a name held by anything else is a
+NameConflict, never deleted), the API server's refusals are reported and bounded, an invalid
+edit never kills a running gang, and deleting a job never needs the operator (no finalizer)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,14 @@ from typing import Any
 
 import pytest
 
-from .conftest import Kubectl, OperatorProcess, job_manifest  # type: ignore[import-not-found]
+from .conftest import (  # type: ignore[import-not-found]
+    Kubectl,
+    OperatorProcess,
+    assert_no_repeated_events,
+    condition,
+    events,
+    job_manifest,
+)
 
 pytestmark = pytest.mark.timeout(600)
 SMALL = {"replicas": 2, "resources": {"cpu": "100m", "memory": "64Mi"}}
@@ -22,28 +30,127 @@ def controller_uid(obj: dict[str, Any]) -> str:
     return refs[0]["uid"] if refs else ""
 
 
-def test_a_new_job_with_an_old_name_never_inherits_the_old_pods(
+def test_a_new_job_with_an_old_name_neither_inherits_nor_deletes_the_orphans(
     kubectl: Kubectl, operator: OperatorProcess, namespace: str
 ) -> None:
     name = f"same-{uuid.uuid4().hex[:5]}"
     kubectl.apply(job_manifest(name, namespace, sleep=600, workers=SMALL))
     kubectl.wait_phase(namespace, name, ("Running",), timeout=120)
-    old = {p["metadata"]["uid"] for p in kubectl.pods(namespace, name)}
-    assert len(old) == 2
+    selector = f"disttrain.dev/job-name={name}"
     # Orphan the children: the old pods, Service and ConfigMap stay, with our labels and
-    # names but no owner: the worst case for a same-named successor.
+    # names but no owner. Nobody says they are this job's: a same-named successor must
+    # neither adopt them (counting a restart) nor delete them.
     kubectl.run("delete", JOBS, name, "-n", namespace, "--cascade=orphan", "--wait=true", timeout=60)
+    orphans = {c["metadata"]["uid"] for c in kubectl.json("get", "pods,services,configmaps", "-n", namespace,
+                                                           "-l", selector)["items"]}
+    assert len(orphans) == 4
     kubectl.apply(job_manifest(name, namespace, sleep=600, workers=SMALL))
+
+    def conflict() -> dict[str, Any] | None:
+        job = kubectl.job(namespace, name)
+        cond = condition(job, "NameConflict")
+        return job if cond and cond["status"] == "True" else None
+
+    job = kubectl.wait_for("a NameConflict condition", conflict, timeout=60, interval=1.0)
+    cond = condition(job, "NameConflict")
+    assert cond is not None and f"{name}-worker-" in cond["message"] and "no controller owner" in cond["message"]
+    assert any(e["reason"] == "NameConflict" for e in events(kubectl, namespace, name))
+    left = kubectl.json("get", "pods,services,configmaps", "-n", namespace, "-l", selector)["items"]
+    assert {c["metadata"]["uid"] for c in left} == orphans, "an object that is not the job's was touched"
+    assert not any(c["metadata"].get("deletionTimestamp") for c in left)
+    # The user removes the orphans: the job goes on by itself, with a gang of its own.
+    kubectl.run("delete", "pods,services,configmaps", "-n", namespace, "-l", selector, "--wait=false")
     job = kubectl.wait_phase(namespace, name, ("Running",), timeout=180)
     uid = job["metadata"]["uid"]
     pods = kubectl.pods(namespace, name)
-    assert {p["metadata"]["uid"] for p in pods}.isdisjoint(old), "the new job adopted the old job's pods"
+    assert {p["metadata"]["uid"] for p in pods}.isdisjoint(orphans), "the new job adopted the old job's pods"
     assert len(pods) == 2 and all(controller_uid(p) == uid for p in pods)
     status = job["status"]
     assert status["restarts"] == 0 and status["attempt"] == 0, status
-    kinds = kubectl.json("get", "services,configmaps", "-n", namespace, "-l", f"disttrain.dev/job-name={name}")
-    assert {c["kind"] for c in kinds["items"]} == {"Service", "ConfigMap"}
-    assert all(controller_uid(c) == uid for c in kinds["items"]), "the old Service/ConfigMap were kept"
+    assert condition(job, "NameConflict")["status"] == "False"  # type: ignore[index]
+    kinds = kubectl.json("get", "services,configmaps", "-n", namespace, "-l", selector)["items"]
+    assert {c["kind"] for c in kinds} == {"Service", "ConfigMap"}
+    assert all(controller_uid(c) == uid for c in kinds), "the old Service/ConfigMap were kept"
+
+
+def test_a_helm_service_survives_a_job_of_its_name_and_an_invalid_edit_keeps_the_job_running(
+    kubectl: Kubectl, operator: OperatorProcess, namespace: str
+) -> None:
+    name = f"redis-{uuid.uuid4().hex[:5]}"
+    helm = {"apiVersion": "v1", "kind": "Service", "metadata": {
+        "name": name, "namespace": namespace, "labels": {"app.kubernetes.io/managed-by": "Helm"}},
+        "spec": {"selector": {"app": "redis"}, "ports": [{"port": 6379}]}}
+    kubectl.apply(helm)
+    before = kubectl.json("get", "service", name, "-n", namespace)["metadata"]
+    one = {"replicas": 1, "resources": {"cpu": "100m", "memory": "64Mi"}}
+    # backoffLimit 0: a single counted restart would fail the job.
+    kubectl.apply(job_manifest(name, namespace, sleep=600, workers=one, runPolicy={"backoffLimit": 0}))
+
+    def has(type_: str, value: str) -> Any:
+        def check() -> dict[str, Any] | None:
+            job = kubectl.job(namespace, name)
+            cond = condition(job, type_)
+            return job if cond and cond["status"] == value else None
+        return check
+
+    job = kubectl.wait_for("a NameConflict condition", has("NameConflict", "True"), timeout=60, interval=1.0)
+    assert f"Service {namespace}/{name} exists, with no controller owner" in condition(job, "NameConflict")["message"]
+    (event,) = [e for e in events(kubectl, namespace, name) if e["reason"] == "NameConflict"]
+    assert event["type"] == "Warning" and f"Service {namespace}/{name}" in event["message"]
+    assert kubectl.pods(namespace, name) == [] and job["status"]["phase"] == "Pending"
+    after = kubectl.json("get", "service", name, "-n", namespace)["metadata"]
+    assert (after["uid"], after["resourceVersion"], after.get("ownerReferences")) == (
+        before["uid"], before["resourceVersion"], None), "the operator touched the Helm-managed Service"
+    # The name frees: the job goes on without anyone touching it.
+    kubectl.run("delete", "service", name, "-n", namespace)
+    job = kubectl.wait_phase(namespace, name, ("Running",), timeout=120)
+    assert condition(job, "NameConflict")["status"] == "False"  # type: ignore[index]
+    (pod,) = kubectl.pods(namespace, name)
+
+    # An edit the operator cannot accept: the gang keeps running on the spec it was built from.
+    patch = '{"spec": {"workers": {"template": {"hostNetwork": true}}}}'
+    kubectl.run("patch", JOBS, name, "-n", namespace, "--type=merge", "-p", patch)
+    job = kubectl.wait_for("an InvalidSpec condition", has("InvalidSpec", "True"), timeout=60, interval=1.0)
+    assert "spec.workers.template.hostNetwork" in condition(job, "InvalidSpec")["message"]
+    assert job["status"]["phase"] == "Running"
+    # The fix clears it; the same pod runs on and no restart was counted.
+    kubectl.run("patch", JOBS, name, "-n", namespace, "--type=merge",
+                "-p", '{"spec": {"workers": {"template": {"hostNetwork": null}}}}')
+    job = kubectl.wait_for("InvalidSpec cleared", has("InvalidSpec", "False"), timeout=60, interval=1.0)
+    assert job["status"]["phase"] == "Running" and job["status"]["restarts"] == 0 and job["status"]["attempt"] == 0
+    (still,) = kubectl.pods(namespace, name)
+    assert still["metadata"]["uid"] == pod["metadata"]["uid"] and not still["metadata"].get("deletionTimestamp")
+    reasons = [e["reason"] for e in assert_no_repeated_events(kubectl, namespace, name)]
+    assert reasons.count("GangCreated") == 1 and "InvalidSpec" in reasons, reasons
+
+
+def test_children_the_api_server_rejects_are_reported_and_fail_the_job_in_bounded_time(
+    kubectl: Kubectl, operator: OperatorProcess, namespace: str
+) -> None:
+    # A name that cannot name a Service never reaches the operator: the CRD refuses it.
+    proc = kubectl.apply(job_manifest("1job", namespace), check=False)
+    assert proc.returncode != 0 and "metadata.name" in proc.stderr, proc.stderr
+    # A typo the API server refuses at pod creation (admission: no such PriorityClass).
+    name = f"typo-{uuid.uuid4().hex[:5]}"
+    one = {"replicas": 1, "resources": {"cpu": "100m", "memory": "64Mi"}}
+    obj = job_manifest(name, namespace, sleep=60, workers=one, runPolicy={"childRejectedTimeoutSeconds": 10})
+    obj["spec"]["workers"]["template"]["priorityClassName"] = "no-such-class"
+    kubectl.apply(obj)
+
+    def rejected() -> dict[str, Any] | None:
+        job = kubectl.job(namespace, name)
+        cond = condition(job, "ChildRejected")
+        return job if cond and cond["status"] == "True" else None
+
+    job = kubectl.wait_for("a ChildRejected condition", rejected, timeout=60, interval=1.0)
+    message = condition(job, "ChildRejected")["message"]  # type: ignore[index]
+    assert f"Pod {namespace}/{name}-worker-0: HTTP 403" in message and "no-such-class" in message, message
+    job = kubectl.wait_phase(namespace, name, ("Failed",), timeout=60)
+    failed = condition(job, "Failed")
+    assert failed is not None and failed["reason"] == "ChildRejected" and "no-such-class" in failed["message"]
+    found = {e["reason"]: e for e in assert_no_repeated_events(kubectl, namespace, name)}
+    assert "no-such-class" in found["ChildRejected"]["message"] and found["ChildRejected"]["type"] == "Warning"
+    assert kubectl.pods(namespace, name) == []
 
 
 def test_a_job_deleted_while_no_operator_runs_is_gone_with_its_children(

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from .conftest import CHECKPOINT_HOSTPATH, ROOT, Kubectl, OperatorProcess  # type: ignore[import-not-found]
+from .conftest import CHECKPOINT_VOLUME, ROOT, Kubectl, OperatorProcess  # type: ignore[import-not-found]
 from .test_operator import kill_worker  # type: ignore[import-not-found]
 
 pytestmark = pytest.mark.timeout(900)
@@ -23,7 +23,7 @@ def example(name: str, ns: str) -> dict[str, Any]:
     obj = yaml.safe_load((ROOT / "manifests" / "examples" / "paramserver.yaml").read_text())
     obj["metadata"] = {"name": name, "namespace": ns}
     obj["spec"]["workers"]["resources"]["cpu"] = "500m"
-    obj["spec"]["checkpoint"]["volume"] = {"hostPath": {"path": CHECKPOINT_HOSTPATH, "type": "Directory"}}
+    obj["spec"]["checkpoint"]["volume"] = dict(CHECKPOINT_VOLUME)
     return obj
 
 
@@ -42,6 +42,10 @@ def test_paramserver_example_succeeds(kubectl: Kubectl, operator: OperatorProces
     assert status["phase"] == "Succeeded", status
     assert status["result"]["testAccuracy"] >= 0.95, status["result"]
     assert status["result"]["mode"] == "paramserver" and status["restarts"] == 0
+    # Over TLS with per-worker credentials: the operator minted both Secrets and mounted them.
+    uid = job["metadata"]["uid"].replace("-", "")[:8]
+    secrets = kubectl.run("get", "secrets", "-n", namespace, "-l", f"disttrain.dev/job-name={name}", "-o", "name")
+    assert sorted(secrets.stdout.split()) == [f"secret/{name}-identity-{uid}", f"secret/{name}-tls-{uid}"]
 
 
 def test_paramserver_killed_worker_is_replaced_alone(
@@ -56,11 +60,11 @@ def test_paramserver_killed_worker_is_replaced_alone(
                                                        .get("step") or 0) >= 50, timeout=300, interval=1.0)
     others = {p["metadata"]["name"]: p["metadata"]["uid"] for p in kubectl.pods(namespace, name)
               if p["metadata"]["name"] != f"{name}-worker-2"}
-    kill_worker(request, kubectl, namespace, f"{name}-worker-2")
-    kubectl.wait_for("restarts == 1", lambda: int((kubectl.job(namespace, name).get("status") or {})
-                                                   .get("restarts") or 0) >= 1, timeout=120, interval=1.0)
+    counter = kill_worker(request, kubectl, namespace, f"{name}-worker-2")
+    kubectl.wait_for(f"{counter} == 1", lambda: int((kubectl.job(namespace, name).get("status") or {})
+                                                     .get(counter) or 0) >= 1, timeout=120, interval=1.0)
     events = kubectl.json("get", "events", "-n", namespace, "--field-selector", f"involvedObject.name={name}")
-    assert any(e["reason"] == "WorkerReplaced" for e in events["items"])
+    assert any(e["reason"] == ("WorkerReplaced" if counter == "restarts" else "Disrupted") for e in events["items"])
     job = kubectl.wait_phase(namespace, name, ("Succeeded", "Failed"), timeout=800)
     assert job["status"]["phase"] == "Succeeded", job["status"]
     assert job["status"]["attempt"] == 0  # no gang restart

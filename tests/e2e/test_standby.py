@@ -1,13 +1,24 @@
-"""Two operator replicas with leader election: one active, one standing by; killing the
-active one hands over within 15 s, with no duplicate pods and no lost or doubled counts."""
+"""Two operator replicas with leader election: one active, one standing by. The active one's
+connection to the API server stalls — a TCP proxy stops moving bytes both ways and keeps the
+sockets open, as a half-open connection or a partition does; not a kill. The stalled replica
+stops itself before its lease can expire, the standby takes over within 15 s, no two replicas
+write to the API server at the same time, no pod is duplicated and no count lost or doubled;
+when the connection comes back, the old replica stays gone."""
 
 from __future__ import annotations
 
+import re
+import socket
+import threading
 import time
 import uuid
+from datetime import datetime
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
+import yaml
+from disttrain_api import exitcodes
 
 from .conftest import (  # type: ignore[import-not-found]
     Kubectl,
@@ -19,6 +30,8 @@ from .conftest import (  # type: ignore[import-not-found]
 pytestmark = pytest.mark.timeout(600)
 HANDOVER_S = 15.0
 SMALL = {"replicas": 2, "resources": {"cpu": "100m", "memory": "64Mi"}}
+# kopf's log format: "[2026-01-01 00:00:00,123] logger-name [LEVEL   ] message"
+LOG_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\] .*?\] (.*)$")
 
 
 def holder(kubectl: Kubectl, ns: str) -> str:
@@ -27,52 +40,155 @@ def holder(kubectl: Kubectl, ns: str) -> str:
     return out.stdout.strip() if out.returncode == 0 else ""
 
 
-def test_standby_replica_takes_over_when_the_active_one_is_killed(
+class StallingProxy:
+    """A TCP proxy on 127.0.0.1 to the API server (TLS passes through: the local cluster's
+    certificate names 127.0.0.1). `stall()` stops moving bytes in both directions on every
+    connection, open or new, and keeps every socket open; `resume()` moves them again, the
+    bytes held meanwhile included (a healed partition)."""
+
+    def __init__(self, kubeconfig: str, out: Path) -> None:
+        cfg = yaml.safe_load(Path(kubeconfig).read_text())
+        context = next(c["context"] for c in cfg["contexts"] if c["name"] == cfg["current-context"])
+        cluster = next(c["cluster"] for c in cfg["clusters"] if c["name"] == context["cluster"])
+        server = urlsplit(cluster["server"])
+        self.upstream = (server.hostname or "", server.port or 443)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        cluster["server"] = f"https://127.0.0.1:{self.listener.getsockname()[1]}"
+        out.write_text(yaml.safe_dump(cfg))
+        self.kubeconfig = str(out)
+        self.flowing = threading.Event()
+        self.flowing.set()
+        self.closed = False
+        self.sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+                upstream = socket.create_connection(self.upstream, timeout=10)
+            except OSError:
+                if self.closed:
+                    return
+                continue
+            upstream.settimeout(None)
+            self.sockets += [client, upstream]
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while True:
+                self.flowing.wait()
+                data = src.recv(65536)
+                self.flowing.wait()  # read before the stall: held until resume
+                if not data or self.closed:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            s.close()
+
+    def stall(self) -> None:
+        self.flowing.clear()
+
+    def resume(self) -> None:
+        self.flowing.set()
+
+    def close(self) -> None:
+        self.closed = True
+        self.listener.close()
+        self.flowing.set()
+        for s in self.sockets:
+            s.close()
+
+
+def log_lines(log: Path) -> list[tuple[float, str]]:
+    """(wall-clock time, message) of each line; both replicas run on this host's clock."""
+    found = (LOG_LINE.match(line) for line in log.read_text(errors="replace").splitlines())
+    return [(datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S,%f").timestamp(), m[2]) for m in found if m]
+
+
+def writes(log: Path) -> list[float]:
+    """When the replica sent each API write (kube.py logs them at DEBUG, as they are sent)."""
+    return [t for t, msg in log_lines(log) if msg.startswith("api write ")]
+
+
+def logged_at(log: Path, text: str) -> float:
+    return next(t for t, msg in log_lines(log) if text in msg)
+
+
+def test_a_stalled_leader_stops_before_the_standby_takes_over_and_never_writes_beside_it(
     kubectl: Kubectl, crd: None, own_namespace: str, tmp_path: Path
 ) -> None:
     ns = own_namespace
-    elect = ("--leader-elect", "--lease-namespace", ns)
-    first = OperatorProcess(kubectl, [ns], tmp_path / "first.log", extra=elect)
+    elect = ("--leader-elect", "--lease-namespace", ns, "-v")  # -v: every API write logged
+    proxy = StallingProxy(kubectl.kubeconfig, tmp_path / "proxied.kubeconfig")
+    first = OperatorProcess(Kubectl(proxy.kubeconfig), [ns], tmp_path / "first.log", extra=elect)
     second = OperatorProcess(kubectl, [ns], tmp_path / "second.log", extra=elect)
     first.start()
     try:
-        kubectl.wait_for("the first replica to hold the lease", lambda: holder(kubectl, ns), timeout=60, interval=0.5)
+        first_id = kubectl.wait_for("the replica behind the proxy to hold the lease", lambda: holder(kubectl, ns),
+                                    timeout=60, interval=0.5)
+        assert first_id.endswith(f"-{first.proc.pid}"), first_id  # type: ignore[union-attr]
         second.start()
         name = f"standby-{uuid.uuid4().hex[:5]}"
         kubectl.apply(job_manifest(name, ns, sleep=600, workers=SMALL))
-        kubectl.wait_phase(ns, name, ("Running",), timeout=120)
-        active_id = holder(kubectl, ns)
-        active, standby = (first, second) if active_id.endswith(f"-{first.proc.pid}") else (second, first)  # type: ignore[union-attr]
-        assert active_id.endswith(f"-{active.proc.pid}"), active_id  # type: ignore[union-attr]
+        kubectl.wait_phase(ns, name, ("Running",), timeout=120)  # reconciled through the proxy
+        kubectl.wait_for("the standby to poll the lease",
+                         lambda: "waiting to hold lease" in second.log.read_text(errors="replace"), timeout=30)
         # The standby does nothing while the other holds the lease.
-        assert "holding lease" not in standby.log.read_text(errors="replace")
+        assert "holding lease" not in second.log.read_text(errors="replace")
         before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in kubectl.pods(ns, name)}
         assert len(before) == 2
 
-        active.kill()
-        killed = time.monotonic()
+        proxy.stall()
+        stalled = time.monotonic()
         fresh = f"after-{uuid.uuid4().hex[:5]}"
         kubectl.apply(job_manifest(fresh, ns, sleep=600, workers=SMALL))
+        kubectl.wait_for("the stalled replica to stop", lambda: first.proc.poll() is not None,  # type: ignore[union-attr]
+                         timeout=HANDOVER_S, interval=0.2)
+        still = holder(kubectl, ns)
+        assert first.proc.returncode == exitcodes.LEASE_LOST, first.tail()  # type: ignore[union-attr]
+        assert still == first_id, f"the standby took the lease ({still}) before the stalled replica stopped"
         new_id = kubectl.wait_for("the standby to take the lease",
-                                  lambda: (h := holder(kubectl, ns)) and h != active_id and h,
+                                  lambda: (h := holder(kubectl, ns)) and h != first_id and h,
                                   timeout=60, interval=0.5)
-        took_lease = time.monotonic() - killed
+        took_lease = time.monotonic() - stalled
         kubectl.wait_for("the job created meanwhile to get its pods",
                          lambda: len(kubectl.pods(ns, fresh)) == 2, timeout=60, interval=0.5)
-        took_pods = time.monotonic() - killed
-        print(f"handover: lease after {took_lease:.1f}s, pods of the new job after {took_pods:.1f}s")
-        assert new_id.endswith(f"-{standby.proc.pid}")  # type: ignore[union-attr]
+        took_pods = time.monotonic() - stalled
+        print(f"handover after a stall: lease after {took_lease:.1f}s, pods of the new job after {took_pods:.1f}s")
+        assert new_id.endswith(f"-{second.proc.pid}")  # type: ignore[union-attr]
         assert took_lease <= HANDOVER_S and took_pods <= HANDOVER_S + 5, (took_lease, took_pods)
 
+        # The stalled connections move again: what the old replica had sent reaches the API
+        # server now (its lease update carries an old resourceVersion and is refused).
+        proxy.resume()
         kubectl.wait_phase(ns, fresh, ("Running",), timeout=120)
-        time.sleep(4)  # a few progress intervals of the new active replica
+        time.sleep(4)  # two lease periods and a few progress intervals of the new active replica
+        assert holder(kubectl, ns) == new_id
         after = {p["metadata"]["name"]: p["metadata"]["uid"] for p in kubectl.pods(ns, name)}
         assert after == before, "the new active replica recreated or duplicated pods"
         job = kubectl.job(ns, name)
         assert job["status"]["phase"] == "Running" and job["status"].get("restarts", 0) == 0
         assert_no_repeated_events(kubectl, ns, name)
         assert_no_repeated_events(kubectl, ns, fresh)
+
+        # Who wrote when: the old replica's writes (lease renewals every 2 s, the first job's
+        # children and status) all precede its stop, which precedes the new replica's first
+        # write (the lease update that made it active).
+        old, new = writes(first.log), writes(second.log)
+        stopped_at = logged_at(first.log, "not renewed within")
+        active_at = logged_at(second.log, "holding lease")
+        assert old and new
+        print(f"old replica: last write {max(old) - stopped_at:+.3f}s from its stop; new replica: first write "
+              f"{min(new) - stopped_at:+.3f}s, active {active_at - stopped_at:+.3f}s")
+        assert max(old) < stopped_at < min(new) <= active_at, (max(old), stopped_at, min(new), active_at)
+        assert not {int(t) for t in old} & {int(t) for t in new}, "two replicas wrote in the same second"
     finally:
+        proxy.close()
         first.stop()
         second.stop()
         print(first.tail(), second.tail())

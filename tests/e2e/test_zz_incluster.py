@@ -13,7 +13,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from .conftest import ROOT, Kubectl, assert_no_repeated_events, digits_manifest  # type: ignore[import-not-found]
+from .conftest import (  # type: ignore[import-not-found]
+    ROOT,
+    Kubectl,
+    assert_no_repeated_events,
+    checkpoint_claim,
+    digits_manifest,
+)
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -40,6 +46,7 @@ def test_apply_k_installs_operator_that_runs_the_digits_job(kubectl: Kubectl, in
     assert pod["spec"]["containers"][0]["image"] == "disttrain-operator:dev"
     ns = f"e2e-ic-{uuid.uuid4().hex[:6]}"
     kubectl.run("create", "namespace", ns)
+    pv = checkpoint_claim(kubectl, ns)
     name = f"digits-{uuid.uuid4().hex[:5]}"
     try:
         kubectl.apply(digits_manifest(name, ns))
@@ -57,3 +64,4 @@ def test_apply_k_installs_operator_that_runs_the_digits_job(kubectl: Kubectl, in
         assert reasons == ["GangCreated"], reasons
     finally:
         kubectl.run("delete", "namespace", ns, "--wait=true", check=False, timeout=180)
+        kubectl.run("delete", "persistentvolume", pv, "--wait=false", check=False)

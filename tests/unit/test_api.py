@@ -118,7 +118,8 @@ def test_top_level_errors() -> None:
         "spce: unknown field (known fields: apiVersion, kind, metadata, spec, status)",
         "apiVersion: 'v1' must be disttrain.dev/v1alpha1",
         "kind: 'Job' must be DistTrainJob",
-        f"metadata.name: '{'x' * 46}' must be a DNS label (lower-case letters, digits, '-') of at most 45 characters",
+        f"metadata.name: '{'x' * 46}' must be a DNS-1035 label (lower-case letters, digits and '-', starting with a letter and "
+        "ending with a letter or digit) of at most 45 characters: it names the job's Service and pods",
     ]
     assert schema_errors(job(metadata={})) == ["metadata.name: required field is missing"]
     assert schema_errors(job(metadata="j")) == ["metadata: expected an object, got a string"]

@@ -80,7 +80,7 @@ def test_defaults_render_a_cluster_wide_install(helm: str) -> None:
     docs = render(helm)
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == sorted(["ServiceAccount", "ClusterRole", "ClusterRole", "ClusterRoleBinding",
-                            "ClusterRoleBinding", "Service", "Deployment", "ConfigMap"])
+                            "ClusterRoleBinding", "Role", "RoleBinding", "Service", "Deployment", "ConfigMap"])
     version = chart_meta()["appVersion"]
     (deploy,) = by_kind(docs, "Deployment")
     assert deploy["metadata"]["name"] == "disttrain-operator"
@@ -104,9 +104,9 @@ def test_defaults_render_a_cluster_wide_install(helm: str) -> None:
     assert json.loads(dash["data"]["disttrain.json"]) == json.loads((CHART / "dashboards" / "disttrain.json").read_text())
 
 
-def _manifest_rules(name: str) -> list[dict[str, Any]]:
+def _manifest_rules(name: str, kind: str = "ClusterRole") -> list[dict[str, Any]]:
     (role,) = [d for d in yaml.safe_load_all((ROOT / "manifests" / "rbac" / f"{name}.yaml").read_text())
-               if d["kind"] == "ClusterRole"]
+               if d["kind"] == kind]
     return role["rules"]
 
 
@@ -115,7 +115,10 @@ def test_rbac_mirrors_manifests(helm: str) -> None:
     roles = {d["metadata"]["name"]: d["rules"] for d in by_kind(docs, "ClusterRole")}
     assert roles == {"disttrain-framework": _manifest_rules("framework"),
                      "disttrain-application": _manifest_rules("application")}
-    for binding in by_kind(docs, "ClusterRoleBinding"):
+    (lease,) = by_kind(docs, "Role")
+    assert lease["rules"] == _manifest_rules("framework", "Role")
+    assert lease["metadata"]["namespace"] == "disttrain-system"
+    for binding in by_kind(docs, "ClusterRoleBinding") + by_kind(docs, "RoleBinding"):
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "disttrain-operator",
                                         "namespace": "disttrain-system"}]
 
@@ -138,10 +141,10 @@ def test_non_default_values(helm: str) -> None:
     assert not by_kind(docs, "ServiceAccount") and not by_kind(docs, "ConfigMap")
     # Namespaced: the application rules become a Role + RoleBinding per listed namespace.
     assert [r["metadata"]["name"] for r in by_kind(docs, "ClusterRole")] == ["disttrain-framework"]
-    roles = by_kind(docs, "Role")
+    roles = [r for r in by_kind(docs, "Role") if r["metadata"]["name"] == "disttrain-application"]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["ml", "research"]
     assert all(r["rules"] == _manifest_rules("application") for r in roles)
-    bindings = by_kind(docs, "RoleBinding")
+    bindings = [b for b in by_kind(docs, "RoleBinding") if b["metadata"]["name"] == "disttrain-application"]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["ml", "research"]
     assert all(b["subjects"][0]["name"] == "ops" for b in bindings + by_kind(docs, "ClusterRoleBinding"))
     (deploy,) = by_kind(docs, "Deployment")

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from disttrain_trainer import checkpoint as ckpt
+from disttrain_trainer.checkpoints import whole as ckpt
 
 
 def test_snapshot_is_a_copy_training_cannot_change() -> None:

@@ -26,8 +26,8 @@ NO_GPU = {"CUDA_VISIBLE_DEVICES": ""}
 # One process picks the device for every case (importing torch is the slow part).
 PICK = """
 import json, sys, warnings
-from disttrain_trainer.config import ConfigError, load_config
-from disttrain_trainer.dist_env import pick_device
+from disttrain_trainer.process.config import ConfigError, load_config
+from disttrain_trainer.process.dist_env import pick_device
 results = []
 for env in json.load(sys.stdin):
     with warnings.catch_warnings(record=True) as caught:

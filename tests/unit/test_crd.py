@@ -69,8 +69,11 @@ def test_crd_metadata(committed: dict[str, Any]) -> None:
         ("Step", "integer", ".status.step"),
         ("Comm", "number", ".status.commFraction"),
         ("Restarts", "integer", ".status.restarts"),
+        ("Disruptions", "integer", ".status.disruptions"),
         ("Age", "date", ".metadata.creationTimestamp"),
     ]
+    # Shown by `kubectl get -o wide` only: the default table keeps the columns of DESIGN.md.
+    assert [c["name"] for c in version["additionalPrinterColumns"] if c.get("priority")] == ["Disruptions"]
 
 
 def test_schema_is_structural(committed: dict[str, Any]) -> None:

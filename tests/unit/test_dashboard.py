@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 from disttrain_api import metric_names as names
-from disttrain_trainer.metrics import Metrics, observe_single_step
+from disttrain_trainer.telemetry.step_metrics import Metrics, observe_single_step
 from prometheus_client import generate_latest
 
 ROOT = Path(__file__).resolve().parents[2]

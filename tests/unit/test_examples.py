@@ -51,6 +51,6 @@ def test_data_parallel_example_is_the_demo() -> None:
     assert (spec.model.name, spec.data.name) == ("mlp", "digits")
     assert (spec.workers.replicas, spec.workers.procs_per_worker, spec.workers.resources.gpus) == (2, 1, 0)
     assert spec.training.precision == "fp32"
-    # e2e tests use their own copy with a hostPath; the example uses an emptyDir.
+    # e2e tests use their own copy with a checkpoint claim; the example uses an emptyDir.
     assert spec.checkpoint.volume == {}
     assert spec.elastic is None and spec.federated is None and spec.param_server is None

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from disttrain_operator.cli import main
+from disttrain_cli import main
 
 
 def summary(*, world: int, compute: float = 0.010, params: int = 26122, link: bool = True) -> dict[str, Any]:

@@ -10,9 +10,10 @@ import grpc
 import pytest
 import torch
 from disttrain_api.model import parse_spec
-from disttrain_trainer.federated import inprocess
-from disttrain_trainer.federated.aggregator import Aggregator
-from disttrain_trainer.federated.fedmetrics import FedMetrics
+from disttrain_trainer.modes.federated import inprocess
+from disttrain_trainer.modes.federated.aggregator import Aggregator
+from disttrain_trainer.modes.federated.bindings import JOIN, round_binding, wait_binding
+from disttrain_trainer.telemetry.federated_series import FedMetrics
 from disttrain_trainer.tensor_transport import auth, codec
 from disttrain_trainer.tensor_transport.channel import aio_channel
 from disttrain_trainer.tensor_transport.protos import tensor_transport_pb2 as pb
@@ -44,18 +45,20 @@ async def _scenario() -> tuple[Aggregator, dict[str, str]]:
     replies: dict[str, str] = {}
     channel = aio_channel(f"127.0.0.1:{port}", None)
     stub = pbg.FederatedStub(channel)
-    md = auth.metadata_for(key, CID)
+    creds = auth.Credentials.derive(key, [CID, "client-9"])
     try:
-        for label, metadata in [("no token", ((auth.CLIENT_KEY, CID),)),
-                                ("wrong token", auth.metadata_for(auth.new_key(), CID)),
-                                ("unknown client", auth.metadata_for(key, "client-9"))]:  # fmt: skip
+        for label, metadata in [("no token", ((auth.IDENTITY_KEY, CID),)),
+                                ("wrong token", auth.Credentials.derive(auth.new_key(), [CID]).metadata(CID, "", JOIN)),
+                                ("unknown client", creds.metadata("client-9", "", JOIN))]:  # fmt: skip
             with pytest.raises(grpc.aio.AioRpcError) as e:
                 await stub.Join(pb.JoinRequest(client_ids=[CID]), metadata=metadata)
             assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
             replies[label] = e.value.details()
-        await stub.Join(pb.JoinRequest(client_ids=[CID]), metadata=md)
-        task = codec.decode_all([c async for c in stub.GetTask(pb.TaskRequest(client_id=CID), metadata=md)], 1 << 20)
+        session = (await stub.Join(pb.JoinRequest(client_ids=[CID]), metadata=creds.metadata(CID, "", JOIN))).session
+        wait = creds.metadata(CID, session, wait_binding(0))
+        task = codec.decode_all([c async for c in stub.GetTask(pb.TaskRequest(client_id=CID), metadata=wait)], 1 << 20)
         r, a = task.header.round, int(task.header.scalars["attempt"])
+        md = creds.metadata(CID, session, round_binding(r, a))
         bad = {
             "wrong shape": _push_chunks([("w", torch.zeros(3, 4)), ("b", torch.zeros(3))], round_no=r, attempt=a),
             "wrong dtype": _push_chunks([("w", torch.zeros(4, 3, dtype=torch.int32)), ("b", torch.zeros(3))],
@@ -81,10 +84,11 @@ async def _scenario() -> tuple[Aggregator, dict[str, str]]:
         assert not replay.accepted
         replies["replay"] = replay.reason
         assert all(torch.equal(after_one[n], agg.model[n]) for n in MODEL)
-        task = codec.decode_all([c async for c in stub.GetTask(pb.TaskRequest(client_id=CID), metadata=md)], 1 << 20)
-        assert (await stub.PushUpdate(iter(_push_chunks(_good(), round_no=task.header.round,
-                                                        attempt=int(task.header.scalars["attempt"]))),
-                                      metadata=md)).accepted  # fmt: skip
+        wait = creds.metadata(CID, session, wait_binding(r))
+        task = codec.decode_all([c async for c in stub.GetTask(pb.TaskRequest(client_id=CID), metadata=wait)], 1 << 20)
+        r, a = task.header.round, int(task.header.scalars["attempt"])
+        md = creds.metadata(CID, session, round_binding(r, a))
+        assert (await stub.PushUpdate(iter(_push_chunks(_good(), round_no=r, attempt=a)), metadata=md)).accepted
         await asyncio.wait_for(rounds, 10)
     finally:
         await channel.close()
@@ -94,20 +98,23 @@ async def _scenario() -> tuple[Aggregator, dict[str, str]]:
 
 def test_each_bad_input_is_refused_with_a_reason_and_counted() -> None:
     agg, replies = asyncio.run(_scenario())
-    assert "no bearer token" in replies["no token"]
-    assert "wrong token" in replies["wrong token"]
-    assert "unknown client" in replies["unknown client"]
+    assert replies["no token"].startswith("no_token") and "no bearer token" in replies["no token"]
+    assert replies["wrong token"].startswith("bad_token")
+    assert replies["unknown client"].startswith("unknown_identity")
     assert replies["wrong shape"].startswith("bad_shape")
     assert replies["wrong dtype"].startswith("bad_dtype")
     assert replies["NaN"].startswith("non_finite") and replies["Inf"].startswith("non_finite")
     assert replies["norm"].startswith("norm") and "maxUpdateNorm" in replies["norm"]
     assert replies["too large"].startswith("too_large")
-    assert replies["future round"].startswith("stale") and replies["replay"].startswith("stale")
+    assert replies["future round"].startswith("stale")
+    assert replies["replay"].startswith("expired_round")  # its token is bound to round 1
     assert replies["negative samples"].startswith("bad_samples")
     m = agg.metrics
-    counts = {r: m.rejected_count(r) for r in ("auth", "bad_shape", "bad_dtype", "non_finite", "norm",
-                                               "too_large", "stale", "bad_samples")}  # fmt: skip
-    assert counts == {"auth": 3, "bad_shape": 1, "bad_dtype": 1, "non_finite": 2, "norm": 1, "too_large": 1,
-                      "stale": 2, "bad_samples": 1}  # fmt: skip
+    counts = {r: m.rejected_count(r) for r in ("no_token", "bad_token", "unknown_identity", "bad_shape", "bad_dtype",
+                                               "non_finite", "norm", "too_large", "stale", "expired_round",
+                                               "bad_samples")}  # fmt: skip
+    assert counts == {"no_token": 1, "bad_token": 1, "unknown_identity": 1, "bad_shape": 1, "bad_dtype": 1,
+                      "non_finite": 2, "norm": 1, "too_large": 1, "stale": 1, "expired_round": 1,
+                      "bad_samples": 1}  # fmt: skip
     # Only the two good updates moved the model: FedAvg of one client, server lr 1.
     assert torch.allclose(agg.model["w"], torch.full((4, 3), 0.2)) and agg.round == 2

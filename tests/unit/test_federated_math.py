@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 import torch
-from disttrain_trainer.federated import compression, partition, secagg
-from disttrain_trainer.federated.strategy import (
+from disttrain_trainer.modes.federated import compression, partition, secagg
+from disttrain_trainer.modes.federated.strategy import (
     ADAM_BETA1,
     ADAM_BETA2,
     ADAM_TAU,

@@ -8,7 +8,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from disttrain_api import model as api
-from disttrain_operator.decide import Observed, decide
+from disttrain_operator.decide import decide
+from disttrain_operator.decision import Observed
 from disttrain_operator.observe import PodView, format_time
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)

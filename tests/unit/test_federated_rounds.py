@@ -12,15 +12,16 @@ import grpc
 import pytest
 import torch
 from disttrain_api.model import parse_spec
-from disttrain_operator.topology.federated_secrets import self_signed_server_cert
-from disttrain_trainer.config import config_for
-from disttrain_trainer.data import load_dataset
-from disttrain_trainer.federated import inprocess
-from disttrain_trainer.federated.aggregator import Aggregator
-from disttrain_trainer.federated.client import ClientRunner, train_local
-from disttrain_trainer.federated.entry import client_states, make_evaluator
-from disttrain_trainer.federated.fedmetrics import AGGREGATOR, FedMetrics
-from disttrain_trainer.federated.settings import client_ids
+from disttrain_operator.topology.credentials import self_signed_server_cert
+from disttrain_trainer.datasets import load_dataset
+from disttrain_trainer.modes.federated import inprocess
+from disttrain_trainer.modes.federated.aggregator import Aggregator
+from disttrain_trainer.modes.federated.client import ClientRunner
+from disttrain_trainer.modes.federated.entry import client_states, make_evaluator
+from disttrain_trainer.modes.federated.local_training import train_local
+from disttrain_trainer.modes.federated.settings import client_ids
+from disttrain_trainer.process.config import config_for
+from disttrain_trainer.telemetry.federated_series import AGGREGATOR, FedMetrics
 from disttrain_trainer.tensor_transport import auth
 from disttrain_trainer.tensor_transport.channel import Tls, aio_channel
 from disttrain_trainer.tensor_transport.protos import tensor_transport_pb2 as pb

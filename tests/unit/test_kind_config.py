@@ -1,5 +1,6 @@
 """hack/kind.yaml (`make kind-up`): every worker mounts the host's checkpoint folder at the path
-jobs use as their hostPath checkpoint volume, so a restarted gang on any node resumes."""
+the demo's and the e2e tests' hostPath PersistentVolume uses, so a restarted gang on any node
+resumes."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-CHECKPOINTS = "/var/lib/disttrain/checkpoints"  # the demo's and the e2e tests' hostPath
+CHECKPOINTS = "/var/lib/disttrain/checkpoints"  # the demo's and the e2e tests' PersistentVolume
 
 
 def test_workers_mount_the_checkpoint_hostpath() -> None:
@@ -18,6 +19,6 @@ def test_workers_mount_the_checkpoint_hostpath() -> None:
     assert len(workers) == 2
     for node in workers:
         assert {"hostPath": CHECKPOINTS, "containerPath": CHECKPOINTS} in node["extraMounts"]
-    for text in ((ROOT / "tests" / "e2e" / "conftest.py").read_text(), (ROOT / "Makefile").read_text(),
+    for text in ((ROOT / "tests" / "e2e" / "conftest.py").read_text(), (ROOT / "hack" / "demo-checkpoints.yaml").read_text(),
                  (ROOT / "hack" / "cluster.mk").read_text()):
         assert CHECKPOINTS in text

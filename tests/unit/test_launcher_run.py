@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from disttrain_trainer.config import finished_path
 from disttrain_trainer.launcher.run import all_finished, clear_finished
+from disttrain_trainer.process.config import finished_path
 
 
 def _mark(run_dir: Path, rank: int, attempt: int) -> None:

@@ -7,7 +7,7 @@ import gc
 import weakref
 
 import pytest
-from disttrain_trainer.loop_gc import LoopGC
+from disttrain_trainer.process.loop_gc import LoopGC
 
 
 class Node:

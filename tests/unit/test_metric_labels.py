@@ -9,7 +9,7 @@ import re
 import pytest
 from disttrain_api import metric_names as names
 from disttrain_operator.observe import parse_prometheus
-from disttrain_trainer.metrics import Metrics, observe_single_step
+from disttrain_trainer.telemetry.step_metrics import Metrics, observe_single_step
 from prometheus_client import generate_latest
 
 

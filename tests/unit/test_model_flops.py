@@ -1,11 +1,15 @@
-"""Tokens/s and MFU figures of the GPT model (disttrain_trainer.model_flops)."""
+"""Tokens/s and MFU figures of the GPT model (disttrain_trainer.telemetry.model_flops)."""
 
 from __future__ import annotations
 
 import torch
 from disttrain_api.model import parse_spec
-from disttrain_trainer.model_flops import gpt_flops_per_token, peak_flops, throughput_fields
 from disttrain_trainer.models import GPT
+from disttrain_trainer.telemetry.model_flops import (
+    gpt_flops_per_token,
+    peak_flops,
+    throughput_fields,
+)
 from torch import nn
 
 

@@ -8,7 +8,7 @@ import sys
 import kopf
 from disttrain_api import constants as c
 from disttrain_api.model import GROUP, PLURAL
-from disttrain_operator.cli import build_parser
+from disttrain_cli import build_parser
 
 
 def test_operator_flags_parse() -> None:
@@ -20,8 +20,18 @@ def test_operator_flags_parse() -> None:
     assert args.poll_interval_s == 1.5 and args.liveness.endswith("/healthz")
 
 
+def test_node_lost_timeout_defaults_to_kubernetes_eviction_and_is_configurable() -> None:
+    from disttrain_operator import settings
+
+    assert settings.from_env({}).node_lost_after_s == 300.0  # Kubernetes' pod-eviction default
+    assert settings.from_env({"DISTTRAIN_OPERATOR_NODE_LOST_AFTER": "20"}).node_lost_after_s == 20.0
+    args = build_parser().parse_args(["operator", "--node-lost-after", "15"])
+    assert args.node_lost_after_s == 15.0
+    assert build_parser().parse_args(["operator"]).node_lost_after_s is None  # unset: the env var or the default
+
+
 def test_namespace_and_all_namespaces_are_exclusive() -> None:
-    proc = subprocess.run([sys.executable, "-m", "disttrain_operator", "operator", "-n", "a", "--all-namespaces"],
+    proc = subprocess.run([sys.executable, "-m", "disttrain_cli", "operator", "-n", "a", "--all-namespaces"],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "not allowed with argument" in proc.stderr
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from disttrain_api import model as api
-from disttrain_operator.decide import Observed, decide
+from disttrain_operator.decide import decide
+from disttrain_operator.decision import Observed
 from disttrain_operator.observe import PodView, format_time
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -113,9 +115,19 @@ def test_config_error_exit_code_fails_without_retry() -> None:
 def test_vanished_and_lost_node_restart() -> None:
     plan = decide(obs(dict(RUNNING_STATUS), [pod(0)]))
     assert plan.status["phase"] == "Restarting" and cond(plan.status, "Restarting")["reason"] == "WorkerVanished"
-    plan = decide(obs(dict(RUNNING_STATUS), [pod(0), pod(1, not_ready_for_s=60)]))
+    plan = decide(obs(dict(RUNNING_STATUS), [pod(0), pod(1, not_ready_for_s=60)], node_lost_after_s=15.0))
     assert cond(plan.status, "Restarting")["reason"] == "NodeLost"
     assert plan.force_delete_pods == ["j-worker-1"]
+
+
+def test_a_node_counts_as_lost_after_kubernetes_own_eviction_timeout_by_default() -> None:
+    """300 s, the pod-eviction default: a pod NotReady for a minute is not replaced (its node may be
+    back soon, and its process may still run); a shorter timeout is the operator's setting."""
+    assert Observed.__dataclass_fields__["node_lost_after_s"].default == 300.0
+    plan = decide(obs(dict(RUNNING_STATUS), [pod(0), pod(1, not_ready_for_s=60)]))
+    assert plan.status["phase"] == "Running" and not plan.force_delete_pods
+    plan = decide(obs(dict(RUNNING_STATUS), [pod(0), pod(1, not_ready_for_s=300)]))
+    assert cond(plan.status, "Restarting")["reason"] == "NodeLost"
 
 
 def test_success_copies_rank0_summary() -> None:
@@ -263,29 +275,91 @@ def test_elastic_shrink_waits_when_no_smaller_size_is_valid() -> None:
     assert cond(plan.status, "Running")["reason"] == "Unschedulable"
 
 
-def test_pods_of_an_earlier_job_with_the_same_name_are_never_adopted() -> None:
+def test_pods_of_an_earlier_job_with_the_same_name_are_left_to_the_garbage_collector() -> None:
     # A new job (no status) whose name an earlier, deleted job used: its pods still exist
-    # with the earlier job's UID. They are deleted, not counted, and block the new gang.
-    old = [pod(0, owner_uid="old-uid", owner_kind="DistTrainJob", attempt=3),
-           pod(1, owner_uid="old-uid", owner_kind="DistTrainJob", attempt=3)]
-    plan = decide(obs(None, old, uid="new-uid"))
-    assert not plan.create and sorted(plan.delete_pods) == ["j-worker-0", "j-worker-1"]
+    # with the earlier job's UID. They are never adopted, counted or deleted by the operator
+    # (the garbage collector deletes them with their owner) and block the new gang.
+    old = [pod(0, owner_uid="old-uid", owner_kind="DistTrainJob", owner_name="j", attempt=3),
+           pod(1, owner_uid="old-uid", owner_kind="DistTrainJob", owner_name="j", attempt=3, deleting=True,
+               deleting_for_s=5)]
+    plan = decide(obs(None, old, uid="new-uid", name="j"))
+    assert not plan.create and not plan.delete_pods and not plan.force_delete_pods
     st = plan.status
     assert st["phase"] == "Pending" and st["attempt"] == 0 and st["restarts"] == 0
-    assert "not owned by this job" in st["message"] and "old-uid" in st["message"]
-    assert not plan.events
+    assert "garbage collector" in st["message"] and "j-worker-0" in st["message"]
+    assert not plan.events and cond(st, "NameConflict") is None
+    # one its node cannot confirm deleted is force-deleted, as the job's own would be
+    stuck = [old[0], dataclasses.replace(old[1], deleting_for_s=60)]
+    assert decide(obs(None, stuck, uid="new-uid", name="j")).force_delete_pods == ["j-worker-1"]
     # once they are gone, the gang is created at attempt 0
     plan = decide(obs(plan.status, [], uid="new-uid", accepted=None))
     assert plan.create and plan.status["attempt"] == 0
 
 
-def test_foreign_pods_beside_a_running_gang_are_deleted_but_never_counted() -> None:
+def test_pods_with_the_jobs_label_that_are_not_its_own_are_a_name_conflict() -> None:
+    # An orphan (no controller) or another owner's pod carrying the job's label would take
+    # a worker's name and DNS record: the job waits with NameConflict, and the pod is left alone.
+    orphan = pod(0, attempt=0)
+    other = pod(1, owner_uid="rs-uid", owner_kind="ReplicaSet", owner_name="web-5d9")
+    plan = decide(obs(None, [orphan, other], uid="new-uid", name="j"))
+    assert not plan.create and not plan.delete_pods and not plan.force_delete_pods
+    c = cond(plan.status, "NameConflict")
+    assert c["status"] == "True" and "Pod j-worker-0" in c["message"] and "no controller owner" in c["message"]
+    assert "ReplicaSet web-5d9" in c["message"]
+    assert [(t, r) for t, r, _ in plan.events] == [("Warning", "NameConflict")]
+    again = decide(obs(plan.status, [orphan, other], uid="new-uid", name="j", accepted=None))
+    assert not again.events and not again.create  # still waiting: no second Event
+    freed = decide(obs(again.status, [], uid="new-uid", name="j", accepted=None))
+    assert freed.create and cond(freed.status, "NameConflict")["status"] == "False"
+
+
+def test_foreign_pods_beside_a_running_gang_are_never_counted_or_deleted() -> None:
     ours = [pod(0, owner_uid="me"), pod(1, owner_uid="me")]
     orphan = pod(2, "Failed", exit_code=1, attempt=7)  # no controller at all
-    other = pod(3, owner_uid="rs-uid", owner_kind="ReplicaSet")  # someone else's: left alone
+    other = pod(3, owner_uid="rs-uid", owner_kind="ReplicaSet")  # someone else's
     stuck = pod(4, owner_uid="old", owner_kind="DistTrainJob", deleting=True, deleting_for_s=60)
     plan = decide(obs(dict(RUNNING_STATUS), [*ours, orphan, other, stuck], uid="me"))
     st = plan.status
     assert st["phase"] == "Running" and st["restarts"] == 0 and st["attempt"] == 0
     assert st["workers"] == {"active": 2, "pending": 0, "succeeded": 0, "failed": 0}
-    assert plan.delete_pods == ["j-worker-2"] and plan.force_delete_pods == ["j-worker-4"]
+    assert plan.delete_pods == [] and plan.force_delete_pods == ["j-worker-4"]
+
+
+def test_an_invalid_edit_keeps_the_gang_running_and_the_fix_restarts_nothing() -> None:
+    # Restarts already at runPolicy.backoffLimit (3): one more counted restart fails the job.
+    st = {**RUNNING_STATUS, "restarts": 3}
+    gang = [pod(0), pod(1)]
+    err = "spec.workers.template.hostNetwork: not allowed in workers.template"
+    plan = decide(obs(dict(st), gang, spec=None, spec_error=err, accepted=spec(), generation=2))
+    assert plan.status["phase"] == "Running" and not plan.delete_pods and not plan.create
+    c = cond(plan.status, "InvalidSpec")
+    assert c["status"] == "True" and c["reason"] == "InvalidSpec" and "hostNetwork" in c["message"]
+    assert [(t, r) for t, r, _ in plan.events] == [("Warning", "InvalidSpec")]
+    assert plan.spec == spec()  # the gang's own spec goes on
+    again = decide(obs(plan.status, gang, spec=None, spec_error=err, accepted=spec(), generation=2))
+    assert not again.events and again.status["phase"] == "Running" and not again.delete_pods
+    fixed = decide(obs(again.status, gang, spec=spec(), accepted=spec(), generation=3))
+    assert cond(fixed.status, "InvalidSpec")["status"] == "False"
+    assert fixed.status["phase"] == "Running" and fixed.status["restarts"] == 3 and fixed.status["attempt"] == 0
+    assert not fixed.delete_pods and not fixed.create and not fixed.events
+    # A worker failing meanwhile restarts the gang as usual, from the accepted spec.
+    failed = decide(obs({**plan.status, "restarts": 0}, [pod(0), pod(1, "Failed", exit_code=1)], spec=None,
+                        spec_error=err, accepted=spec(), generation=2))
+    assert failed.status["phase"] == "Restarting" and failed.spec == spec()
+
+
+def test_an_invalid_edit_keeps_the_size_the_user_asked_for() -> None:
+    # An elastic job shrunk to 2 of 4: its ConfigMap says 2, the user's last valid spec 4.
+    el = {"minReplicas": 1, "maxReplicas": 4}
+    asked = spec(workers={"replicas": 4}, elastic=el, data={"batchSize": 64})
+    shrunk = spec(workers={"replicas": 2}, elastic=el, data={"batchSize": 64})
+    st = {**RUNNING_STATUS, "lastSpecReplicas": 4}
+    plan = decide(obs(dict(st), [pod(0), pod(1)], spec=None, spec_error="spec.x: bad", accepted=shrunk))
+    assert plan.status["lastSpecReplicas"] == 4 and plan.status["replicas"] == 2 and not plan.delete_pods
+    fixed = decide(obs(plan.status, [pod(0), pod(1)], spec=asked, accepted=shrunk, generation=3))
+    assert fixed.status["phase"] == "Running" and not fixed.delete_pods and fixed.status["attempt"] == 0
+
+
+def test_a_job_that_never_had_a_valid_spec_fails_at_once() -> None:
+    plan = decide(obs({"phase": "Pending"}, [], spec=None, spec_error="spec.x: bad", accepted=None))
+    assert plan.status["phase"] == "Failed" and cond(plan.status, "InvalidSpec")["status"] == "True"

@@ -72,3 +72,30 @@ def test_settings_from_env_and_flags() -> None:
 def test_settings_reject_non_numbers_naming_the_variable() -> None:
     with pytest.raises(ValueError, match="DISTTRAIN_OPERATOR_METRICS_PORT='tcp://10.96.0.9:8080' is not a number"):
         from_env({"DISTTRAIN_OPERATOR_METRICS_PORT": "tcp://10.96.0.9:8080"})
+
+
+@pytest.mark.parametrize(("status", "says"), [
+    ({"phase": "Running", "conditions": [{"type": "DisruptionTarget", "status": "True",
+                                          "reason": "PreemptionByScheduler", "message": "preempted by p"}]},
+     "disrupted (PreemptionByScheduler: preempted by p)"),
+    ({"phase": "Failed", "reason": "Evicted", "message": "low on memory"}, "evicted by its kubelet: low on memory"),
+    ({"phase": "Failed", "reason": "Preempting"}, "preempted by its kubelet"),
+    ({"phase": "Failed", "reason": "Terminated"}, "node shutdown"),
+    ({"phase": "Failed", "reason": "Shutdown"}, "node shutdown"),
+    ({"phase": "Failed", "containerStatuses": [{"name": "trainer", "state": {"terminated": {"exitCode": 3}}}]},
+     "stopped on request (exit code 3)"),
+])  # fmt: skip
+def test_disruptions_are_recognised_from_the_pod(status: dict[str, object], says: str) -> None:
+    p = pod_view(raw(**status), NOW)  # type: ignore[arg-type]
+    assert says in p.disruption and p.disruption.startswith("pod j-worker-1 ")
+
+
+@pytest.mark.parametrize("status", [
+    {"phase": "Failed", "containerStatuses": [{"name": "trainer", "state": {"terminated": {"exitCode": 1}}}]},
+    {"phase": "Failed", "containerStatuses": [{"name": "trainer", "state": {"terminated": {"exitCode": 137}}}]},
+    {"phase": "Failed", "reason": "OutOfcpu", "message": "Node didn't have enough resource: cpu"},
+    {"phase": "Running", "conditions": [{"type": "DisruptionTarget", "status": "False"}]},
+    {"phase": "Running", "reason": "Evicted"},  # only a pod that ended was evicted
+])  # fmt: skip
+def test_failures_and_running_pods_are_not_disruptions(status: dict[str, object]) -> None:
+    assert pod_view(raw(**status), NOW).disruption == ""  # type: ignore[arg-type]

@@ -8,7 +8,8 @@ from typing import Any
 
 from disttrain_api import constants as c
 from disttrain_api import model as api
-from disttrain_operator.decide import Observed, decide
+from disttrain_operator.decide import decide
+from disttrain_operator.decision import Observed
 from disttrain_operator.observe import PodView, format_time
 from disttrain_operator.topology import build_children
 from disttrain_operator.topology.common import BuildContext
@@ -23,7 +24,7 @@ def spec(**ps: Any) -> api.JobSpec:
 
 def ctx() -> BuildContext:
     return BuildContext(name="job1", namespace="ns1", uid="u1", image="img", image_pull_policy="IfNotPresent",
-                        attempt=0, replicas=3, termination_grace_s=30)  # fmt: skip
+                        attempt=0, replicas=3)  # fmt: skip
 
 
 def env_of(obj: dict[str, Any]) -> dict[str, str]:

@@ -13,17 +13,21 @@ import grpc
 import pytest
 import torch
 from disttrain_api.model import parse_spec
-from disttrain_trainer.paramserver import service
-from disttrain_trainer.paramserver import shards as shardmap
-from disttrain_trainer.paramserver.entry import start_server
-from disttrain_trainer.paramserver.psmetrics import ServerMetrics
-from disttrain_trainer.paramserver.server import Shard, ShardConfig
+from disttrain_trainer.modes.paramserver import service
+from disttrain_trainer.modes.paramserver import shards as shardmap
+from disttrain_trainer.modes.paramserver.entry import start_server
+from disttrain_trainer.modes.paramserver.server import Shard, ShardConfig
+from disttrain_trainer.telemetry.paramserver_series import ServerMetrics
+from disttrain_trainer.tensor_transport import auth
 from disttrain_trainer.tensor_transport.channel import OPTIONS
 from disttrain_trainer.tensor_transport.protos import tensor_transport_pb2 as pb
 
 SPEC = parse_spec({"mode": "paramserver", "optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.0,
                                                         "scaleLR": "none", "decay": "none"}})  # fmt: skip
 W_SHAPE, B_SHAPE = (4, 3), (4,)
+KEY = auth.new_key()
+# worker-7 is not one of the job's workers: its credential is not one the shard derives.
+CREDS = auth.Credentials.derive(KEY, ["worker-0", "worker-1", "worker-7"])
 
 
 def initial() -> list[tuple[str, torch.Tensor]]:
@@ -41,8 +45,8 @@ def make_shard(tmp_path: Path | None = None, *, max_staleness: int = 2, workers:
 @pytest.fixture
 def served() -> Iterator[tuple[Shard, service.ShardClient]]:
     shard = make_shard()
-    server, port = start_server(shard, "127.0.0.1:0", workers=2)
-    client = service.ShardClient(f"127.0.0.1:{port}", max_bytes=shard.nbytes)
+    server, port = start_server(shard, "127.0.0.1:0", key=KEY, log=lambda s: None)
+    client = service.ShardClient(f"127.0.0.1:{port}", max_bytes=shard.nbytes, creds=CREDS)
     try:
         yield shard, client
     finally:
@@ -79,8 +83,9 @@ def test_bad_pushes_are_rejected_and_leave_the_parameters_untouched(served) -> N
         assert not r.accepted and r.reason.startswith(reason + ":"), (reason, r.reason)
     r = client.push(worker="worker-0", version=first.version, incarnation=inc, grads=inf)
     assert not r.accepted and r.reason.startswith("non_finite:")
-    r = client.push(worker="worker-7", version=first.version, incarnation=inc, grads=grads())
-    assert not r.accepted and r.reason.startswith("unknown_worker:")
+    with pytest.raises(grpc.RpcError) as e:
+        client.push(worker="worker-7", version=first.version, incarnation=inc, grads=grads())
+    assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED and "unknown_identity" in e.value.details()
     # A stream larger than the shard holds is refused from its header, before any allocation.
     r = client.push(worker="worker-0", version=first.version, incarnation=inc,
                     grads=[("w", torch.ones(1000, 1000))])  # fmt: skip
@@ -153,7 +158,7 @@ def test_checkpoint_holds_parameters_optimizer_and_version(tmp_path: Path) -> No
     for i in range(5):
         assert shard.push(worker="worker-0", version=shard.version, incarnation=shard.incarnation,
                           tensors=grads(0.5 + i)).accepted  # fmt: skip
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000002", "step-00000004"]
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-00000002", "step-00000004"]
     at4 = make_shard(tmp_path, optimizer=momentum)
     assert at4.restore() == 4 and at4.version == 4 and at4.resumed_from == 4
     assert at4.worker_steps["worker-0"] == 4 and at4.incarnation != shard.incarnation
@@ -190,14 +195,15 @@ def test_a_stream_without_header_is_refused(served) -> None:  # noqa: ANN001
     channel = grpc.insecure_channel(client.address, options=OPTIONS)
     push = channel.stream_unary(service.PUSH, request_serializer=pb.Chunk.SerializeToString,
                                 response_deserializer=pb.PushReply.FromString)  # fmt: skip
-    reply = push(iter([pb.Chunk(data=b"\0" * 16)]))
+    md = CREDS.metadata("worker-0", shard.incarnation, "0")
+    reply = push(iter([pb.Chunk(data=b"\0" * 16)]), metadata=md)
     channel.close()
     assert not reply.accepted and reply.reason.startswith("no_header:")
     assert shard.metrics.rejected_count("no_header") == 1 and shard.version == 0
 
 
 def test_the_finite_check_is_exact() -> None:
-    from disttrain_trainer.paramserver.server import all_finite
+    from disttrain_trainer.modes.paramserver.server import all_finite
 
     assert all_finite(torch.ones(10))
     assert all_finite(torch.tensor([3e38, 3e38, -1.0]))  # the sum overflows; every element is finite
@@ -229,7 +235,7 @@ def test_a_pull_in_flight_sees_one_version_while_an_update_lands() -> None:
 
 def test_a_worker_exports_the_time_series_every_mode_exports(tmp_path) -> None:  # noqa: ANN001
     from disttrain_api import metric_names as names
-    from disttrain_trainer.paramserver.psmetrics import WorkerMetrics, WorkerTally
+    from disttrain_trainer.telemetry.paramserver_series import WorkerMetrics, WorkerTally
 
     m = WorkerMetrics(job="j", rank=0, port=0, log_path=tmp_path / "m.jsonl")
     try:

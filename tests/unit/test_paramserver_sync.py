@@ -12,18 +12,20 @@ import numpy as np
 import pytest
 import torch
 from disttrain_api.model import parse_spec
-from disttrain_trainer.config import config_for
-from disttrain_trainer.data import GlobalBatchSampler, load_dataset
+from disttrain_trainer.datasets import GlobalBatchSampler, load_dataset
 from disttrain_trainer.models import build_model
+from disttrain_trainer.modes.paramserver.entry import shard_config, shard_tensors, start_server
+from disttrain_trainer.modes.paramserver.server import Shard
+from disttrain_trainer.modes.paramserver.settings import PSSettings
+from disttrain_trainer.modes.paramserver.worker import Worker
 from disttrain_trainer.optim import build_optimizer, build_scheduler
-from disttrain_trainer.paramserver.entry import shard_config, shard_tensors, start_server
-from disttrain_trainer.paramserver.psmetrics import ServerMetrics, WorkerMetrics
-from disttrain_trainer.paramserver.server import Shard
-from disttrain_trainer.paramserver.settings import PSSettings
-from disttrain_trainer.paramserver.worker import Worker
-from disttrain_trainer.train import loss_fn_for
+from disttrain_trainer.process.config import config_for
+from disttrain_trainer.run_common import loss_fn_for
+from disttrain_trainer.telemetry.paramserver_series import ServerMetrics, WorkerMetrics
+from disttrain_trainer.tensor_transport import auth
 
 STEPS = 25
+KEY = auth.new_key()
 
 
 @pytest.mark.parametrize("optimizer", [
@@ -58,10 +60,11 @@ def test_one_worker_with_staleness_zero_equals_synchronous_sgd(tmp_path: Path, o
     model = build_model(spec, ds)
     servers, addrs = [], []
     for i in range(2):
-        s = PSSettings(ps=spec.param_server, role="server", addrs=("x:1", "x:2"), index=i, workers=1)
+        s = PSSettings(ps=spec.param_server, role="server", addrs=("x:1", "x:2"), index=i, workers=1, tls=None,
+                       tls_server_name=None, identity_dir=tmp_path)  # fmt: skip
         shard = Shard(shard_config(cfg, s, None), shard_tensors(model, s),
                       ServerMetrics(job="t", shard=i, port=0, log_path=None))  # fmt: skip
-        server, port = start_server(shard, "127.0.0.1:0", workers=1)
+        server, port = start_server(shard, "127.0.0.1:0", key=KEY, log=lambda s: None)
         servers.append((server, shard))
         addrs.append(f"127.0.0.1:{port}")
     torch.manual_seed(123)
@@ -71,7 +74,7 @@ def test_one_worker_with_staleness_zero_equals_synchronous_sgd(tmp_path: Path, o
             p.add_(torch.randn_like(p))
     metrics = WorkerMetrics(job="t", rank=0, port=0, log_path=tmp_path / "w0.jsonl")
     worker = Worker(spec=spec, index=0, workers=1, addrs=tuple(addrs), model=worker_model, ds=ds,
-                    loss_fn=loss_fn, metrics=metrics)  # fmt: skip
+                    loss_fn=loss_fn, metrics=metrics, creds=auth.Credentials.derive(KEY, ["worker-0"]))  # fmt: skip
     try:
         worker.run()
     finally:

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 import torch
-from disttrain_trainer.parallel.partition import (
+from disttrain_trainer.modes.pipeline.partition import (
     BlockProfile,
     Plan,
     make_plan,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from disttrain_trainer.config import ConfigError
 from disttrain_trainer.models import CNN, GPT, MLP
 from disttrain_trainer.parallel.blocks import block_state, load_block_state, split_blocks
+from disttrain_trainer.process.config import ConfigError
 from torch import nn
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from disttrain_trainer.parallel.pipeline_stats import split_idle, theory_bubble
+from disttrain_trainer.modes.pipeline.stage_times import split_idle, theory_bubble
 
 
 def gpipe_timeline(stages: int, mbs: int, tf: float, tb: float, hop: float) -> list[list[tuple]]:

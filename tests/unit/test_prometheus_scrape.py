@@ -27,7 +27,7 @@ from disttrain_api import metric_names as names
 from disttrain_api import model as api
 from disttrain_operator.topology import build_children
 from disttrain_operator.topology.common import BuildContext
-from disttrain_trainer.metrics import Metrics, observe_single_step
+from disttrain_trainer.telemetry.step_metrics import Metrics, observe_single_step
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "hack"))

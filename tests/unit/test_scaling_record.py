@@ -6,10 +6,10 @@ import json
 
 import pytest
 import torch
-from disttrain_trainer import scaling_record as sr
-from disttrain_trainer.metrics import Tally
 from disttrain_trainer.models import GPT, MLP
 from disttrain_trainer.parallel.tensor import megatron_bytes_per_step
+from disttrain_trainer.telemetry import scaling_record as sr
+from disttrain_trainer.telemetry.step_metrics import Tally
 
 
 def test_gpt_facts_follow_megatron_and_powersgd_shapes() -> None:

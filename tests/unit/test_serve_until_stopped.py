@@ -9,11 +9,11 @@ import sys
 
 import pytest
 from disttrain_api import constants as C
-from disttrain_trainer import serve_until_stopped
+from disttrain_trainer.process import serve_until_stopped
 
 PROGRAM = {
-    "block": "from disttrain_trainer import serve_until_stopped as s; s.block(); print('stopped', flush=True)",
-    "wait": "import asyncio; from disttrain_trainer import serve_until_stopped as s; "
+    "block": "from disttrain_trainer.process import serve_until_stopped as s; s.block(); print('stopped', flush=True)",
+    "wait": "import asyncio; from disttrain_trainer.process import serve_until_stopped as s; "
             "asyncio.run(s.wait()); print('stopped', flush=True)",
 }  # fmt: skip
 

@@ -87,6 +87,7 @@ def test_gang_pods_env_contract_dns_and_service() -> None:
         assert env[c.ENV_NPROC_PER_NODE] == "1"
         assert env[c.ENV_JOB] == "job1"
         assert env[c.ENV_RESTART_ATTEMPT] == "3"
+        assert env[c.ENV_JOB_UID] == ctx().uid  # with the attempt, names the checkpoint writer (fencing)
         assert env[c.ENV_CONFIG] == f"{c.CONFIG_MOUNT_DIR}/{c.CONFIG_FILENAME}"
         assert env[c.ENV_CHECKPOINT_DIR] == "/checkpoints"
 
@@ -123,12 +124,18 @@ def test_checkpoint_volume_default_and_given() -> None:
     pod = build_children(spec(), ctx()).pods[0]
     vol = next(v for v in pod["spec"]["volumes"] if v["name"] == "checkpoints")
     assert vol == {"name": "checkpoints", "emptyDir": {}}
-    host = {"hostPath": {"path": "/var/lib/disttrain/checkpoints", "type": "Directory"}}
-    pod = build_children(spec(checkpoint={"path": "/ckpt", "volume": host}), ctx()).pods[0]
+    claim = {"persistentVolumeClaim": {"claimName": "checkpoints"}}
+    pod = build_children(spec(checkpoint={"path": "/ckpt", "volume": claim}), ctx()).pods[0]
     vol = next(v for v in pod["spec"]["volumes"] if v["name"] == "checkpoints")
-    assert vol == {"name": "checkpoints", **host}
+    assert vol == {"name": "checkpoints", **claim}
     mount = next(m for m in pod["spec"]["containers"][0]["volumeMounts"] if m["name"] == "checkpoints")
     assert mount["mountPath"] == "/ckpt"
+    # Validation refuses a hostPath; should one reach the builder all the same (a spec an older
+    # operator accepted), the pod gets an emptyDir, never the node's filesystem.
+    host = {"hostPath": {"path": "/var/lib/disttrain/checkpoints", "type": "Directory"}}
+    pod = build_children(spec(checkpoint={"path": "/ckpt", "volume": host}), ctx()).pods[0]
+    assert next(v for v in pod["spec"]["volumes"] if v["name"] == "checkpoints") == {"name": "checkpoints",
+                                                                                     "emptyDir": {}}
 
 
 def test_security_context_is_restricted() -> None:
@@ -143,6 +150,15 @@ def test_security_context_is_restricted() -> None:
     container = pod["spec"]["containers"][0]
     assert container["terminationMessagePath"] == "/dev/termination-log"
     assert {"name": "metrics", "containerPort": 9400, "protocol": "TCP"} in container["ports"]
+
+
+@pytest.mark.parametrize("mode", sorted(BUILDERS))
+def test_grace_period_comes_from_the_spec(mode: str) -> None:
+    """The trainer checkpoints its step on SIGTERM: the pods (servers too) give it the job's grace period."""
+    for s, want in ((spec(mode=mode), 30), (spec(mode=mode, runPolicy={"terminationGracePeriodSeconds": 90}), 90)):
+        children = build_children(s, ctx())
+        pod_specs = [p["spec"] for p in children.pods] + [d["spec"]["template"]["spec"] for d in children.deployments]
+        assert pod_specs and {ps["terminationGracePeriodSeconds"] for ps in pod_specs} == {want}
 
 
 def test_resources_and_gpu_toleration() -> None:
@@ -188,56 +204,9 @@ def test_mesh_annotation_for_hybrid() -> None:
     assert pod["metadata"]["annotations"][c.ANNOTATION_MESH] == "dp=2,pp=2,tp=2"
 
 
-def test_federated_secrets_are_built_unless_the_user_names_them() -> None:
-    import base64
-
-    from cryptography import x509
-    from disttrain_operator.topology.federated_secrets import CA_FILE, CERT_FILE, KEY_FILE
-
-    children = build_children(spec(mode="federated"), ctx())
-    secrets = {s["metadata"]["name"]: s for s in children.secrets}
-    assert set(secrets) == {"job1-federated-tls", "job1-federated-token"}
-    assert children.all()[: len(secrets)] == children.secrets  # created before the pods that mount them
-    tls = {k: base64.b64decode(v) for k, v in secrets["job1-federated-tls"]["data"].items()}
-    assert set(tls) == {CA_FILE, CERT_FILE, KEY_FILE}
-    cert = x509.load_pem_x509_certificate(tls[CERT_FILE])
-    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
-    (dep,) = children.deployments
-    server = next(e["value"] for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]
-                  if e["name"] == c.ENV_SERVER_ADDR)  # fmt: skip
-    assert server.rsplit(":", 1)[0] in names  # clients dial the Service by this name and verify it
-    cert.verify_directly_issued_by(x509.load_pem_x509_certificate(tls[CA_FILE]))
-    assert len(base64.b64decode(secrets["job1-federated-token"]["data"][c.FED_TOKEN_SECRET_KEY])) == 64
-    # The aggregator mounts the key pair; clients only the CA.
-    server_vols = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}
-    client_vols = {v["name"]: v for v in children.pods[0]["spec"]["volumes"]}
-    assert server_vols["federated-tls"]["secret"]["secretName"] == "job1-federated-tls"
-    assert client_vols["federated-tls"]["secret"]["items"] == [{"key": CA_FILE, "path": CA_FILE}]
-
-    named = build_children(spec(mode="federated", federated={"tlsSecretName": "mine", "tokenSecretName": "tok"}), ctx())
-    assert named.secrets == []
-    assert {v["secret"]["secretName"] for v in named.pods[0]["spec"]["volumes"] if "secret" in v} == {"mine", "tok"}
-    plain = build_children(spec(mode="federated", federated={"tls": False}), ctx())
-    assert [s["metadata"]["name"] for s in plain.secrets] == ["job1-federated-token"]
-
-
 @pytest.mark.parametrize("mode", ["federated", "paramserver"])
 def test_servers_keep_serving_until_stopped_clients_do_not(mode: str) -> None:
     children = build_children(spec(mode=mode), ctx())
     for dep in children.deployments:
         assert env_of(dep["spec"]["template"])[c.ENV_SERVE_UNTIL_STOPPED] == "1"
     assert all(c.ENV_SERVE_UNTIL_STOPPED not in env_of(p) for p in children.pods)
-
-
-def test_federated_certificate_for_names_longer_than_a_common_name() -> None:
-    import base64
-
-    from cryptography import x509
-    from disttrain_operator.topology.federated_secrets import CERT_FILE
-
-    name, ns = "j" * 50, "n" * 50  # legal names whose Service FQDN is far longer than 64 characters
-    children = build_children(spec(mode="federated"), ctx(name=name, namespace=ns))
-    tls = next(s for s in children.secrets if s["metadata"]["name"].endswith("-federated-tls"))
-    cert = x509.load_pem_x509_certificate(base64.b64decode(tls["data"][CERT_FILE]))
-    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
-    assert f"{name}-aggregator.{ns}.svc.cluster.local" in sans

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from disttrain_trainer.metrics import Tally
+from disttrain_trainer.telemetry.step_metrics import Tally
 
 
 def test_tally_splits_a_step_and_clamps_communication_to_the_work_span() -> None:
@@ -55,7 +55,7 @@ def test_a_merge_settles_both_sides_and_work_with_nothing_measured_is_compute() 
 
 
 def test_a_cpu_loop_reads_the_comm_timer_on_a_sample_of_steps_and_every_interval_end() -> None:
-    from disttrain_trainer.train import CPU_COMM_SAMPLE_EVERY, measures_comm  # noqa: PLC0415 - imports torch
+    from disttrain_trainer.modes.data.loop import CPU_COMM_SAMPLE_EVERY, measures_comm  # noqa: PLC0415 - imports torch
 
     def read(cuda: bool) -> list[int]:
         return [s for s in range(1, 36) if measures_comm(s, log_every=15, steps=35, cuda=cuda)]
@@ -67,7 +67,7 @@ def test_a_cpu_loop_reads_the_comm_timer_on_a_sample_of_steps_and_every_interval
 
 def test_fold_steps_adds_an_intervals_records_to_the_tally_and_the_timed_ones_to_the_histogram() -> None:
     from disttrain_api import metric_names as names
-    from disttrain_trainer.metrics import Metrics, fold_steps
+    from disttrain_trainer.telemetry.step_metrics import Metrics, fold_steps
 
     m = Metrics(job="j", rank=0, mode="data", port=0, run_dir=None)
     records = [

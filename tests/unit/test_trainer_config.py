@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from disttrain_api import constants as C
 from disttrain_api.model import parse_spec, to_json
-from disttrain_trainer.config import ConfigError, load_config
+from disttrain_trainer.process.config import ConfigError, load_config
 
 
 def env_for(tmp: Path, **extra: str) -> dict[str, str]:
@@ -72,7 +72,7 @@ def test_missing_or_bad_config(tmp_path: Path) -> None:
 
 
 def test_unresolvable_master_times_out_with_a_transient_error() -> None:
-    from disttrain_trainer.dist_env import RendezvousError, wait_for_master
+    from disttrain_trainer.process.dist_env import RendezvousError, wait_for_master
 
     # Not a ConfigError: rank 0's pod may just be Pending, a retry can succeed.
     with pytest.raises(RendezvousError, match="MASTER_ADDR='no-such-host.invalid' did not resolve"):

@@ -6,7 +6,7 @@ import random
 
 import numpy as np
 import torch
-from disttrain_trainer.resume import rng_state, seed_rank, set_rng_state
+from disttrain_trainer.checkpoints.rank_state import rng_state, seed_rank, set_rng_state
 
 
 def _draw() -> tuple[float, float, float]:

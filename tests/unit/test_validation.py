@@ -352,7 +352,8 @@ def test_several_mistakes_are_all_reported() -> None:
     )
     obj["metadata"]["name"] = "Bad_Job"
     assert errors_of(obj) == [
-        "metadata.name: 'Bad_Job' must be a DNS label (lower-case letters, digits, '-') of at most 45 characters",
+        "metadata.name: 'Bad_Job' must be a DNS-1035 label (lower-case letters, digits and '-', starting with a letter and "
+        "ending with a letter or digit) of at most 45 characters: it names the job's Service and pods",
         "spec.workers.resources.gpus: expected an integer, got a number 0.5",
         "spec.training.stepz: unknown field (known fields: activationCheckpointing, bucketCapMB, evalIntervalSteps, "
         "gradAccumulation, gradientCompression, logIntervalSteps, powerSGDRank, precision, steps)",

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from disttrain_api.model import parse_spec
 from disttrain_api.validation import check_job
-from disttrain_trainer.config import ConfigError
 from disttrain_trainer.parallel.mesh import layout_for
+from disttrain_trainer.process.config import ConfigError
 
 BASE: dict[str, Any] = {
     "apiVersion": "disttrain.dev/v1alpha1",

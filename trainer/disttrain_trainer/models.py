@@ -18,9 +18,9 @@ import torch.nn.functional as F
 from disttrain_api.model import JobSpec
 from torch import nn
 
-from .activation_checkpointing import run_blocks
-from .config import ConfigError
-from .data import Dataset
+from .datasets import Dataset
+from .parallel.activation_checkpointing import run_blocks
+from .process.config import ConfigError
 
 Factory = Callable[[JobSpec, Dataset], nn.Module]
 

@@ -2,7 +2,7 @@
 
 The trainer's rank 0 writes them into its summary (summary.json in the run dir, the pod's
 termination message, hence the job's status.result): the usual top-level figures plus a
-`scaling` block (trainer `scaling_record.py`). Everything is per step and per rank, in
+`scaling` block (trainer `telemetry/scaling_record.py`). Everything is per step and per rank, in
 seconds and bytes, in the steady state (the first log interval of the process, with its
 warm-up, left out):
 

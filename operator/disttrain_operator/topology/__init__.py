@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from disttrain_api import constants as c
-from disttrain_api.model import JobSpec
+from disttrain_api.model import JobSpec, ParamServerSpec
 
-from . import data, federated, hybrid, paramserver, pipeline, tensor
+from . import data, federated, hybrid, networkpolicy, paramserver, pipeline, tensor
 from .common import BuildContext, Children
+from .served import server_names
 
 Builder = Callable[[JobSpec, BuildContext], Children]
 
@@ -23,7 +24,9 @@ BUILDERS: dict[str, Builder] = {
 
 
 def build_children(spec: JobSpec, ctx: BuildContext) -> Children:
-    return BUILDERS[spec.mode](spec, ctx)
+    children = BUILDERS[spec.mode](spec, ctx)
+    children.network_policies.insert(0, networkpolicy.build_gang_policy(spec, ctx, gang_role(spec.mode)))
+    return children
 
 
 def gang_role(mode: str) -> str:
@@ -31,4 +34,13 @@ def gang_role(mode: str) -> str:
     return c.ROLE_CLIENT if mode == "federated" else c.ROLE_WORKER
 
 
-__all__ = ["BUILDERS", "BuildContext", "Children", "build_children", "gang_role"]
+def server_deployments(spec: JobSpec, job: str) -> list[str]:
+    """Names of the job's server Deployments (federated aggregator, parameter-server shards)."""
+    if spec.mode == "federated":
+        return server_names(job, c.ROLE_AGGREGATOR, 1)
+    if spec.mode == "paramserver":
+        return server_names(job, c.ROLE_SERVER, (spec.param_server or ParamServerSpec()).shards)
+    return []
+
+
+__all__ = ["BUILDERS", "BuildContext", "Children", "build_children", "gang_role", "server_deployments"]

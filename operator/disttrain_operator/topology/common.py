@@ -14,12 +14,31 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from disttrain_api import constants as c
+from disttrain_api import pod_rules
 from disttrain_api.model import API_VERSION, KIND, JobSpec, to_json
 
 from ..settings import GpuPods
 
 CONTAINER = "trainer"
-RUN_DIR = "/run/disttrain"
+RUN_DIR = c.RUN_MOUNT_DIR
+# The root filesystem is read-only: HOME and the caches of libraries the trainer may load
+# point into the writable tmp (an env var the user set wins).
+WRITABLE_ENV = {
+    "HOME": c.TMP_MOUNT_DIR,
+    "XDG_CACHE_HOME": f"{c.TMP_MOUNT_DIR}/.cache",
+    "MPLCONFIGDIR": f"{c.TMP_MOUNT_DIR}/matplotlib",
+    "TORCHINDUCTOR_CACHE_DIR": f"{c.TMP_MOUNT_DIR}/torchinductor",
+    "TRITON_CACHE_DIR": f"{c.TMP_MOUNT_DIR}/triton",
+}
+# Every container of a worker pod: the restricted Pod Security Standard, and a read-only root.
+CONTAINER_SECURITY = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "privileged": False,
+    "readOnlyRootFilesystem": True,
+    "runAsNonRoot": True,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
 DIST_PORT_NAME = "dist"
 METRICS_PORT_NAME = "metrics"
 RUN_AS = 10001
@@ -36,7 +55,6 @@ class BuildContext:
     image_pull_policy: str = "IfNotPresent"
     attempt: int = 0
     replicas: int  # current gang size (spec.workers.replicas unless elastic shrank it)
-    termination_grace_s: int = 5
     gpu: GpuPods = field(default_factory=GpuPods)  # placement of pods that ask for GPUs
     allow_cpu_fallback: bool = False  # the operator's setting, passed to every pod
 
@@ -51,9 +69,12 @@ class Children:
     pods: list[dict[str, Any]] = field(default_factory=list)
     # Created once and never replaced (e.g. federated TLS keys: a new CA would cut off clients).
     secrets: list[dict[str, Any]] = field(default_factory=list)
+    # Who may connect to the job's pods (networkpolicy.py); created once, like the Secrets.
+    network_policies: list[dict[str, Any]] = field(default_factory=list)
 
     def all(self) -> list[dict[str, Any]]:
-        return [*self.secrets, *self.config_maps, *self.services, *self.deployments, *self.pods]
+        return [*self.secrets, *self.network_policies, *self.config_maps, *self.services, *self.deployments,
+                *self.pods]
 
 
 # ----------------------------------------------------------------------------- names
@@ -69,6 +90,14 @@ def config_map_name(job: str) -> str:
 
 def pod_name(job: str, role: str, index: int) -> str:
     return f"{job}-{role}-{index}"
+
+
+def minted_name(ctx: BuildContext, purpose: str) -> str:
+    """`<job>-<purpose>-<first 8 hex of the job UID>`: for objects the operator creates once and
+    never reads back (Secrets, NetworkPolicies), an "already exists" then means this very job
+    made it; one left by an earlier job of the same name has another name."""
+    uid = ctx.uid.replace("-", "")[:8]
+    return f"{ctx.name}-{purpose}-{uid}" if uid else f"{ctx.name}-{purpose}"
 
 
 def fqdn(host: str, subdomain: str, namespace: str) -> str:
@@ -199,6 +228,8 @@ def contract_env(
         c.ENV_METRICS_PORT: str(spec.metrics.port),
         c.ENV_TERMINATION_LOG: c.DEFAULT_TERMINATION_LOG,
     }
+    if ctx.uid:  # names the checkpoint writer with the attempt: a replaced gang is fenced off
+        env[c.ENV_JOB_UID] = ctx.uid
     if ctx.allow_cpu_fallback:
         env[c.ENV_ALLOW_CPU_FALLBACK] = "true"
     if nproc == 1:
@@ -232,18 +263,24 @@ def build_pod(
     subdomain: str | None = None,
     ports: list[tuple[str, int]] | None = None,
 ) -> dict[str, Any]:
-    """One hardened pod running the trainer image, with workers.template merged in."""
-    template: dict[str, Any] = copy.deepcopy(dict(spec.workers.template))
+    """One hardened pod running the trainer image, with workers.template merged in.
+
+    The template contributes only what pod_rules allows (validation refuses the rest, naming
+    the field; here it is left out), and the security fields are set after the merge: the
+    pod meets the restricted Pod Security Standard whatever the spec says."""
+    template: dict[str, Any] = copy.deepcopy(pod_rules.allowed_template(spec.workers.template))
     name = pod_name(ctx.name, role, index)
     nproc = spec.workers.procs_per_worker
     container_ports = [{"name": n, "containerPort": p, "protocol": "TCP"} for n, p in (ports or [])]
     for local in range(nproc):
         port_name = METRICS_PORT_NAME if local == 0 else f"{METRICS_PORT_NAME}-{local}"
         container_ports.append({"name": port_name, "containerPort": spec.metrics.port + local, "protocol": "TCP"})
+    tmp_mount = {"name": "tmp", "mountPath": c.TMP_MOUNT_DIR}
     volume_mounts = [
         {"name": "config", "mountPath": c.CONFIG_MOUNT_DIR, "readOnly": True},
         {"name": "checkpoints", "mountPath": spec.checkpoint.path},
         {"name": "run", "mountPath": RUN_DIR},
+        tmp_mount,
     ]
     container: dict[str, Any] = {
         "name": CONTAINER,
@@ -256,14 +293,9 @@ def build_pod(
         # from the pod status; on failure the log tail explains why.
         "terminationMessagePath": c.DEFAULT_TERMINATION_LOG,
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-            "runAsNonRoot": True,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
     }
-    # User container overrides (command, args, env, volumeMounts, ...) for the trainer container.
+    # User container overrides (image, command, args, env, volumeMounts) for the trainer
+    # container; other entries are sidecars.
     user_containers = list(template.pop("containers", []) or [])
     user_container: dict[str, Any] = {}
     for i, uc in enumerate(user_containers):
@@ -272,17 +304,24 @@ def build_pod(
             user_containers.pop(i)
             break
     user_env = list(template.pop("env", []) or []) + list(user_container.pop("env", []) or [])
-    container["env"] = _merge_env(env, user_env)
+    container["env"] = _merge_env({**WRITABLE_ENV, **env}, user_env)
     user_mounts = list(template.pop("volumeMounts", []) or []) + list(user_container.pop("volumeMounts", []) or [])
     container["volumeMounts"] = _merge_named(volume_mounts, user_mounts)
     user_container.pop("name", None)
     container.update(user_container)
+    sidecars = [{**uc, "volumeMounts": _merge_named([tmp_mount], list(uc.get("volumeMounts") or []))}
+                for uc in user_containers]
+    for one in (container, *sidecars):
+        one["securityContext"] = copy.deepcopy(CONTAINER_SECURITY)
 
-    checkpoint_source = dict(spec.checkpoint.volume) or {"emptyDir": {}}
+    checkpoint_source = dict(spec.checkpoint.volume)
+    if not checkpoint_source or pod_rules.volume_source_error(checkpoint_source) is not None:
+        checkpoint_source = {"emptyDir": {}}  # validation refuses any other; never a hostPath
     volumes = [
         {"name": "config", "configMap": {"name": config_map_name(ctx.name)}},
         {"name": "checkpoints", **checkpoint_source},
         {"name": "run", "emptyDir": {}},
+        {"name": "tmp", "emptyDir": {}},
     ]
     tolerations: list[dict[str, Any]] = []
     gpu_placement: dict[str, Any] = {}
@@ -295,17 +334,9 @@ def build_pod(
             gpu_placement["runtimeClassName"] = ctx.gpu.runtime_class_name
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",  # the operator restarts whole gangs, never single ranks
-        "terminationGracePeriodSeconds": ctx.termination_grace_s,
-        "enableServiceLinks": False,  # no service env vars leaking into the trainer's env
-        "automountServiceAccountToken": False,  # the trainer never talks to the API
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": RUN_AS,
-            "runAsGroup": RUN_AS,
-            "fsGroup": RUN_AS,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
-        "containers": [container, *user_containers],
+        # The trainer checkpoints its step on SIGTERM and exits within this (process/stop_request.py).
+        "terminationGracePeriodSeconds": spec.run_policy.termination_grace_period_seconds,
+        "containers": [container, *sidecars],
         "volumes": _merge_named(volumes, list(template.pop("volumes", []) or [])),
         "tolerations": tolerations + list(template.pop("tolerations", []) or []),
         **gpu_placement,
@@ -323,6 +354,19 @@ def build_pod(
             pod_spec[key] = value
     if not pod_spec["tolerations"]:
         del pod_spec["tolerations"]
+    pod_spec.update(
+        enableServiceLinks=False,  # no service env vars leaking into the trainer's env
+        automountServiceAccountToken=False,  # the trainer never talks to the API
+        securityContext={
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS,
+            "runAsGroup": RUN_AS,
+            "fsGroup": RUN_AS,
+            # A large checkpoint volume is chowned once, not on every pod start.
+            "fsGroupChangePolicy": "OnRootMismatch",
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    )
     meta = metadata(ctx, name, {**user_labels, **pod_labels(ctx.name, role, index, ctx.attempt)})
     if user_annotations:
         meta["annotations"] = user_annotations

@@ -1,48 +1,18 @@
 """mode: federated — an aggregator Deployment + gRPC Service, and client pods that each
 host clients/replicas simulated clients (FedAvg/FedProx/FedAdam, see the trainer's federated/).
 
-The channel is secured by two Secrets (federated_secrets.py): the aggregator mounts the
-TLS key pair, clients only the CA to verify it; both mount the token key.
+The channel is secured by the Secrets of credentials.py: the aggregator mounts the TLS
+key pair and the server key, each client pod only the CA and its own clients' credentials.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from disttrain_api import constants as c
+from disttrain_api.identities import client_ids, pod_clients
 from disttrain_api.model import FederatedSpec, JobSpec
 
-from .common import CONTAINER, BuildContext, Children
-from .federated_secrets import (
-    CA_FILE,
-    build_tls_secret,
-    build_token_secret,
-    tls_secret_name,
-    token_secret_name,
-)
-from .served import build_served, server_name
-
-TLS_VOLUME = "federated-tls"
-TOKEN_VOLUME = "federated-token"
-
-
-def _secure(pod_spec: dict[str, Any], job: str, fed: FederatedSpec, *, server: bool) -> None:
-    tls: dict[str, Any] = {"secretName": tls_secret_name(job, fed), "defaultMode": 0o440}
-    if not server:
-        tls["items"] = [{"key": CA_FILE, "path": CA_FILE}]  # clients never see the server's key
-    volumes = [{"name": TOKEN_VOLUME, "secret": {"secretName": token_secret_name(job, fed), "defaultMode": 0o440}}]
-    mounts = [{"name": TOKEN_VOLUME, "mountPath": c.FED_TOKEN_MOUNT_DIR, "readOnly": True}]
-    env = {c.ENV_FED_TOKEN_KEY_FILE: f"{c.FED_TOKEN_MOUNT_DIR}/{c.FED_TOKEN_SECRET_KEY}"}
-    if fed.tls:
-        volumes.append({"name": TLS_VOLUME, "secret": tls})
-        mounts.append({"name": TLS_VOLUME, "mountPath": c.FED_TLS_MOUNT_DIR, "readOnly": True})
-        env[c.ENV_FED_TLS_DIR] = c.FED_TLS_MOUNT_DIR
-    pod_spec["volumes"] = [*pod_spec.get("volumes", []), *volumes]
-    for container in pod_spec["containers"]:
-        if container["name"] == CONTAINER:
-            container["volumeMounts"] = [*container.get("volumeMounts", []), *mounts]
-            have = {e["name"] for e in container.get("env", [])}  # never override what the user set
-            container["env"] = [*container.get("env", []), *({"name": k, "value": v} for k, v in env.items() if k not in have)]
+from .common import BuildContext, Children
+from .served import build_served, secure_served
 
 
 def build(spec: JobSpec, ctx: BuildContext) -> Children:
@@ -50,13 +20,9 @@ def build(spec: JobSpec, ctx: BuildContext) -> Children:
     children = build_served(
         spec, ctx, server_role=c.ROLE_AGGREGATOR, client_role=c.ROLE_CLIENT, port_name="grpc", port=fed.port
     )
-    for deployment in children.deployments:
-        _secure(deployment["spec"]["template"]["spec"], ctx.name, fed, server=True)
-    for pod in children.pods:
-        _secure(pod["spec"], ctx.name, fed, server=False)
-    # The Secrets the user did not name; the reconciler creates them once (never replaced).
-    if fed.tls and not fed.tls_secret_name:
-        children.secrets.append(build_tls_secret(ctx, fed, server_name(ctx.name, c.ROLE_AGGREGATOR)))
-    if not fed.token_secret_name:
-        children.secrets.append(build_token_secret(ctx, fed))
+    nproc, world = spec.workers.procs_per_worker, ctx.replicas * spec.workers.procs_per_worker
+    secure_served(
+        children, ctx, tls=fed.tls, tls_secret_name=fed.tls_secret_name, identities=client_ids(fed.clients),
+        pod_identities=lambda index: pod_clients(fed.clients, index, nproc, world),
+    )  # fmt: skip
     return children

@@ -6,17 +6,24 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from disttrain_api import constants as c
 from disttrain_api.model import JobSpec
 
-from . import common
+from . import common, credentials, networkpolicy
 from .common import BuildContext, Children
 
 
 def server_name(job: str, role: str) -> str:
     return f"{job}-{role}"
+
+
+def server_names(job: str, role: str, servers: int) -> list[str]:
+    """Names of the server Deployments and their Services: one, or one per shard."""
+    base = server_name(job, role)
+    return [base] if servers == 1 else [f"{base}-{i}" for i in range(servers)]
 
 
 def build_served(
@@ -32,8 +39,7 @@ def build_served(
     """`servers` > 1 (parameter-server shards): one Deployment + Service per server, named
     `<job>-<role>-<i>` and selected by replica index; every pod gets all the addresses,
     comma-separated, shard 0 first, and a server finds its own index in NODE_RANK."""
-    base = server_name(ctx.name, server_role)
-    names = [base] if servers == 1 else [f"{base}-{i}" for i in range(servers)]
+    names = server_names(ctx.name, server_role, servers)
     addrs = [f"{common.service_fqdn(n, ctx.namespace)}:{port}" for n in names]
     server_addr = ",".join(addrs)
     master_addr = addrs[0].rsplit(":", 1)[0]
@@ -99,4 +105,24 @@ def build_served(
         services=[*services, common.build_headless_service(ctx, client_role, [("metrics", spec.metrics.port)])],
         deployments=deployments,
         pods=pods,
+        network_policies=[networkpolicy.build_server_policy(spec, ctx, server_role=server_role, gang_role=client_role,
+                                                            port=port)],  # fmt: skip
     )
+
+
+def secure_served(children: Children, ctx: BuildContext, *, tls: bool, tls_secret_name: str | None,
+                  identities: Sequence[str], pod_identities: Callable[[int], list[str]]) -> None:  # fmt: skip
+    """Mint the job's Secrets (credentials.py) into `children` and mount them: every server the TLS
+    key pair and the server key, client pod i the CA and the credentials of pod_identities(i)."""
+    tls_secret = credentials.tls_secret_name(ctx, tls_secret_name) if tls else None
+    servers = [d["metadata"]["name"] for d in children.deployments]
+    for deployment in children.deployments:
+        credentials.secure_pod(deployment["spec"]["template"]["spec"], ctx, tls_secret=tls_secret, identities=(),
+                               server=True)  # fmt: skip
+    for pod in children.pods:
+        index = int(pod["metadata"]["labels"][c.LABEL_REPLICA_INDEX])
+        credentials.secure_pod(pod["spec"], ctx, tls_secret=tls_secret, identities=pod_identities(index), server=False)
+    # The Secrets the user did not name; the reconciler creates them once (never replaced).
+    if tls and not tls_secret_name:
+        children.secrets.append(credentials.build_tls_secret(ctx, servers))
+    children.secrets.append(credentials.build_identity_secret(ctx, identities))

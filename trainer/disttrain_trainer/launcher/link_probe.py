@@ -22,10 +22,10 @@ def _free_port() -> int:
 
 
 def _rank(rank: int, world: int, port: int, out: Any) -> None:
-    import torch  # noqa: PLC0415 - in the spawned process only
-    import torch.distributed as dist  # noqa: PLC0415
+    import torch  # noqa: PLC0415 - torch, in the spawned process only
+    import torch.distributed as dist  # noqa: PLC0415 - torch
 
-    from disttrain_trainer.scaling_record import probe_link  # noqa: PLC0415
+    from ..telemetry.scaling_record import probe_link  # noqa: PLC0415 - torch
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
@@ -41,7 +41,7 @@ def probe_host(ranks: int) -> dict[str, Any]:
     """The probe's link dict (alphaS, betaBytesPerS, worldSize, ...) for `ranks` local gloo processes."""
     if ranks < 2:
         raise ValueError(f"a link needs two ranks or more (got {ranks})")
-    import torch.multiprocessing as mp  # noqa: PLC0415
+    import torch.multiprocessing as mp  # noqa: PLC0415 - torch
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     ctx = mp.get_context("spawn")

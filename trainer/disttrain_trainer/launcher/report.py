@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from disttrain_trainer.config import SUMMARY_FILE  # written by the trainer's rank 0
+from disttrain_trainer.process.config import SUMMARY_FILE  # written by the trainer's rank 0
 
 LOCAL_SUMMARY_FILE = "local-summary.json"  # written by the launcher
 PLOT_FILE = "training.png"
@@ -239,10 +239,10 @@ def write_plot(
     records = dedupe_by_step(records)
     if not records:
         return None
-    import matplotlib
+    import matplotlib  # noqa: PLC0415 - matplotlib (~0.5 s), only for the plot at the end
 
     matplotlib.use("Agg")  # no display: a file is the only output
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415 - matplotlib, after choosing its backend
 
     steps = [int(r["step"]) for r in records]
     if per_stage:

@@ -3,7 +3,11 @@
 Gang semantics match the operator: when any process dies abnormally the whole
 gang is stopped and started again with DISTTRAIN_RESTART_ATTEMPT + 1; the
 trainer resumes from the newest checkpoint by itself. After
-runPolicy.backoffLimit restarts the job fails with the reason.
+runPolicy.backoffLimit restarts the job fails with the reason. A process that
+exits STOPPED (someone sent it SIGTERM: it checkpointed its step) is a
+disruption: the gang restarts without counting against backoffLimit. Stopping
+the launcher (Ctrl-C, SIGTERM) sends the gang SIGTERM and waits up to
+runPolicy.terminationGracePeriodSeconds for it to checkpoint and exit.
 """
 
 from __future__ import annotations
@@ -22,11 +26,11 @@ from typing import Any, TextIO
 from disttrain_api import exitcodes
 from disttrain_api import model as api
 
-from disttrain_trainer.config import FINISHED_FILE, finished_path
 from disttrain_trainer.launcher import env as envmod
-from disttrain_trainer.launcher import report
+from disttrain_trainer.launcher import identity, report
 from disttrain_trainer.launcher.gang import LOGS_DIR, PIDS_FILE, Failure, Gang
 from disttrain_trainer.launcher.progress import JsonlTail, ProgressPrinter, metrics_path, read_jsonl
+from disttrain_trainer.process.config import FINISHED_FILE, finished_path
 
 CONFIG_FILE = "config.json"
 CHECKPOINTS_DIR = "checkpoints"
@@ -36,6 +40,7 @@ TERMINATION_LOG = "termination-log"
 EXIT_CONFIG = exitcodes.CONFIG
 EXIT_FAILED = exitcodes.FAILED
 EXIT_INTERRUPTED = exitcodes.INTERRUPTED
+EXIT_STOPPED = exitcodes.STOPPED
 # Files a previous run left that --fresh removes (nothing else in the dir is touched).
 RUN_ARTIFACTS = (
     CHECKPOINTS_DIR,
@@ -61,7 +66,7 @@ class LocalOptions:
     metrics_port: int | None = None  # None: free ports; 0: off; N: rank r serves N + r
     python: str = field(default_factory=lambda: sys.executable)
     poll_interval_s: float = 0.2
-    grace_s: float = 10.0
+    grace_s: float | None = None  # None: the job's runPolicy.terminationGracePeriodSeconds
     out: TextIO | None = None  # default sys.stdout
     err: TextIO | None = None  # default sys.stderr
 
@@ -119,7 +124,7 @@ def cuda_device_count() -> int:
     # Importing torch costs seconds; without the NVIDIA driver's device node there is no CUDA anyway.
     if not Path("/dev/nvidiactl").exists():
         return 0
-    import torch
+    import torch  # noqa: PLC0415 - torch (seconds to import), only where a GPU may exist
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
@@ -177,7 +182,8 @@ def run_local(job: api.DistTrainJob, options: LocalOptions) -> LocalResult:
 
     started = time.monotonic()
     deadline = spec.run_policy.active_deadline_seconds
-    restarts, attempt = 0, 0
+    grace_s = options.grace_s if options.grace_s is not None else float(spec.run_policy.termination_grace_period_seconds)
+    restarts, attempt, disruptions = 0, 0, 0
     status, reason, code = "Failed", None, EXIT_FAILED
     gang: Gang | None = None
     records: list[dict[str, Any]] = []
@@ -210,6 +216,8 @@ def run_local(job: api.DistTrainJob, options: LocalOptions) -> LocalResult:
             if shards:
                 envs = envmod.paramserver_envs(envs, server_ports=envmod.reserve_ports(shards),
                                                metrics_ports=ports[spec.world_size:])  # fmt: skip
+            if federated or shards:
+                envs = identity.provision(run_dir, spec, envs)
             clear_finished(run_dir)
             gang = Gang.start(
                 command=envmod.trainer_command(options.python),
@@ -233,7 +241,13 @@ def run_local(job: api.DistTrainJob, options: LocalOptions) -> LocalResult:
                         f"starting {spec.world_size} processes (attempt {attempt}) ... {elapsed:.0f} s"
                     )
                 outcome = gang.poll(optional)
-                if (shards and isinstance(outcome, Failure) and outcome.returncode != EXIT_CONFIG
+                if shards and isinstance(outcome, Failure) and outcome.returncode == EXIT_STOPPED:
+                    disruptions += 1
+                    _note(printer, out, f"{outcome.reason}: stopped on request, replacing only that process "
+                                        f"(disruption {disruptions}, not counted as a restart)")  # fmt: skip
+                    gang.replace(outcome.rank)
+                    outcome = False
+                elif (shards and isinstance(outcome, Failure) and outcome.returncode != EXIT_CONFIG
                         and restarts < spec.run_policy.backoff_limit):  # fmt: skip
                     restarts += 1
                     _note(printer, out, f"{outcome.reason}: replacing only that process "
@@ -248,9 +262,9 @@ def run_local(job: api.DistTrainJob, options: LocalOptions) -> LocalResult:
             records.extend(tail.read_new())
             if outcome is True:
                 status, code = "Succeeded", 0
-                gang.stop(options.grace_s)  # federated clients that outlived the aggregator
+                gang.stop(grace_s)  # federated clients that outlived the aggregator
                 break
-            gang.stop(options.grace_s)
+            gang.stop(grace_s)
             if outcome is False:
                 reason = f"DeadlineExceeded: runPolicy.activeDeadlineSeconds={deadline} passed"
                 break
@@ -263,6 +277,12 @@ def run_local(job: api.DistTrainJob, options: LocalOptions) -> LocalResult:
             if outcome.returncode == EXIT_CONFIG:
                 reason, code = f"the trainer rejected the job: {outcome.reason}", EXIT_CONFIG
                 break
+            if outcome.returncode == EXIT_STOPPED:
+                disruptions += 1
+                attempt += 1
+                _note(printer, out, f"stopped on request: restarting the gang from the checkpoint of the step it "
+                                    f"stopped at (disruption {disruptions}, not counted as a restart)")  # fmt: skip
+                continue
             if restarts >= spec.run_policy.backoff_limit:
                 reason = (
                     f"BackoffLimitExceeded: {restarts} restarts (runPolicy.backoffLimit="
@@ -279,8 +299,9 @@ def run_local(job: api.DistTrainJob, options: LocalOptions) -> LocalResult:
     except (KeyboardInterrupt, _Terminated):
         status, reason, code = "Interrupted", "stopped by the user", EXIT_INTERRUPTED
         if gang is not None:
-            _note(printer, out, "stopping the gang ...")
-            gang.stop(options.grace_s)
+            _note(printer, out, f"stopping the gang (it checkpoints its step; up to {grace_s:.0f} s) ...")
+            gang.stop(grace_s)
+            records.extend(r for r in tail.read_new() if "event" not in r)  # up to the step it stopped at
     finally:
         if previous is not _NOT_INSTALLED:
             signal.signal(signal.SIGTERM, previous)

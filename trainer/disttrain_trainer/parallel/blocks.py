@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from ..config import ConfigError
+from ..process.config import ConfigError
 
 
 def split_blocks(model: nn.Module, *, name: str = "model") -> list[nn.Module]:

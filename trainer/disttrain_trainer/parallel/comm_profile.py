@@ -1,6 +1,6 @@
 """Communication of tensor-parallel and FSDP steps, measured with the PyTorch profiler.
 
-DDP exposes a hook per gradient bucket (parallel/data.py times those); the
+DDP exposes a hook per gradient bucket (parallel/ddp.py times those); the
 collectives that DTensor and FSDP2 issue have no such hook, so every step of a
 mesh mode runs under `torch.profiler` and is read back from its events:
 
@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from .data import CommTimes
+from .ddp import CommTimes
 
 STEP_ANNOTATION = "disttrain:step"
 # One step in SAMPLE_EVERY is profiled: the profiler costs time per operator.

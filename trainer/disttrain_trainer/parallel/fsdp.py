@@ -8,7 +8,7 @@ DTensors on the "tp" mesh become 2-D (dp-sharded, tp-sharded) DTensors.
 
 ddp with tensor parallelism: `replicate` (DDP semantics on FSDP2's machinery)
 accepts DTensor parameters where `DistributedDataParallel` does not; pure data
-parallel keeps `DistributedDataParallel` and its comm hooks (parallel/data.py).
+parallel keeps `DistributedDataParallel` and its comm hooks (parallel/ddp.py).
 """
 
 from __future__ import annotations

@@ -20,9 +20,9 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
-from ..config import ConfigError
-from ..precision import Amp
-from . import data as data_parallel
+from ..process.config import ConfigError
+from ..process.precision import Amp
+from . import ddp as data_parallel
 from . import fsdp
 from .comm_profile import ProfiledComm
 from .mesh import Layout

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from disttrain_api.model import JobSpec
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from ..config import ConfigError
+from ..process.config import ConfigError
 
 DIMS = ("dp", "pp", "tp")
 

@@ -49,8 +49,8 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from ..config import ConfigError
 from ..models import GPT, MLP
+from ..process.config import ConfigError
 
 PLAN_METHOD = "tensor_parallel_plan"
 

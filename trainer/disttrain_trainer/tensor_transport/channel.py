@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 
-from .codec import CHUNK_BYTES
+from .limits import MAX_MESSAGE_BYTES, Limits
 
-# A chunk plus its header; headers of huge models (many tensors) stay far below this.
-MAX_MESSAGE_BYTES = CHUNK_BYTES + (16 << 20)
 OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -26,6 +25,21 @@ OPTIONS = [
     ("grpc.max_reconnect_backoff_ms", 2000),
 ]
 SERVER_OPTIONS = [*OPTIONS, ("grpc.http2.min_ping_interval_without_data_ms", 10_000)]
+# Clients: a call the server refused for its rate or its calls in flight (limits.py) is tried
+# again after a short backoff by gRPC itself, up to 5 times (unary calls, and streams whose first
+# 256 KiB were all that was sent); a refusal that must not be retried says so (gate.trailer).
+# Callers' own retry loops cover the rest.
+OPTIONS.append(("grpc.service_config", json.dumps({"methodConfig": [{
+    "name": [{}],  # every method of every service on the channel
+    "retryPolicy": {"maxAttempts": 5, "initialBackoff": "0.05s", "maxBackoff": "1s", "backoffMultiplier": 2,
+                    "retryableStatusCodes": ["RESOURCE_EXHAUSTED"]}}]})))  # fmt: skip
+
+
+def server_options(limits: Limits) -> list[tuple[str, int]]:
+    """The shared server options with the service's own limits in place of the defaults."""
+    ours = dict(limits.server_options())
+    return [*((k, v) for k, v in SERVER_OPTIONS if k not in ours), *ours.items()]
+
 CA_FILE, CERT_FILE, KEY_FILE = "ca.crt", "tls.crt", "tls.key"
 
 
@@ -54,7 +68,17 @@ def aio_channel(target: str, tls: Tls | None, server_name: str | None = None) ->
     return grpc.aio.secure_channel(target, tls.channel_credentials(), options=opts)
 
 
-def add_port(server: grpc.aio.Server, address: str, tls: Tls | None) -> int:
+def channel(target: str, tls: Tls | None, server_name: str | None = None) -> grpc.Channel:
+    """A blocking channel (the parameter-server workers)."""
+    if tls is None:
+        return grpc.insecure_channel(target, options=OPTIONS)
+    opts = list(OPTIONS)
+    if server_name:
+        opts.append(("grpc.ssl_target_name_override", server_name))
+    return grpc.secure_channel(target, tls.channel_credentials(), options=opts)
+
+
+def add_port(server: grpc.aio.Server | grpc.Server, address: str, tls: Tls | None) -> int:
     if tls is None:
         port = server.add_insecure_port(address)
     else:

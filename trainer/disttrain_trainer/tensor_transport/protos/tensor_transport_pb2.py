@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n@disttrain_trainer/tensor_transport/protos/tensor_transport.proto\x12\x16\x64isttrain.transport.v1\"8\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\"\xc2\x02\n\x0cStreamHeader\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x03\x12\x33\n\x07tensors\x18\x03 \x03(\x0b\x32\".disttrain.transport.v1.TensorSpec\x12\x42\n\x07scalars\x18\x04 \x03(\x0b\x32\x31.disttrain.transport.v1.StreamHeader.ScalarsEntry\x12>\n\x05\x61ttrs\x18\x05 \x03(\x0b\x32/.disttrain.transport.v1.StreamHeader.AttrsEntry\x1a.\n\x0cScalarsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a,\n\nAttrsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"K\n\x05\x43hunk\x12\x34\n\x06header\x18\x01 \x01(\x0b\x32$.disttrain.transport.v1.StreamHeader\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"!\n\x0bJoinRequest\x12\x12\n\nclient_ids\x18\x01 \x03(\t\"*\n\tJoinReply\x12\r\n\x05round\x18\x01 \x01(\x03\x12\x0e\n\x06rounds\x18\x02 \x01(\x03\" \n\x0bTaskRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\"-\n\tPushReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\"R\n\nPublicKeys\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x03\x12\x11\n\tcipher_pk\x18\x03 \x01(\x0c\x12\x0f\n\x07mask_pk\x18\x04 \x01(\x0c\"[\n\x07KeyBook\x12\r\n\x05round\x18\x01 \x01(\x03\x12\x30\n\x04keys\x18\x02 \x03(\x0b\x32\".disttrain.transport.v1.PublicKeys\x12\x0f\n\x07\x61\x62orted\x18\x03 \x01(\x08\"G\n\x0e\x45ncryptedShare\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12\x11\n\trecipient\x18\x02 \x01(\t\x12\x12\n\nciphertext\x18\x03 \x01(\x0c\"x\n\x0bShareBundle\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x03\x12\x36\n\x06shares\x18\x03 \x03(\x0b\x32&.disttrain.transport.v1.EncryptedShare\x12\x0f\n\x07\x61\x62orted\x18\x04 \x01(\x08\"1\n\rUnmaskRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x03\"P\n\nUnmaskPlan\x12\r\n\x05round\x18\x01 \x01(\x03\x12\x11\n\tsurvivors\x18\x02 \x03(\t\x12\x0f\n\x07\x64ropped\x18\x03 \x03(\t\x12\x0f\n\x07\x61\x62orted\x18\x04 \x01(\x08\"B\n\rRevealedShare\x12\r\n\x05owner\x18\x01 \x01(\t\x12\t\n\x01x\x18\x02 \x01(\x03\x12\t\n\x01y\x18\x03 \x01(\x0c\x12\x0c\n\x04what\x18\x04 \x01(\t\"a\n\x06Reveal\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x03\x12\x35\n\x06shares\x18\x03 \x03(\x0b\x32%.disttrain.transport.v1.RevealedShare2\xd3\x04\n\tFederated\x12N\n\x04Join\x12#.disttrain.transport.v1.JoinRequest\x1a!.disttrain.transport.v1.JoinReply\x12O\n\x07GetTask\x12#.disttrain.transport.v1.TaskRequest\x1a\x1d.disttrain.transport.v1.Chunk0\x01\x12P\n\nPushUpdate\x12\x1d.disttrain.transport.v1.Chunk\x1a!.disttrain.transport.v1.PushReply(\x01\x12T\n\rAdvertiseKeys\x12\".disttrain.transport.v1.PublicKeys\x1a\x1f.disttrain.transport.v1.KeyBook\x12U\n\tShareKeys\x12#.disttrain.transport.v1.ShareBundle\x1a#.disttrain.transport.v1.ShareBundle\x12S\n\x06Unmask\x12%.disttrain.transport.v1.UnmaskRequest\x1a\".disttrain.transport.v1.UnmaskPlan\x12Q\n\x0cRevealShares\x12\x1e.disttrain.transport.v1.Reveal\x1a!.disttrain.transport.v1.PushReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n@disttrain_trainer/tensor_transport/protos/tensor_transport.proto\x12\x16\x64isttrain.transport.v1\"8\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\"\xc2\x02\n\x0cStreamHeader\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x03\x12\x33\n\x07tensors\x18\x03 \x03(\x0b\x32\".disttrain.transport.v1.TensorSpec\x12\x42\n\x07scalars\x18\x04 \x03(\x0b\x32\x31.disttrain.transport.v1.StreamHeader.ScalarsEntry\x12>\n\x05\x61ttrs\x18\x05 \x03(\x0b\x32/.disttrain.transport.v1.StreamHeader.AttrsEntry\x1a.\n\x0cScalarsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a,\n\nAttrsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"K\n\x05\x43hunk\x12\x34\n\x06header\x18\x01 \x01(\x0b\x32$.disttrain.transport.v1.StreamHeader\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"!\n\x0bJoinRequest\x12\x12\n\nclient_ids\x18\x01 \x03(\t\";\n\tJoinReply\x12\r\n\x05round\x18\x01 \x01(\x03\x12\x0e\n\x06rounds\x18\x02 \x01(\x03\x12\x0f\n\x07session\x18\x03 \x01(\t\" \n\x0bTaskRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\"?\n\tPushReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x10\n\x08sequence\x18\x03 \x01(\x03\"R\n\nPublicKeys\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x03\x12\x11\n\tcipher_pk\x18\x03 \x01(\x0c\x12\x0f\n\x07mask_pk\x18\x04 \x01(\x0c\"[\n\x07KeyBook\x12\r\n\x05round\x18\x01 \x01(\x03\x12\x30\n\x04keys\x18\x02 \x03(\x0b\x32\".disttrain.transport.v1.PublicKeys\x12\x0f\n\x07\x61\x62orted\x18\x03 \x01(\x08\"G\n\x0e\x45ncryptedShare\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12\x11\n\trecipient\x18\x02 \x01(\t\x12\x12\n\nciphertext\x18\x03 \x01(\x0c\"\x89\x01\n\x0bShareBundle\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x03\x12\x36\n\x06shares\x18\x03 \x03(\x0b\x32&.disttrain.transport.v1.EncryptedShare\x12\x0f\n\x07\x61\x62orted\x18\x04 \x01(\x08\x12\x0f\n\x07sharers\x18\x05 \x03(\t\"1\n\rUnmaskRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x03\"P\n\nUnmaskPlan\x12\r\n\x05round\x18\x01 \x01(\x03\x12\x11\n\tsurvivors\x18\x02 \x03(\t\x12\x0f\n\x07\x64ropped\x18\x03 \x03(\t\x12\x0f\n\x07\x61\x62orted\x18\x04 \x01(\x08\"B\n\rRevealedShare\x12\r\n\x05owner\x18\x01 \x01(\t\x12\t\n\x01x\x18\x02 \x01(\x03\x12\t\n\x01y\x18\x03 \x01(\x0c\x12\x0c\n\x04what\x18\x04 \x01(\t\"a\n\x06Reveal\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x03\x12\x35\n\x06shares\x18\x03 \x03(\x0b\x32%.disttrain.transport.v1.RevealedShare2\xd3\x04\n\tFederated\x12N\n\x04Join\x12#.disttrain.transport.v1.JoinRequest\x1a!.disttrain.transport.v1.JoinReply\x12O\n\x07GetTask\x12#.disttrain.transport.v1.TaskRequest\x1a\x1d.disttrain.transport.v1.Chunk0\x01\x12P\n\nPushUpdate\x12\x1d.disttrain.transport.v1.Chunk\x1a!.disttrain.transport.v1.PushReply(\x01\x12T\n\rAdvertiseKeys\x12\".disttrain.transport.v1.PublicKeys\x1a\x1f.disttrain.transport.v1.KeyBook\x12U\n\tShareKeys\x12#.disttrain.transport.v1.ShareBundle\x1a#.disttrain.transport.v1.ShareBundle\x12S\n\x06Unmask\x12%.disttrain.transport.v1.UnmaskRequest\x1a\".disttrain.transport.v1.UnmaskPlan\x12Q\n\x0cRevealShares\x12\x1e.disttrain.transport.v1.Reveal\x1a!.disttrain.transport.v1.PushReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -48,27 +48,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_JOINREQUEST']._serialized_start=552
   _globals['_JOINREQUEST']._serialized_end=585
   _globals['_JOINREPLY']._serialized_start=587
-  _globals['_JOINREPLY']._serialized_end=629
-  _globals['_TASKREQUEST']._serialized_start=631
-  _globals['_TASKREQUEST']._serialized_end=663
-  _globals['_PUSHREPLY']._serialized_start=665
-  _globals['_PUSHREPLY']._serialized_end=710
-  _globals['_PUBLICKEYS']._serialized_start=712
-  _globals['_PUBLICKEYS']._serialized_end=794
-  _globals['_KEYBOOK']._serialized_start=796
-  _globals['_KEYBOOK']._serialized_end=887
-  _globals['_ENCRYPTEDSHARE']._serialized_start=889
-  _globals['_ENCRYPTEDSHARE']._serialized_end=960
-  _globals['_SHAREBUNDLE']._serialized_start=962
-  _globals['_SHAREBUNDLE']._serialized_end=1082
-  _globals['_UNMASKREQUEST']._serialized_start=1084
-  _globals['_UNMASKREQUEST']._serialized_end=1133
-  _globals['_UNMASKPLAN']._serialized_start=1135
-  _globals['_UNMASKPLAN']._serialized_end=1215
-  _globals['_REVEALEDSHARE']._serialized_start=1217
-  _globals['_REVEALEDSHARE']._serialized_end=1283
-  _globals['_REVEAL']._serialized_start=1285
-  _globals['_REVEAL']._serialized_end=1382
-  _globals['_FEDERATED']._serialized_start=1385
-  _globals['_FEDERATED']._serialized_end=1980
+  _globals['_JOINREPLY']._serialized_end=646
+  _globals['_TASKREQUEST']._serialized_start=648
+  _globals['_TASKREQUEST']._serialized_end=680
+  _globals['_PUSHREPLY']._serialized_start=682
+  _globals['_PUSHREPLY']._serialized_end=745
+  _globals['_PUBLICKEYS']._serialized_start=747
+  _globals['_PUBLICKEYS']._serialized_end=829
+  _globals['_KEYBOOK']._serialized_start=831
+  _globals['_KEYBOOK']._serialized_end=922
+  _globals['_ENCRYPTEDSHARE']._serialized_start=924
+  _globals['_ENCRYPTEDSHARE']._serialized_end=995
+  _globals['_SHAREBUNDLE']._serialized_start=998
+  _globals['_SHAREBUNDLE']._serialized_end=1135
+  _globals['_UNMASKREQUEST']._serialized_start=1137
+  _globals['_UNMASKREQUEST']._serialized_end=1186
+  _globals['_UNMASKPLAN']._serialized_start=1188
+  _globals['_UNMASKPLAN']._serialized_end=1268
+  _globals['_REVEALEDSHARE']._serialized_start=1270
+  _globals['_REVEALEDSHARE']._serialized_end=1336
+  _globals['_REVEAL']._serialized_start=1338
+  _globals['_REVEAL']._serialized_end=1435
+  _globals['_FEDERATED']._serialized_start=1438
+  _globals['_FEDERATED']._serialized_end=2033
 # @@protoc_insertion_point(module_scope)

@@ -59,12 +59,14 @@ class JoinRequest(_message.Message):
     def __init__(self, client_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class JoinReply(_message.Message):
-    __slots__ = ("round", "rounds")
+    __slots__ = ("round", "rounds", "session")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
     round: int
     rounds: int
-    def __init__(self, round: _Optional[int] = ..., rounds: _Optional[int] = ...) -> None: ...
+    session: str
+    def __init__(self, round: _Optional[int] = ..., rounds: _Optional[int] = ..., session: _Optional[str] = ...) -> None: ...
 
 class TaskRequest(_message.Message):
     __slots__ = ("client_id",)
@@ -73,12 +75,14 @@ class TaskRequest(_message.Message):
     def __init__(self, client_id: _Optional[str] = ...) -> None: ...
 
 class PushReply(_message.Message):
-    __slots__ = ("accepted", "reason")
+    __slots__ = ("accepted", "reason", "sequence")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     accepted: bool
     reason: str
-    def __init__(self, accepted: bool = ..., reason: _Optional[str] = ...) -> None: ...
+    sequence: int
+    def __init__(self, accepted: bool = ..., reason: _Optional[str] = ..., sequence: _Optional[int] = ...) -> None: ...
 
 class PublicKeys(_message.Message):
     __slots__ = ("client_id", "round", "cipher_pk", "mask_pk")
@@ -113,16 +117,18 @@ class EncryptedShare(_message.Message):
     def __init__(self, sender: _Optional[str] = ..., recipient: _Optional[str] = ..., ciphertext: _Optional[bytes] = ...) -> None: ...
 
 class ShareBundle(_message.Message):
-    __slots__ = ("client_id", "round", "shares", "aborted")
+    __slots__ = ("client_id", "round", "shares", "aborted", "sharers")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     SHARES_FIELD_NUMBER: _ClassVar[int]
     ABORTED_FIELD_NUMBER: _ClassVar[int]
+    SHARERS_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     round: int
     shares: _containers.RepeatedCompositeFieldContainer[EncryptedShare]
     aborted: bool
-    def __init__(self, client_id: _Optional[str] = ..., round: _Optional[int] = ..., shares: _Optional[_Iterable[_Union[EncryptedShare, _Mapping]]] = ..., aborted: bool = ...) -> None: ...
+    sharers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, client_id: _Optional[str] = ..., round: _Optional[int] = ..., shares: _Optional[_Iterable[_Union[EncryptedShare, _Mapping]]] = ..., aborted: bool = ..., sharers: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class UnmaskRequest(_message.Message):
     __slots__ = ("client_id", "round")

@@ -1,0 +1,5 @@
+import sys
+
+from disttrain_cli import main
+
+sys.exit(main())

@@ -1,0 +1,91 @@
+"""The job's status (`.status`), written by the operator."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..dataparse import FieldError, Object, SpecError, Time, fld, json_name, parse_dataclass
+from .vocabulary import ConditionStatus, Phase
+
+# Written by the operator (never by users); the CRD serves it through the status
+# subresource. Every field is optional there: the operator fills them over time.
+# Free-text fields are nullable: a kube-apiserver 1.20 built with Go >= 1.19 (the
+# local cluster's) rejects "" in a non-nullable string field as "must be of type
+# string: null" (go-openapi compares against reflect.Zero, which Go now shares).
+
+
+@dataclass(frozen=True, kw_only=True)
+class Condition:
+    type: str = fld(desc="Condition type, e.g. Created, Running, Restarting, Succeeded, Failed, InvalidSpec.")
+    status: ConditionStatus = fld(desc="True, False or Unknown.")
+    reason: str | None = fld(None, desc="One CamelCase word saying why.")
+    message: str | None = fld(None, desc="Human-readable details.")
+    last_transition_time: Time | None = fld(None, desc="When status last changed.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerCounts:
+    active: int = fld(0, minimum=0, desc="Worker pods pending or running.")
+    pending: int = fld(0, minimum=0, desc="Worker pods not yet running.")
+    succeeded: int = fld(0, minimum=0, desc="Worker pods that exited 0.")
+    failed: int = fld(0, minimum=0, desc="Worker pods that failed.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobStatus:
+    phase: Phase = fld("Pending", desc="Pending, Running, Restarting, Succeeded, Failed or Suspended.")
+    conditions: tuple[Condition, ...] = fld((), desc="Kubernetes-style conditions, one per type.")
+    workers: WorkerCounts = fld(factory=WorkerCounts, desc="Worker pods by state.")
+    replicas: int = fld(0, minimum=0, desc="Current gang size in pods (smaller than spec with elastic shrinking).")
+    restarts: int = fld(0, minimum=0, desc="Gang restarts after failures so far.")
+    disruptions: int = fld(
+        0, minimum=0,
+        desc="Pods ended by a disruption (eviction, drain, preemption, deletion by someone other than the "
+        "operator, a trainer stopped on request): the gang restarts (federated, paramserver: the pod is "
+        "replaced) without counting against runPolicy.backoffLimit.",
+    )
+    counted_pods: Object = fld(
+        factory=Object,
+        desc="Live pods whose end is counted already in restarts or disruptions, UID: name (federated and "
+        "paramserver replace pods one by one); the operator's bookkeeping.",
+    )
+    attempt: int = fld(
+        0,
+        minimum=0,
+        desc="Gang generation: bumps on every gang re-creation (failure restart, elastic resize, resume); "
+        "pods carry it as label disttrain.dev/restart-attempt and env DISTTRAIN_RESTART_ATTEMPT.",
+    )
+    last_spec_replicas: int = fld(
+        0,
+        minimum=0,
+        desc="spec.workers.replicas the operator last applied; a change of it resizes the gang within spec.elastic.",
+    )
+    step: int = fld(0, minimum=0, desc="Latest training step reported by rank 0.")
+    comm_fraction: float | None = fld(
+        None,
+        minimum=0.0,
+        json="commFraction",
+        desc="Rank 0's communication seconds / step seconds since its start (the trainer's summary when finished).",
+    )
+    last_checkpoint_step: int = fld(0, minimum=0, desc="Step of the newest complete checkpoint.")
+    start_time: Time | None = fld(None, desc="When the first gang was created.")
+    completion_time: Time | None = fld(None, desc="When the job succeeded or failed.")
+    observed_generation: int = fld(0, minimum=0, desc="metadata.generation this status reflects.")
+    message: str | None = fld(None, desc="Human-readable summary of the current phase.")
+    result: Object = fld(
+        factory=Object, desc="The trainer's final summary (e.g. testAccuracy, finalLoss, resumedFromStep, wallS)."
+    )
+    kopf: Object = fld(factory=Object, desc="Handler progress kept by the kopf framework; not an API.")
+
+
+def parse_status(data: Any) -> JobStatus:
+    """Parse `.status` as the operator wrote it. Lenient: unknown keys are ignored,
+    because kopf may keep its own keys there (e.g. handler results)."""
+    known = {json_name(f) for f in JobStatus.__dataclass_fields__.values()}
+    data = {k: v for k, v in (data or {}).items() if k in known} if isinstance(data, dict) else {}
+    errors: list[FieldError] = []
+    status = parse_dataclass(JobStatus, data, "status", errors)
+    if errors:
+        raise SpecError(errors)
+    return status

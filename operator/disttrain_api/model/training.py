@@ -1,0 +1,127 @@
+"""What a job trains and how: spec.parallelism, model, data, optimizer, training, checkpoint, elastic."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..dataparse import Object, fld
+from .vocabulary import (
+    ACT_CKPT_PATTERN,
+    MODEL_NAME_PATTERN,
+    Compression,
+    DataName,
+    DataStrategy,
+    Decay,
+    Optim,
+    Partition,
+    Precision,
+    ScaleRule,
+    Schedule,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Parallelism:
+    tensor: int = fld(1, minimum=1, desc="Tensor (intra-layer) parallel degree.")
+    pipeline: int = fld(1, minimum=1, desc="Pipeline (inter-layer) parallel degree = stages.")
+    schedule: Schedule = fld(
+        "1F1B",
+        desc="Pipeline schedule: Naive (one batch through the stages in turn), GPipe, 1F1B, Interleaved1F1B, "
+        "InterleavedZeroBubble, ZBVZeroBubble (torch.distributed.pipelining) or PipeDream (asynchronous 1F1B "
+        "with weight stashing).",
+    )
+    microbatches: int = fld(8, minimum=1, desc="Micro-batches per step in pipeline modes (Naive uses 1).")
+    virtual_stages: int = fld(
+        1, minimum=1, maximum=16,
+        desc="Stages per rank: 1, or >= 2 for the interleaved schedules (exactly 2 for ZBVZeroBubble).",
+    )
+    partition: Partition = fld(
+        "profile",
+        desc="How blocks are split into stages: uniform (equal block counts), params (equal parameter counts) "
+        "or profile (measured time and activation size, balanced by dynamic programming).",
+    )
+    data_strategy: DataStrategy = fld(
+        "ddp",
+        desc="The data dimension: ddp (every rank holds whole replicas and all-reduces gradients) or fsdp "
+        "(FSDP2 fully_shard: parameters, gradients and optimizer state sharded ZeRO-3 style; modes data and "
+        "hybrid with pipeline 1).",
+    )
+    sequence_parallel: bool = fld(
+        False,
+        desc="With tensor > 1: shard layer norms, dropout and the residual stream along the sequence "
+        "(Korthikanti et al. 2022), turning each all-reduce into a reduce-scatter + all-gather.",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    name: str = fld("mlp", pattern=MODEL_NAME_PATTERN, desc="Built-in model (mlp, cnn, gpt) or 'module:factory'.")
+    hidden: int = fld(128, minimum=1, desc="Hidden width (MLP units, CNN channels, GPT embedding).")
+    layers: int = fld(2, minimum=1, desc="Hidden layers (MLP) or transformer blocks (GPT).")
+    heads: int = fld(4, minimum=1, desc="Attention heads (GPT).")
+    block_size: int = fld(64, minimum=1, desc="Context length in tokens (GPT).")
+    dropout: float = fld(0.0, minimum=0.0, maximum=1.0, desc="Dropout probability.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataSpec:
+    name: DataName = fld("digits", desc="digits (scikit-learn), pytext (text shipped with CPython), synthetic.")
+    batch_size: int = fld(
+        256,
+        minimum=1,
+        desc="Global batch size per optimizer step, split evenly over data-parallel ranks, micro-batches "
+        "(when parallelism.pipeline > 1) and gradAccumulation micro-steps. In federated mode: each client's "
+        "local batch size.",
+    )
+    seed: int = fld(0, minimum=0, desc="Seed for the split, the sampler and model initialisation.")
+    shards: int = fld(4, minimum=1, maximum=4096, desc="Shard files the dataset is packed into.")
+    synthetic_samples: int = fld(8192, minimum=1, desc="Samples of the synthetic dataset.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimizerSpec:
+    name: Optim = fld("sgd", desc="sgd (with momentum), adam or adamw.")
+    lr: float = fld(0.1, minimum=0.0, exclusive_minimum=True, desc="Learning rate at baseBatchSize.")
+    momentum: float = fld(0.9, minimum=0.0, maximum=1.0, desc="SGD momentum (ignored by adam/adamw).")
+    weight_decay: float = fld(0.0, minimum=0.0, desc="L2 penalty (decoupled for adamw).")
+    scale_lr: ScaleRule = fld("linear", json="scaleLR", desc="Large-batch rule: lr x (batchSize / baseBatchSize).")
+    base_batch_size: int = fld(256, minimum=1, desc="Batch size the lr was tuned for.")
+    warmup_steps: int = fld(0, minimum=0, desc="Gradual warmup from lr/scale to the scaled lr.")
+    decay: Decay = fld("cosine", desc="Schedule after warmup.")
+    min_lr_ratio: float = fld(0.0, minimum=0.0, maximum=1.0, json="minLRRatio", desc="Final lr as a fraction of peak.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingSpec:
+    steps: int = fld(500, minimum=1, desc="Optimizer steps.")
+    precision: Precision = fld("fp32", desc="fp16 needs GPUs; bf16 and fp32 also run on CPU.")
+    activation_checkpointing: str = fld("none", pattern=ACT_CKPT_PATTERN, desc="none, sqrt, or every:K.")
+    gradient_compression: Compression = fld("none", desc="DDP communication hook.")
+    powersgd_rank: int = fld(2, minimum=1, json="powerSGDRank", desc="Rank of PowerSGD's low-rank factors.")
+    grad_accumulation: int = fld(1, minimum=1, desc="Micro-steps per optimizer step; only the last synchronises.")
+    bucket_cap_mb: float = fld(25.0, minimum=0.0, exclusive_minimum=True, json="bucketCapMB", desc="DDP bucket size.")
+    eval_interval_steps: int = fld(0, minimum=0, desc="Evaluate every N steps (0: only at the end).")
+    log_interval_steps: int = fld(10, minimum=1, desc="Log metrics every N steps.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointSpec:
+    interval_steps: int = fld(50, minimum=1, desc="Save every N steps (and at the end).")
+    keep: int = fld(3, minimum=1, desc="Newest checkpoints kept.")
+    path: str = fld(
+        "/checkpoints", pattern=r"^/.*",
+        desc="Mount path of the checkpoint volume in worker pods; not one the operator mounts (/etc/disttrain, "
+        "/run/disttrain, /tmp, /dev/termination-log) nor a folder holding one.",
+    )
+    volume: Object = fld(
+        factory=Object,
+        desc="A Kubernetes volume source for checkpoints (e.g. persistentVolumeClaim: {claimName: x}; no hostPath: "
+        "worker pods are restricted); empty means an emptyDir, which does not survive a gang restart onto other pods.",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ElasticSpec:
+    min_replicas: int = fld(1, minimum=1, desc="Smallest gang (pods) the job may shrink to.")
+    max_replicas: int = fld(4, minimum=1, desc="Largest gang (pods) the job may grow back to.")
+    schedule_timeout_seconds: int = fld(60, minimum=1, desc="Wait this long for a full-size gang before shrinking.")

@@ -1,0 +1,49 @@
+"""The API's identity (group, version, kind, names) and its vocabulary: the enumerations every
+spec field draws from, and the patterns and limits of names."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+GROUP = "disttrain.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "DistTrainJob"
+PLURAL = "disttrainjobs"
+SINGULAR = "disttrainjob"
+SHORT_NAMES = ("dtj",)
+CATEGORIES = ("disttrain",)
+
+Mode = Literal["data", "pipeline", "tensor", "hybrid", "federated", "paramserver"]
+Schedule = Literal[
+    "Naive", "GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", "PipeDream"
+]
+Partition = Literal["uniform", "params", "profile"]
+DataStrategy = Literal["ddp", "fsdp"]
+Precision = Literal["fp32", "bf16", "fp16"]
+Compression = Literal["none", "fp16", "powersgd"]
+Optim = Literal["sgd", "adam", "adamw"]
+ScaleRule = Literal["none", "linear", "sqrt"]
+Decay = Literal["none", "cosine", "linear", "step"]
+DataName = Literal["digits", "pytext", "synthetic"]
+FedStrategy = Literal["fedavg", "fedprox", "fedadam", "fedmedian", "trimmedMean", "krum", "multiKrum"]
+# Rules over the individual updates (a secure aggregate hides them).
+ROBUST_STRATEGIES = ("fedmedian", "trimmedMean", "krum", "multiKrum")
+FedCompression = Literal["none", "int8", "topk"]
+FedPartitionKind = Literal["iid", "dirichlet"]
+CleanPodPolicy = Literal["Running", "All", "None"]
+Phase = Literal["Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended"]
+ConditionStatus = Literal["True", "False", "Unknown"]
+
+BUILTIN_MODELS = ("mlp", "cnn", "gpt")
+# A built-in name, or an import path "package.module:factory".
+MODEL_NAME_PATTERN = r"^(mlp|cnn|gpt|[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*)$"
+ACT_CKPT_PATTERN = r"^(none|sqrt|every:[1-9][0-9]*)$"
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+# A job's name is its headless Service's name, so it must be a DNS-1035 label (a Service
+# name starts with a letter), short enough that every derived name stays a 63-character
+# label: pods and hostnames "<job>-worker-<index>" / "<job>-client-<index>" (index < 1024),
+# Services "<job>-aggregator", "<job>-server-<shard>".
+JOB_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+MAX_JOB_NAME = 45
+TOP_LEVEL_FIELDS = ("apiVersion", "kind", "metadata", "spec", "status")

@@ -1,5 +1,0 @@
-import sys
-
-from disttrain_operator.cli import main
-
-sys.exit(main())

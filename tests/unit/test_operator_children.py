@@ -1,0 +1,251 @@
+"""A job's children through `Reconciler` against an in-memory API that answers like the API
+server (201 / 409 AlreadyExists / 404 / a 4xx rejection with a Status message; UID
+preconditions on deletes): names held by objects that are not the job's, children of an
+earlier job with the same name, children the API server rejects, and deletes that only hit
+what the job controls."""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from disttrain_api.model import PLURAL, parse_spec
+from disttrain_operator.cache import JobCache
+from disttrain_operator.creation import delete_servers
+from disttrain_operator.kube import Conflict, Kube, KubeError
+from disttrain_operator.observe import format_time, slim_pod
+from disttrain_operator.reconcile import MAX_CREATE_RETRY_S, Reconciler
+from disttrain_operator.scraper import ProgressScraper
+from disttrain_operator.settings import OperatorSettings
+from kubernetes import client
+
+NS, NAME, UID = "ns", "redis", "job-uid"
+KEY = (NS, NAME)
+INTERVAL = 3.0
+
+
+def owned_by(kind: str, name: str, uid: str) -> list[dict[str, Any]]:
+    return [{"apiVersion": "x/v1", "kind": kind, "name": name, "uid": uid, "controller": True}]
+
+
+class Api(Kube):
+    """Objects by (resource, name); every write recorded as (verb, resource, name, body)."""
+
+    def __init__(self, job: dict[str, Any]) -> None:
+        super().__init__(client.ApiClient(client.Configuration()))
+        self.job = job
+        self.objects: dict[tuple[str, str], dict[str, Any]] = {}
+        self.rejections: dict[tuple[str, str], tuple[int, str]] = {}
+        self.writes: list[tuple[str, str, str, Any]] = []
+        self.lock = threading.Lock()
+        self.serial = 0
+
+    def request(self, method: str, path: str, *, resource: str, verb: str, query: Any = None, body: Any = None,
+                content_type: str = "application/json", allow: tuple[int, ...] = ()) -> tuple[int, dict[str, Any]]:
+        with self.lock:
+            status, answer = self._answer(path, resource, verb, body)
+        if status >= 300 and status not in allow:
+            raise (Conflict if status == 409 else KubeError)(status, method, path, json.dumps(answer))
+        return status, answer
+
+    def _answer(self, path: str, resource: str, verb: str, body: Any) -> tuple[int, dict[str, Any]]:
+        if resource == PLURAL + "/status":
+            self.job["status"] = {**(self.job.get("status") or {}), **body["status"]}
+            for key, value in body["status"].items():
+                if value is None:
+                    self.job["status"].pop(key)
+            self.job["metadata"]["resourceVersion"] = str(int(self.job["metadata"]["resourceVersion"]) + 1)
+            return 200, copy.deepcopy(self.job)
+        if resource in ("events", PLURAL):
+            return 201, {}
+        name = body["metadata"]["name"] if verb == "create" else path.rsplit("/", 1)[1]
+        key = (resource, name)
+        if verb != "get":
+            self.writes.append((verb, resource, name, copy.deepcopy(body)))
+        if verb == "create":
+            if key in self.rejections:
+                code, message = self.rejections[key]
+                return code, {"kind": "Status", "reason": "Forbidden" if code == 403 else "Invalid",
+                              "message": message}
+            if key in self.objects:
+                return 409, {"message": "already exists"}
+            self.serial += 1
+            obj = copy.deepcopy(body)
+            obj["metadata"].update(uid=f"{resource}-{self.serial}", resourceVersion="1")
+            self.objects[key] = obj
+            return 201, copy.deepcopy(obj)
+        live = self.objects.get(key)
+        if live is None:
+            return 404, {"message": "not found"}
+        if verb == "get":
+            return 200, copy.deepcopy(live)
+        if verb == "update":
+            if body["metadata"].get("resourceVersion") != live["metadata"]["resourceVersion"]:
+                return 409, {"message": "the object has been modified"}
+            self.objects[key] = {**copy.deepcopy(body), "metadata": {**body["metadata"], "uid": live["metadata"]["uid"]}}
+            return 200, {}
+        if verb == "delete":
+            want = ((body or {}).get("preconditions") or {}).get("uid")
+            if want is not None and want != live["metadata"]["uid"]:
+                return 409, {"message": "Precondition failed: UID in precondition"}
+            del self.objects[key]
+            return 200, {}
+        raise AssertionError(f"unexpected {verb} {path}")
+
+    def pods(self, phase: str) -> list[dict[str, Any]]:
+        out = []
+        for (resource, _), obj in sorted(self.objects.items()):
+            if resource == "pods":
+                pod = copy.deepcopy(obj)
+                pod["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
+                pod["status"] = {"phase": phase}
+                out.append(slim_pod(pod))
+        return out
+
+    def touched(self, resource: str, name: str) -> list[str]:
+        return [verb for verb, r, n, _ in self.writes if (r, n) == (resource, name)]
+
+
+def setup(**spec: Any) -> tuple[Api, JobCache, Reconciler, list[tuple[str, str, str]]]:
+    job = {"apiVersion": "disttrain.dev/v1alpha1", "kind": "DistTrainJob",
+           "metadata": {"name": NAME, "namespace": NS, "uid": UID, "generation": 1, "resourceVersion": "100"},
+           "spec": {"mode": "data", "image": "img", "workers": {"replicas": 2}, "data": {"batchSize": 64}, **spec}}
+    api = Api(job)
+    jobs = JobCache()
+    jobs.put(KEY, copy.deepcopy(job))
+    events: list[tuple[str, str, str]] = []
+    scraper = ProgressScraper(lambda ip, port: None, lambda key: None, interval_s=INTERVAL)
+    rec = Reconciler(api, OperatorSettings(poll_interval_s=INTERVAL), jobs, scraper,
+                     lambda job, type_, reason, message: events.append((type_, reason, message)))
+    return api, jobs, rec, events
+
+
+def condition(api: Api, type_: str) -> dict[str, Any] | None:
+    return next((c for c in api.job["status"].get("conditions") or [] if c["type"] == type_), None)
+
+
+def test_a_foreign_service_with_the_jobs_name_survives_and_the_job_waits_for_the_name() -> None:
+    api, _, rec, events = setup()
+    helm = {"apiVersion": "v1", "kind": "Service", "metadata": {
+        "name": NAME, "namespace": NS, "uid": "helm-svc", "resourceVersion": "7",
+        "labels": {"app.kubernetes.io/managed-by": "Helm"}}, "spec": {"ports": [{"port": 6379}]}}
+    api.objects[("services", NAME)] = copy.deepcopy(helm)
+    first = rec(KEY, [])
+    assert api.objects[("services", NAME)] == helm  # untouched: not deleted, not replaced
+    assert api.touched("services", NAME) == ["create"]
+    assert not [w for w in api.writes if w[1] == "pods"]  # no gang while a name is taken
+    cond = condition(api, "NameConflict")
+    assert cond is not None and cond["status"] == "True"
+    assert f"Service {NS}/{NAME} exists, with no controller owner" in cond["message"]
+    assert api.job["status"]["phase"] == "Pending" and "Created" not in str(api.job["status"]["conditions"])
+    assert [(t, r) for t, r, _ in events] == [("Warning", "NameConflict")]
+    assert f"Service {NS}/{NAME}" in events[0][2]
+    # Retried with backoff, one Event for the whole wait.
+    second = rec(KEY, [])
+    assert first == INTERVAL and second == 2 * INTERVAL and len(events) == 1
+    for _ in range(8):
+        last = rec(KEY, [])
+    assert last == MAX_CREATE_RETRY_S and api.objects[("services", NAME)] == helm
+    # The user frees the name: the next try creates the gang.
+    del api.objects[("services", NAME)]
+    assert rec(KEY, []) is None
+    assert condition(api, "NameConflict")["status"] == "False"  # type: ignore[index]
+    assert condition(api, "Created")["status"] == "True"  # type: ignore[index]
+    assert api.objects[("services", NAME)]["metadata"]["ownerReferences"][0]["uid"] == UID
+    assert len([k for k in api.objects if k[0] == "pods"]) == 2
+    assert [r for _, r, _ in events] == ["NameConflict", "GangCreated"]
+
+
+def test_another_owners_object_is_a_conflict_naming_its_owner() -> None:
+    api, _, rec, events = setup()
+    api.objects[("configmaps", f"{NAME}-config")] = {"kind": "ConfigMap", "metadata": {
+        "name": f"{NAME}-config", "uid": "cm", "resourceVersion": "1",
+        "ownerReferences": owned_by("DistTrainJob", "another-job", "other-uid")}}
+    rec(KEY, [])
+    assert api.touched("configmaps", f"{NAME}-config") == ["create"]
+    assert "controlled by DistTrainJob another-job" in condition(api, "NameConflict")["message"]  # type: ignore[index]
+
+
+def test_an_earlier_jobs_children_are_left_to_the_garbage_collector() -> None:
+    # A DistTrainJob with this name but another UID owned it: deleted, its children go with it.
+    api, _, rec, events = setup()
+    api.objects[("configmaps", f"{NAME}-config")] = {"kind": "ConfigMap", "metadata": {
+        "name": f"{NAME}-config", "uid": "old-cm", "resourceVersion": "3",
+        "ownerReferences": owned_by("DistTrainJob", NAME, "old-job-uid")}}
+    again = rec(KEY, [])
+    assert api.touched("configmaps", f"{NAME}-config") == ["create"]  # no delete, no replace
+    assert again == INTERVAL and not [w for w in api.writes if w[1] == "pods"]
+    assert "garbage collector" in api.job["status"]["message"] and condition(api, "NameConflict") is None
+    assert not events
+    del api.objects[("configmaps", f"{NAME}-config")]  # the garbage collector's turn
+    rec(KEY, [])
+    assert condition(api, "Created")["status"] == "True"  # type: ignore[index]
+
+
+def test_the_jobs_own_config_map_is_replaced_at_the_version_read() -> None:
+    api, _, rec, _ = setup()
+    api.objects[("configmaps", f"{NAME}-config")] = {"kind": "ConfigMap", "metadata": {
+        "name": f"{NAME}-config", "uid": "mine", "resourceVersion": "5", "ownerReferences": owned_by(
+            "DistTrainJob", NAME, UID)}, "data": {}}
+    rec(KEY, [])
+    ((_, _, _, body),) = [w for w in api.writes if w[:3] == ("update", "configmaps", f"{NAME}-config")]
+    assert body["metadata"]["resourceVersion"] == "5"
+    assert condition(api, "Created")["status"] == "True"  # type: ignore[index]
+
+
+def test_a_rejected_child_becomes_a_condition_and_fails_the_job_after_the_timeout() -> None:
+    api, jobs, rec, events = setup(runPolicy={"childRejectedTimeoutSeconds": 120})
+    quota = f'pods "{NAME}-worker-1" is forbidden: exceeded quota: q, requested: pods=1, used: pods=1, limited: pods=1'
+    api.rejections[("pods", f"{NAME}-worker-1")] = (403, quota)
+    again = rec(KEY, [])  # answered with a condition, not raised as an error to retry in silence
+    cond = condition(api, "ChildRejected")
+    assert cond is not None and cond["status"] == "True" and quota in cond["message"]
+    assert f"Pod {NS}/{NAME}-worker-1: HTTP 403 Forbidden" in cond["message"]
+    assert "childRejectedTimeoutSeconds=120" in cond["message"]
+    assert [(t, r) for t, r, _ in events] == [("Warning", "ChildRejected")] and quota in events[0][2]
+    assert api.job["status"]["phase"] == "Pending" and again is not None and 0 < again <= 120
+    rec(KEY, api.pods("Pending"))  # retried: still refused, no second Event
+    assert len(events) == 1 and api.job["status"]["phase"] == "Pending"
+    # The timeout passes (the condition's lastTransitionTime is the clock).
+    cond = condition(api, "ChildRejected")
+    assert cond is not None
+    cond["lastTransitionTime"] = format_time(datetime.now(UTC) - timedelta(seconds=121))
+    api.job["metadata"]["resourceVersion"] = str(int(api.job["metadata"]["resourceVersion"]) + 1)
+    jobs.put(KEY, copy.deepcopy(api.job))
+    rec(KEY, api.pods("Pending"))
+    st = api.job["status"]
+    assert st["phase"] == "Failed" and condition(api, "Failed")["reason"] == "ChildRejected"  # type: ignore[index]
+    assert quota in st["message"] and "fix the spec" in st["message"]
+    assert ("delete", "pods", f"{NAME}-worker-0") in [w[:3] for w in api.writes]  # the half gang goes
+    assert [r for _, r, _ in events] == ["ChildRejected", "ChildRejected"]
+
+
+def test_pod_deletes_name_the_pod_the_decision_saw() -> None:
+    api, _, rec, _ = setup()
+    rec(KEY, [])
+    pods = api.pods("Running")
+    rec(KEY, pods)
+    failed = api.pods("Running")
+    failed[1]["status"] = {"phase": "Failed", "containerStatuses": [
+        {"name": "trainer", "state": {"terminated": {"exitCode": 1, "reason": "Error"}}}]}
+    rec(KEY, failed)
+    deletes = {n: body for verb, r, n, body in api.writes if (verb, r) == ("delete", "pods")}
+    assert set(deletes) == {f"{NAME}-worker-0", f"{NAME}-worker-1"}
+    for pod in failed:
+        assert deletes[pod["metadata"]["name"]]["preconditions"] == {"uid": pod["metadata"]["uid"]}
+
+
+def test_server_deployments_are_deleted_one_by_one_only_when_the_job_controls_them() -> None:
+    api, _, _, _ = setup()
+    spec = parse_spec({"mode": "paramserver", "paramServer": {"shards": 3}})
+    mine = owned_by("DistTrainJob", NAME, UID)
+    api.objects[("deployments", f"{NAME}-server-0")] = {"metadata": {"name": f"{NAME}-server-0", "uid": "d0",
+                                                                     "ownerReferences": mine}}
+    api.objects[("deployments", f"{NAME}-server-1")] = {"metadata": {"name": f"{NAME}-server-1", "uid": "d1"}}
+    delete_servers(api, spec, api.job)
+    assert [w[:3] for w in api.writes] == [("delete", "deployments", f"{NAME}-server-0")]
+    assert api.writes[0][3]["preconditions"] == {"uid": "d0"}
+    assert ("deployments", f"{NAME}-server-1") in api.objects  # not ours: kept

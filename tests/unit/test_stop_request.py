@@ -1,0 +1,163 @@
+"""SIGTERM handling (stop_request.py) and the loop's agreement on the step to stop at (stop_agreement.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+import torch.distributed as dist
+from disttrain_api import exitcodes
+from disttrain_trainer.process import stop_request
+from disttrain_trainer.process.stop_agreement import StopAgreement
+
+# Start-up in a process of its own: SIGTERM outside a loop ends the process.
+STARTUP = """
+import signal, sys, time
+from disttrain_trainer.process import stop_request
+stop_request.install()
+if sys.argv[1] == "blocked":
+    # The main thread cannot run Python's handler (as when it waits in C++ for a rendezvous):
+    # the signal goes to another thread, and sleep is not interrupted.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+print("ready", flush=True)
+try:
+    time.sleep(120)
+except stop_request.StopRequested:
+    sys.exit(3)
+print("slept through it", flush=True)
+"""
+
+
+@pytest.fixture
+def handler() -> Iterator[None]:
+    """The trainer's SIGTERM handler in this process, for one test."""
+    previous = signal.getsignal(signal.SIGTERM)
+    stop_request.reset()
+    stop_request._installed = False
+    stop_request.install()
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        signal.set_wakeup_fd(-1)
+        stop_request._installed = False
+        stop_request.reset()
+
+
+def sigterm_and_wait() -> None:
+    os.kill(os.getpid(), signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while not stop_request.requested() and time.monotonic() < deadline:
+        time.sleep(0.01)  # the handler runs in the main thread between bytecodes
+
+
+@pytest.mark.parametrize("main_thread", ["in-python", "blocked"])
+def test_before_training_sigterm_leaves_at_once(main_thread: str) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", STARTUP, main_thread], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)  # far less than the 120 s sleep
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == exitcodes.STOPPED, out + err
+    assert "stop requested (SIGTERM)" in err
+
+
+def test_inside_a_loop_sigterm_is_only_recorded_and_callbacks_run_once(handler: None) -> None:
+    calls: list[str] = []
+    remove = stop_request.on_request(lambda: calls.append("forwarded"))
+    try:
+        with stop_request.deferred():
+            sigterm_and_wait()
+            os.kill(os.getpid(), signal.SIGTERM)  # a second signal changes nothing
+            time.sleep(0.1)
+        assert stop_request.requested() and calls == ["forwarded"]
+        late: list[str] = []
+        stop_request.on_request(lambda: late.append("at once"))()  # registered after the request: called now
+        assert late == ["at once"]
+    finally:
+        remove()
+
+
+def test_run_until_requested_cancels_the_awaitable_on_a_request(handler: None) -> None:
+    async def forever() -> None:
+        await asyncio.Event().wait()
+
+    async def done() -> int:
+        return 1
+
+    async def broken() -> None:
+        raise ValueError("boom")
+
+    async def main() -> tuple[bool, bool]:
+        finished = await stop_request.run_until_requested(done())
+        with pytest.raises(ValueError, match="boom"):
+            await stop_request.run_until_requested(broken())
+        asyncio.get_running_loop().call_later(0.1, os.kill, os.getpid(), signal.SIGTERM)
+        with stop_request.deferred():
+            stopped = await stop_request.run_until_requested(forever())
+        return finished, stopped
+
+    assert asyncio.run(main()) == (False, True)
+
+
+@pytest.fixture
+def gang_of_one() -> Iterator[None]:
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+        stop_request.reset()
+
+
+def test_the_loop_stops_after_the_check_that_reads_the_request(gang_of_one: None) -> None:
+    stop_request.reset()
+    agreement = StopAgreement(grace_s=30.0, max_every=1)  # a check after every step
+    agreement.start(10)
+    stopped = None
+    for step in range(11, 40):
+        if step == 15:
+            stop_request.request()  # lands between the checks of steps 14 and 15
+        if agreement.should_stop(step):
+            stopped = step
+            break
+    # Started with the flag at step 15's check, read at step 16's: every rank stops after 16.
+    assert stopped == 16
+
+
+def test_checks_are_spaced_by_time_within_the_grace_period(gang_of_one: None) -> None:
+    a = StopAgreement(grace_s=30.0)
+    assert a.every(0.001) == 1000  # about one check per second of training
+    assert a.every(0.5) == 2 and a.every(5.0) == 1  # slow steps: every step, never fewer
+    assert StopAgreement(grace_s=2.0).every(0.001) == 500  # a quarter of a short grace period
+    assert a.every(0.0) == a.max_every
+
+
+def test_the_watcher_leaves_a_signal_the_main_thread_already_handled_alone() -> None:
+    """A slow watcher thread reads the wakeup byte of a SIGTERM that the main thread's handler
+    already recorded inside a deferred section, after the main thread left that section (a
+    finished server, a loop that saved its step): the process must not be ended for it."""
+    program = (
+        "import os, signal, threading, time\n"
+        "from disttrain_trainer.process import stop_request as s\n"
+        "with s.deferred():\n"
+        "    s.request()  # what the main thread's handler does with a SIGTERM in a deferred section\n"
+        "r, w = os.pipe()\n"
+        "os.write(w, bytes([signal.SIGTERM]))  # the wakeup byte the watcher reads only now\n"
+        "threading.Thread(target=s._watch, args=(r,), daemon=True).start()\n"
+        "time.sleep(0.5)\n"
+        "print('alive', flush=True)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "alive", (proc.returncode, proc.stderr)

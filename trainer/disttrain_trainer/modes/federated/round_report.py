@@ -1,0 +1,85 @@
+"""What a federated round and a whole run report: a round's time split, its record in the metrics
+log and the history, and the run's summary in the keys every mode reports (a round is a step).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ...telemetry.sink import time_fractions
+from .rounds import RoundAttempt
+
+
+@dataclass(frozen=True, kw_only=True)
+class RoundTimes:
+    step_s: float
+    compute_s: float
+    data_s: float
+    comm_s: float  # all of it exposed: nothing overlaps a client's transfers
+    idle_s: float
+
+
+def round_times(ra: RoundAttempt, answered: list[str], round_s: float) -> RoundTimes:
+    """A round is this mode's step, seen through its average answered client: its local training
+    (compute), loading its rows (data), receiving the model and sending its update (communication,
+    all of it exposed: nothing overlaps a client's transfers) and the rest of the round (idle:
+    waiting for the other clients, aggregation and evaluation on the aggregator)."""
+
+    def avg(d: dict[str, float]) -> float:
+        vals = [d[c] for c in answered if c in d]
+        return sum(vals) / len(vals) if vals else 0.0
+
+    compute = min(avg(ra.client_compute_s), round_s)
+    data = min(avg(ra.client_data_s), round_s - compute)
+    comm = min(avg(ra.client_comm_s), round_s - compute - data)
+    return RoundTimes(step_s=round_s, compute_s=compute, data_s=data, comm_s=comm,
+                      idle_s=round_s - compute - data - comm)  # fmt: skip
+
+
+def round_record(ra: RoundAttempt, t: RoundTimes, *, round_no: int, answered: list[str], dropped: int,
+                 accuracy: float | None) -> dict[str, Any]:  # fmt: skip
+    """The round's line in the metrics log and its entry in the history (checkpointed)."""
+    losses = [v for v in ra.client_loss.values() if math.isfinite(v)]
+    return {
+        "step": round_no, "round": round_no, "attempt": ra.attempt,
+        "loss": sum(losses) / len(losses) if losses else None,
+        "steps": 1, "step_s": t.step_s, "compute_s": t.compute_s, "comm_exposed_s": t.comm_s,
+        "comm_busy_s": t.comm_s, "data_s": t.data_s, "idle_s": t.idle_s,
+        "clients_sampled": len(ra.sampled), "clients_answered": len(answered), "clients_dropped": dropped,
+        "bytes_up": ra.bytes_up, "bytes_down": sum(len(c.data) for c in ra.model_chunks) * len(ra.served),
+        "test_accuracy": accuracy, "samples": ra.samples,
+        # Secure rounds: clients whose masks were removed from shares after they dropped out.
+        "unmasked_dropped": len(ra.secure.plan.dropped) if ra.secure and ra.secure.plan else 0,
+        **(ra.total.info() if ra.total is not None else {}),
+    }  # fmt: skip
+
+
+def run_summary(history: list[dict[str, Any]], *, rounds: int, attempts: int, privacy: dict[str, Any] | None,
+                resumed_from: int | None, wall_s: float) -> dict[str, Any]:  # fmt: skip
+    """The run's summary from the rounds' records; `privacy`: the DP accountant's report, if any."""
+    h = history
+    acc = [r.get("test_accuracy") for r in h]
+
+    def total(key: str) -> float:
+        return sum(float(r.get(key) or 0.0) for r in h)
+
+    return {
+        "mode": "federated",
+        "steps": rounds,
+        "rounds": rounds,
+        "testAccuracy": acc[-1] if acc else None,
+        "accuracyPerRound": acc,
+        "roundSMedian": float(np.median([r["step_s"] for r in h])) if h else None,
+        **time_fractions(step_s=total("step_s"), compute_s=total("compute_s"), data_s=total("data_s"),
+                         exposed_s=total("comm_exposed_s"), busy_s=total("comm_busy_s"), idle_s=total("idle_s")),
+        "bytesUp": sum(r["bytes_up"] for r in h),
+        "bytesDown": sum(r["bytes_down"] for r in h),
+        "roundAttempts": attempts,
+        **({"privacy": privacy} if privacy is not None else {}),
+        "resumedFromStep": resumed_from,
+        "wallS": wall_s,
+    }

@@ -1,0 +1,1 @@
+"""Pipeline parallel: mode pipeline, and mode hybrid with pipeline > 1."""

@@ -1,0 +1,82 @@
+"""One rank of a collective run (the data and pipeline modes): its threads, process group,
+metrics, dataset and model, set up in that order and torn down when the run leaves.
+
+A run that returns leaves the gang together (dist_env.finish: a barrier, then the process group
+is destroyed); one that raises tears down without the barrier a dead peer would never reach.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..datasets import Dataset, load_dataset
+from ..models import build_model
+from ..telemetry.step_metrics import Metrics
+from .config import TrainerConfig
+from .dist_env import DistContext, cleanup, finish, init_distributed, spawn_local_ranks
+from .precision import Amp, make_amp
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rank:
+    ctx: DistContext
+    metrics: Metrics
+    ds: Dataset
+    amp: Amp
+    model: nn.Module  # built from the spec, not wrapped or split yet
+
+
+def _set_threads(cfg: TrainerConfig) -> None:
+    if os.environ.get("OMP_NUM_THREADS"):
+        return
+    local = cfg.master_addr in ("127.0.0.1", "localhost", "::1")
+    share = cfg.world_size if local else cfg.nproc_per_node
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, share)))
+
+
+@contextmanager
+def collective_rank(cfg: TrainerConfig, metrics: Metrics | None = None) -> Iterator[Rank]:
+    """Set this rank up; `metrics` given: the caller's (it closes them), else the rank's own."""
+    _set_threads(cfg)
+    spec = cfg.spec
+    ctx = init_distributed(cfg)
+    own_metrics = metrics is None
+    m = metrics or Metrics(
+        job=cfg.job, rank=ctx.rank, mode=spec.mode, port=cfg.metrics_port, run_dir=cfg.run_dir,
+        namespace=cfg.namespace,
+    )
+    finished = False
+    try:
+        if ctx.local_rank == 0:  # one rank per machine packs the shards; the others then just map them
+            ds = load_dataset(spec)
+        dist.barrier()
+        if ctx.local_rank != 0:
+            ds = load_dataset(spec)
+        amp = make_amp(spec.training.precision, ctx.device)
+        yield Rank(ctx=ctx, metrics=m, ds=ds, amp=amp, model=build_model(spec, ds))
+        finished = True
+    finally:
+        if own_metrics:
+            m.close()  # the HTTP server thread first: nothing may outlive the process group
+        if finished:
+            finish()
+        else:
+            cleanup()
+
+
+def run_local_ranks(cfg: TrainerConfig, run: Callable[[TrainerConfig], Any]) -> Any:
+    """This pod's ranks: `run` in NPROC_PER_NODE spawned processes when the launcher set no RANK
+    (returns None), else in this process (returns what `run` returns). `run` must be importable
+    by name, so the spawned children can unpickle it."""
+    if cfg.rank is None and cfg.nproc_per_node > 1:
+        spawn_local_ranks(cfg, run)
+        return None
+    return run(cfg if cfg.rank is not None else cfg.for_local_rank(0))

@@ -1,0 +1,115 @@
+"""One process's Prometheus registry, its optional /metrics server and its JSON-lines log,
+and the time categories every mode exports under the same names.
+
+Every process owns one: a rank of the data and pipeline modes (step_metrics.Metrics), the
+federated aggregator and client processes (federated_series.py), the parameter-server shards
+and workers (paramserver_series.py). All of them export the time categories through
+`StepTimeSeries`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from disttrain_api import metric_names as names
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+class MetricsSink:
+    """Registry, optional /metrics server and optional JSON-lines log of one process."""
+
+    def __init__(self, *, labels: dict[str, str], port: int, log_path: Path | None):
+        self.registry = CollectorRegistry()
+        self.labels = labels
+        self._server: Any = None
+        if port:
+            self._server, _ = start_http_server(port, registry=self.registry)
+        self._log = None
+        if log_path is not None:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._log = open(log_path, "a", buffering=1)  # noqa: SIM115
+
+    def gauge(self, name: str, doc: str) -> Any:
+        return Gauge(name, doc, tuple(self.labels), registry=self.registry).labels(**self.labels)
+
+    def counter(self, name: str, doc: str) -> Any:
+        return Counter(name, doc, tuple(self.labels), registry=self.registry).labels(**self.labels)
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self._log is not None:
+            self._log.write(json.dumps({**record, "time": time.time()}) + "\n")
+
+    def close(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+
+class StepTimeSeries:
+    """Where a step's wall time went, in the series every mode exports (disttrain_api.metric_names):
+    the step-time histogram and the compute, data, exposed and busy communication and idle
+    counters, so one dashboard reads every mode. A mode whose "step" is a round or an
+    iteration (federated, parameter server) observes one of those per step."""
+
+    DOCS = {
+        names.COMPUTE_SECONDS: "Step time computing (not data, not exposed communication, not idle).",
+        names.DATA_SECONDS: "Time spent loading and moving batches.",
+        names.IDLE_SECONDS: "Time waiting while another process works alone.",
+        names.COMM_EXPOSED_SECONDS: "Time the step waited on communication nothing overlapped.",
+        names.COMM_BUSY_SECONDS: "Time communication was in flight (overlapped or not).",
+    }
+
+    def __init__(self, sink: MetricsSink, *, step_doc: str, buckets: tuple[float, ...] = STEP_BUCKETS,
+                 docs: Mapping[str, str] | None = None):  # fmt: skip
+        """`docs`: a mode's own wording of a series' help text (series name -> text)."""
+        n, doc = names, {**self.DOCS, **(docs or {})}
+        self.step_time = Histogram(n.STEP_SECONDS, step_doc, tuple(sink.labels), buckets=buckets,
+                                   registry=sink.registry).labels(**sink.labels)  # fmt: skip
+        self.compute = sink.counter(n.COMPUTE_SECONDS, doc[n.COMPUTE_SECONDS])
+        self.data = sink.counter(n.DATA_SECONDS, doc[n.DATA_SECONDS])
+        self.idle = sink.counter(n.IDLE_SECONDS, doc[n.IDLE_SECONDS])
+        self.exposed = sink.counter(n.COMM_EXPOSED_SECONDS, doc[n.COMM_EXPOSED_SECONDS])
+        self.busy = sink.counter(n.COMM_BUSY_SECONDS, doc[n.COMM_BUSY_SECONDS])
+
+    def observe(self, *, step_s: float, compute_s: float, data_s: float, exposed_s: float, busy_s: float,
+                idle_s: float) -> None:  # fmt: skip
+        """One step: its time into the histogram, its parts into the counters."""
+        self.step_time.observe(step_s)
+        self.add(compute_s=compute_s, data_s=data_s, exposed_s=exposed_s, busy_s=busy_s, idle_s=idle_s)
+
+    def add(self, *, compute_s: float, data_s: float, exposed_s: float, busy_s: float, idle_s: float) -> None:
+        """The counters only: for a mode that sums its parts over a log interval and feeds the
+        histogram every step itself (`step_time.observe`)."""
+        self.compute.inc(compute_s)
+        self.data.inc(data_s)
+        self.idle.inc(idle_s)
+        self.exposed.inc(exposed_s)
+        self.busy.inc(busy_s)
+
+
+def time_fractions(*, step_s: float, compute_s: float, data_s: float, exposed_s: float, busy_s: float,
+                   idle_s: float) -> dict[str, float]:  # fmt: skip
+    """The summary's fractions of step time, in the API's camelCase, as every mode reports them:
+    compute + exposed communication + data + idle = 1; busy communication overlaps compute."""
+
+    def frac(seconds: float) -> float:
+        return seconds / step_s if step_s > 0 else 0.0
+
+    return {
+        "computeFraction": frac(compute_s),
+        "commExposedFraction": frac(exposed_s),
+        "commFraction": frac(exposed_s),  # = exposed: what status.commFraction shows
+        "commBusyFraction": frac(busy_s),
+        "dataFraction": frac(data_s),
+        "idleFraction": frac(idle_s),
+    }
