@@ -12,6 +12,7 @@ from typing import Any
 
 from disttrain_api import exitcodes
 from disttrain_api import metric_names as names
+from disttrain_api import progress as job_progress
 from disttrain_api.model import JobSpec
 from disttrain_api.validation import valid_sizes
 
@@ -92,6 +93,9 @@ def decide_running(b: StatusBuilder, finish: Callable[..., Plan], plan: dict[str
                     st[target] = int(result[key])
             if isinstance(result.get("commFraction"), int | float):
                 st["commFraction"] = round(float(result["commFraction"]), 4)
+        basis = job_progress.basis_for(spec)
+        st["progress"] = job_progress.finished(st.get("progress"), completed=basis.total, basis=basis, now=obs.now,
+                                               result=result)  # fmt: skip
         b.condition("Succeeded", True, "Completed", msg)
         b.condition("Running", False, "Completed", msg)
         b.phase(SUCCEEDED, msg)
@@ -126,6 +130,10 @@ def decide_running(b: StatusBuilder, finish: Callable[..., Plan], plan: dict[str
                 st["lastCheckpointStep"] = int(obs.progress[names.LAST_CHECKPOINT_STEP])
             if (frac := names.comm_fraction(obs.progress)) is not None:
                 st["commFraction"] = frac
+            if names.STEP in obs.progress:
+                st["progress"] = job_progress.build(st.get("progress"), completed=int(obs.progress[names.STEP]),
+                                                    basis=job_progress.basis_for(spec), now=obs.now,
+                                                    mfu=obs.progress.get(names.MFU))  # fmt: skip
         return finish()
 
     held = next((p for p in current if p.phase == "Pending" and p.reason and p.message), None)

@@ -255,8 +255,12 @@ def _log_interval(run: Run, interval: Tally, losses: list[torch.Tensor], grad_by
     extra = None
     if isinstance(run.comm, ProfiledComm):  # every collective's payload, tensor-parallel ones too
         extra = {"comm_bytes": run.comm.taken.bytes}
+    ctx, spec = run.ctx, run.cfg.spec
+    job_samples_per_s = interval.record()["samples_per_s"] * dp
+    mfu = throughput_fields(spec, vocab=run.ds.num_classes, samples_per_s=job_samples_per_s, device=ctx.device,
+                            accelerators=ctx.world_size).get("mfu")  # fmt: skip
     run.metrics.observe_interval(step=run.step, loss=loss, lr=lr, tally=interval, gradient_bytes=grad_bytes,
-                                 extra=extra)  # fmt: skip
+                                 extra=extra, mfu=mfu)  # fmt: skip
     run.report_checkpoints()
     if run.ctx.is_main:
         rec = interval.record()

@@ -161,11 +161,14 @@ def loop(run: PipeRun, amp: Amp) -> dict[str, Any] | None:
             if stop_now or ends_interval(run.step, log_every=tr.log_interval_steps, steps=tr.steps):
                 lr = run.scheduler.get_last_lr()[0]
                 loss = float(np.mean(losses))
+                mfu = throughput_fields(spec, vocab=run.ds.num_classes, device=ctx.device, accelerators=ctx.world_size,
+                                        samples_per_s=interval.record()["samples_per_s"] * run.dp_size).get("mfu")  # fmt: skip
                 run.metrics.observe_interval(
                     step=run.step, loss=loss, lr=lr, tally=interval, gradient_bytes=grad_bytes,
                     extra={"stage": run.pp_rank, "p2p_s": times.p2p_s, "allreduce_s": ar_s, "bubble_s": times.bubble_s,
                            "bubble_fraction": times.bubble_fraction, "window_s": times.window_s,
                            "act_peak_bytes": out.act_peak_bytes},
+                    mfu=mfu,
                 )  # fmt: skip
                 if ctx.is_main:
                     rec = interval.record()
