@@ -14,6 +14,7 @@ from disttrain_api import exitcodes
 from disttrain_api import metric_names as names
 from disttrain_api import progress as job_progress
 from disttrain_api.model import JobSpec
+from disttrain_api.scaling.hint import scaling_hint
 from disttrain_api.validation import valid_sizes
 
 from .decision import (
@@ -93,6 +94,9 @@ def decide_running(b: StatusBuilder, finish: Callable[..., Plan], plan: dict[str
                     st[target] = int(result[key])
             if isinstance(result.get("commFraction"), int | float):
                 st["commFraction"] = round(float(result["commFraction"]), 4)
+        if (hint := scaling_hint(result, world_size=replicas * spec.workers.procs_per_worker)) is not None:
+            st["hint"] = hint
+            b.event("Normal", "ScalingHint", hint)
         basis = job_progress.basis_for(spec)
         st["progress"] = job_progress.finished(st.get("progress"), completed=basis.total, basis=basis, now=obs.now,
                                                result=result)  # fmt: skip

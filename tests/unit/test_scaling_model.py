@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from disttrain_api import model as api
 from disttrain_api.scaling import (
     InputError,
     Layout,
@@ -14,7 +17,11 @@ from disttrain_api.scaling import (
     forecast,
     measured_from_summary,
 )
+from disttrain_api.scaling.hint import scaling_hint
 from disttrain_api.scaling.model import step_time
+from disttrain_operator.decide import decide
+from disttrain_operator.decision import Observed
+from disttrain_operator.observe import PodView
 
 MS = 1e-3
 FAST = {"alphaS": 0.0, "betaBytesPerS": 1e9, "worldSize": 2}  # 1 GB/s, no latency: bytes / 1e6 = ms
@@ -187,3 +194,37 @@ def test_bad_summaries_name_what_is_missing(change: Any, message: str) -> None:
     change(s)
     with pytest.raises(InputError, match=message):
         measured_from_summary(s, source="RUN")
+
+
+def _communication_bound_run() -> dict[str, Any]:
+    """The case above: PowerSGD forecast to halve the step of a run that waits on the link half the time."""
+    run = summary(world=8, step=21.5 * MS, data=1 * MS, compute=10 * MS, busy=18.5 * MS, exposed=10.5 * MS,
+                  link={"alphaS": 0.0, "betaBytesPerS": 1e8, "worldSize": 8},
+                  lowRank={"bytesPerRank": 10_000, "uncompressedBytes": 1_000})  # fmt: skip
+    return {**run, "commExposedFraction": 10.5 / 21.5}
+
+
+def test_the_hint_names_the_change_forecast_to_help_most() -> None:
+    run = _communication_bound_run()
+    gain = 21.5 / (11 + 1.3675 / 12) - 1  # the best alternative's, by hand above: +93%
+    assert scaling_hint(run, world_size=8) == (f"exposed communication 49% of the step: dp8 powersgd forecast "
+                                               f"+{gain:.0%} samples/s over dp8")  # fmt: skip
+    assert scaling_hint({**run, "commExposedFraction": 0.2}, world_size=8) is None  # below the threshold
+    assert scaling_hint(run, world_size=4) is None  # not the job's own world size
+    assert scaling_hint({**run, "mode": "federated"}, world_size=8) is None  # not modelled
+    assert scaling_hint({**run, "scaling": "cut short"}, world_size=8) is None
+    assert scaling_hint(None, world_size=8) is None
+
+
+def test_a_finished_job_gets_the_hint_in_status_and_one_event() -> None:
+    spec = api.parse_spec({"mode": "data", "workers": {"replicas": 8}})
+    status = {"phase": "Running", "attempt": 0, "replicas": 8, "restarts": 0, "lastSpecReplicas": 8,
+              "observedGeneration": 1, "startTime": "2026-01-01T11:59:00Z",
+              "conditions": [{"type": "Running", "status": "True", "reason": "GangRunning"}]}  # fmt: skip
+    pods = [PodView(name=f"j-worker-{i}", role="worker", index=i, attempt=0, phase="Succeeded", scheduled=True,
+                    exit_code=0, message=json.dumps(_communication_bound_run()) if i == 0 else "")
+            for i in range(8)]  # fmt: skip
+    plan = decide(Observed(generation=1, spec=spec, accepted=spec, status=status, pods=pods,
+                           now=datetime(2026, 1, 1, 12, 0, tzinfo=UTC)))  # fmt: skip
+    assert plan.status["phase"] == "Succeeded" and plan.status["hint"].startswith("exposed communication 49%")
+    assert [(k, r, m) for k, r, m in plan.events if r == "ScalingHint"] == [("Normal", "ScalingHint", plan.status["hint"])]

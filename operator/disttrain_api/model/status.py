@@ -100,6 +100,11 @@ class JobStatus:
         desc="How far the job got and when it will finish at its recent rate; written at most every 10 s "
         "while it runs (disttrain_api/progress.py).",
     )
+    hint: str | None = fld(
+        None,
+        desc="When the finished job's step waited on communication for a quarter or more: the layout change "
+        "the scaling forecast (`disttrain explain`) predicts helps most at its size, and by how much.",
+    )
     start_time: Time | None = fld(None, desc="When the first gang was created.")
     completion_time: Time | None = fld(None, desc="When the job succeeded or failed.")
     observed_generation: int = fld(0, minimum=0, desc="metadata.generation this status reflects.")

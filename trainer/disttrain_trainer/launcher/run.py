@@ -26,6 +26,7 @@ from typing import Any, TextIO
 from disttrain_api import exitcodes
 from disttrain_api import model as api
 from disttrain_api import progress as job_progress
+from disttrain_api.scaling.hint import scaling_hint
 
 from disttrain_trainer.launcher import env as envmod
 from disttrain_trainer.launcher import identity, report
@@ -346,6 +347,8 @@ def run_local(job: api.DistTrainJob, options: LocalOptions) -> LocalResult:
     print(report.format_summary(summary), file=out)
     if progress is not None:
         print(f"  progress       {job_progress.describe(progress)} ({run_dir / PROGRESS_FILE})", file=out)
+    if (hint := scaling_hint(trainer_summary, world_size=spec.world_size)) is not None:
+        print(f"  hint           {hint} (disttrain explain {run_dir})", file=out)
     if code != 0:
         print(f"disttrain local: job {name} {status.lower()}: {reason}", file=err)
     return LocalResult(exit_code=code, summary=summary)
