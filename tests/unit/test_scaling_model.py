@@ -212,6 +212,8 @@ def test_the_hint_names_the_change_forecast_to_help_most() -> None:
     assert scaling_hint({**run, "commExposedFraction": 0.2}, world_size=8) is None  # below the threshold
     assert scaling_hint(run, world_size=4) is None  # not the job's own world size
     assert scaling_hint({**run, "mode": "federated"}, world_size=8) is None  # not modelled
+    assert scaling_hint({**run, "dataStrategy": "fsdp"}, world_size=8) is None  # no compression hook to change
+    assert scaling_hint({**run, "layout": "dp=4,pp=1,tp=2", "mode": "hybrid"}, world_size=8) is None
     assert scaling_hint({**run, "scaling": "cut short"}, world_size=8) is None
     assert scaling_hint(None, world_size=8) is None
 

@@ -197,10 +197,11 @@ def run_layout(m: Measured) -> Layout:
     return Layout(dp=m.dp, pp=m.pp, tp=m.tp, strategy=m.data_strategy, compression=m.compression)
 
 
-def best_alternative(fc: Forecast) -> Alternative | None:
-    """The layout forecast fastest at the run's own world size, against the run's layout forecast
-    there (so both carry the same model error); None when the run's layout is already the fastest
-    or cannot be forecast. What an operator's hint says ("PowerSGD forecast +22% samples/s")."""
+def best_alternative(fc: Forecast, families: Iterable[str] = FAMILIES) -> Alternative | None:
+    """The layout of `families` forecast fastest at the run's own world size, against the run's
+    layout forecast there (so both carry the same model error); None when the run's layout is
+    already the fastest or cannot be forecast. What an operator's hint says ("PowerSGD forecast
+    +22% samples/s")."""
     m = fc.measured
     n = m.world_size
     if n not in fc.sizes:
@@ -212,7 +213,8 @@ def best_alternative(fc: Forecast) -> Alternative | None:
     bd = step_time(fc.calibrated, lay, fc.topology, fc.placement)
     current = Point(n=n, family="run", layout=lay, breakdown=bd, samples_per_s=lay.dp * m.batch_per_replica / bd.step_s,
                     efficiency=base * lay.dp / (n * bd.step_s))  # fmt: skip
-    ranked = [p for p in fc.at(n) if p.layout != lay]
+    allowed = set(families)
+    ranked = [p for p in fc.at(n) if p.layout != lay and p.family in allowed]
     if not ranked or ranked[0].samples_per_s <= current.samples_per_s:
         return None
     best = ranked[0]
