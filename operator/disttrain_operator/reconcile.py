@@ -181,6 +181,7 @@ class Reconciler:
 
         source = _progress_source(mode, status, views, all_views) if effective is not None else None
         prog = self.scraper.latest(key) if source is not None else None
+        taken = self.scraper.taken_at(key) if prog is not None else None
 
         obs = Observed(
             generation=int(meta.get("generation") or 0),
@@ -192,6 +193,7 @@ class Reconciler:
             status=status,
             pods=views,
             progress=prog,
+            progress_time=datetime.fromtimestamp(taken, UTC) if taken is not None else None,
             now=now,
             force_delete_after_s=settings.force_delete_after_s,
             node_lost_after_s=settings.node_lost_after_s,

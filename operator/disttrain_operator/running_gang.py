@@ -136,7 +136,7 @@ def decide_running(b: StatusBuilder, finish: Callable[..., Plan], plan: dict[str
                 st["commFraction"] = frac
             if names.STEP in obs.progress:
                 st["progress"] = job_progress.build(st.get("progress"), completed=int(obs.progress[names.STEP]),
-                                                    basis=job_progress.basis_for(spec), now=obs.now,
+                                                    basis=job_progress.basis_for(spec), now=obs.progress_time or obs.now,
                                                     mfu=obs.progress.get(names.MFU))  # fmt: skip
         return finish()
 

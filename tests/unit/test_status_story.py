@@ -74,3 +74,13 @@ def test_success_reports_progress_done() -> None:
     st = decide(observed([pod(0, "Succeeded", exit_code=0, message=msg), pod(1, "Succeeded")])).status
     assert st["progress"]["percent"] == 100.0 and st["progress"]["eta"] == "0s"
     assert st["progress"]["samplesPerSecond"] == 900.5
+
+
+def test_progress_is_measured_to_when_the_reading_was_taken_not_to_the_reconcile() -> None:
+    earlier = {"completed": 100, "total": 500, "unit": "steps", "percent": 20.0,
+               "lastUpdateTime": "2026-01-01T11:59:40.000Z"}  # fmt: skip
+    taken = datetime(2026, 1, 1, 11, 59, 58, tzinfo=UTC)  # scraped 2 s before this reconcile
+    obs = Observed(generation=1, spec=SPEC, accepted=SPEC, status={**RUNNING, "progress": earlier},
+                   pods=[pod(0), pod(1)], now=NOW, progress={names.STEP: 136.0}, progress_time=taken)  # fmt: skip
+    prog = decide(obs).status["progress"]
+    assert prog["rate"] == 2.0 and prog["lastUpdateTime"] == "2026-01-01T11:59:58.000Z"  # 36 steps in 18 s
