@@ -34,17 +34,21 @@ class Basis:
     total: int
     samples_per_unit: int | None  # a global batch per step; None for federated rounds
     tokens_per_sample: int | None  # a language model's context length; None for other models
+    # Whether the trainer's summary reports the whole job's samplesPerS (the collective modes); a
+    # parameter-server worker's is its own, idle waits included.
+    summary_is_job_wide: bool = True
 
 
 def basis_for(spec: JobSpec) -> Basis:
     if spec.mode == "federated" and spec.federated is not None:
         # A round's samples are the sampled clients' local epochs: not a fixed count.
-        return Basis(unit="rounds", total=spec.federated.rounds, samples_per_unit=None, tokens_per_sample=None)
+        return Basis(unit="rounds", total=spec.federated.rounds, samples_per_unit=None, tokens_per_sample=None,
+                     summary_is_job_wide=False)  # fmt: skip
     # Every other mode's step consumes one global batch (a parameter-server iteration: one
     # slice of it per worker, worker 0's count standing for all).
     tokens = spec.model.block_size if spec.model.name == "gpt" else None
     return Basis(unit="steps", total=spec.training.steps, samples_per_unit=spec.data.batch_size,
-                 tokens_per_sample=tokens)  # fmt: skip
+                 tokens_per_sample=tokens, summary_is_job_wide=spec.mode != "paramserver")  # fmt: skip
 
 
 def format_time(value: datetime) -> str:
@@ -113,10 +117,12 @@ def build(prev: dict[str, object] | None, *, completed: int, basis: Basis, now: 
 def finished(prev: dict[str, object] | None, *, completed: int, basis: Basis, now: datetime,
              result: dict[str, object] | None) -> dict[str, object]:  # fmt: skip
     """The block of a job that succeeded: nothing remains; its throughput is the trainer's own
-    figure for the whole run (the summary's samplesPerS, tokensPerS, mfu) where it has one."""
+    figure for the whole run (the summary's samplesPerS, tokensPerS, mfu) where that is the whole
+    job's, else the last recent rate's."""
     block = _block(completed=completed, basis=basis, rate=_num(prev.get("rate")) if isinstance(prev, dict) else None,
                    now=now, mfu=None, eta_s=0.0)  # fmt: skip
-    for key, field_name in (("samplesPerS", "samplesPerSecond"), ("tokensPerS", "tokensPerSecond"), ("mfu", "mfu")):
+    keys = (("samplesPerS", "samplesPerSecond"), ("tokensPerS", "tokensPerSecond"), ("mfu", "mfu"))
+    for key, field_name in keys if basis.summary_is_job_wide else keys[2:]:
         value = _num((result or {}).get(key))
         if value is not None:
             block[field_name] = round(value, 4 if key == "mfu" else 1)

@@ -79,6 +79,10 @@ def test_a_finished_job_has_nothing_left_and_reports_the_trainers_own_throughput
                        result={"samplesPerS": 1234.56, "tokensPerS": None, "mfu": 0.123456})  # fmt: skip
     assert block["percent"] == 100.0 and block["etaSeconds"] == 0 and block["eta"] == "0s"
     assert block["samplesPerSecond"] == 1234.6 and block["mfu"] == 0.1235 and "tokensPerSecond" not in block
+    # A parameter-server worker's samplesPerS is its own (idle waits included): the recent rate's stays.
+    ps = p.basis_for(spec(mode="paramserver", workers={"replicas": 4}))
+    block = p.finished({"completed": 990, "rate": 3.0}, completed=1000, basis=ps, now=T0, result={"samplesPerS": 50.0})
+    assert block["samplesPerSecond"] == 3.0 * 128
 
 
 @pytest.mark.parametrize(("seconds", "text"), [(0.4, "0s"), (59, "59s"), (60, "1m00s"), (725, "12m05s"),
