@@ -20,6 +20,8 @@ from __future__ import annotations
 PREFIX = "disttrain_"
 
 STEP = PREFIX + "step"
+# The steps the job trains (spec.training.steps): the dashboard's progress and ETA divide by it.
+TARGET_STEPS = PREFIX + "target_steps"
 LAST_CHECKPOINT_STEP = PREFIX + "last_checkpoint_step"
 # Histogram of step wall time: its _sum is the denominator of the communication fraction.
 STEP_SECONDS = PREFIX + "step_seconds"

@@ -145,7 +145,9 @@ class Metrics(MetricsSink):
         run_dir: Path | None,
         enabled: bool = True,
         namespace: str = "default",
+        target_steps: int | None = None,
     ):
+        """`target_steps`: the steps the job trains (exported for the dashboard's progress and ETA)."""
         self.enabled = enabled
         labels = {names.LABEL_JOB: job, names.LABEL_NAMESPACE: namespace, names.LABEL_RANK: str(rank),
                   names.LABEL_MODE: mode}  # fmt: skip
@@ -173,6 +175,8 @@ class Metrics(MetricsSink):
         self.loss = gauge(n.LOSS, "Mean training loss on this rank over the last log interval.")
         self.lr = gauge(n.LEARNING_RATE, "Learning rate of the last step.")
         self.step = gauge(n.STEP, "Optimizer steps completed.")
+        if target_steps is not None:
+            gauge(n.TARGET_STEPS, "Optimizer steps the job trains (spec.training.steps).").set(target_steps)
         self.last_ckpt = gauge(n.LAST_CHECKPOINT_STEP, "Step of the newest checkpoint completely written.")
         self.ckpt_stall = gauge(n.CHECKPOINT_STALL_SECONDS, "Seconds the loop paused for the last checkpoint's snapshot.")
         self.ckpt_write = gauge(n.CHECKPOINT_WRITE_SECONDS, "Seconds the last checkpoint's background write took.")
