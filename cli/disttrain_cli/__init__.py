@@ -1,4 +1,4 @@
-"""The `disttrain` command line: validate, crd, version, local, operator.
+"""The `disttrain` command line: validate, crd, version, local, operator, explain.
 
 Each subcommand lives in its own module `<name>_cmd.py` exposing `register(subparsers)` (a new
 command is one module and one entry in SUBCOMMANDS). The CLI depends on the API, the operator and
@@ -14,14 +14,14 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-SUBCOMMANDS = ("validate", "crd", "version", "local", "operator")
+SUBCOMMANDS = ("validate", "crd", "version", "local", "operator", "explain")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="disttrain",
         description="Distributed neural-network training on Kubernetes: validate manifests, "
-        "print the CRD, run jobs locally, run the operator.",
+        "print the CRD, run jobs locally, run the operator, forecast scaling.",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in SUBCOMMANDS:

@@ -28,9 +28,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                    help="trainer image for jobs without spec.image (default disttrain-trainer:dev) "
                    "[DISTTRAIN_OPERATOR_DEFAULT_IMAGE]")
     p.add_argument("--poll-interval", type=float, default=None, dest="poll_interval_s",
-                   help="seconds between progress scrapes of a running job's rank 0; also the most often "
-                   "pod counts/progress alone are written to its status (default 3) "
+                   help="seconds between progress scrapes of a running job's rank 0 (default 3) "
                    "[DISTTRAIN_OPERATOR_POLL_INTERVAL]")
+    p.add_argument("--progress-interval", type=float, default=None, dest="progress_interval_s", metavar="SECONDS",
+                   help="the most often a running job's progress alone (status.progress, step, pod counts) is "
+                   "written to its status (default 10; never more often than --poll-interval) "
+                   "[DISTTRAIN_OPERATOR_PROGRESS_INTERVAL]")
     p.add_argument("--node-lost-after", type=float, default=None, dest="node_lost_after_s", metavar="SECONDS",
                    help="seconds a running pod may stay NotReady (its node lost) before its gang is replaced and "
                    "its pods force-deleted (default 300, Kubernetes' pod-eviction default) "
@@ -53,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
             liveness=args.liveness,
             default_image=args.default_image,
             poll_interval_s=args.poll_interval_s,
+            progress_interval_s=args.progress_interval_s,
             node_lost_after_s=args.node_lost_after_s,
             leader_elect=args.leader_elect,
             lease_namespace=args.lease_namespace,

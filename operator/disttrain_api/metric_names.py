@@ -20,6 +20,8 @@ from __future__ import annotations
 PREFIX = "disttrain_"
 
 STEP = PREFIX + "step"
+# The steps the job trains (spec.training.steps): the dashboard's progress and ETA divide by it.
+TARGET_STEPS = PREFIX + "target_steps"
 LAST_CHECKPOINT_STEP = PREFIX + "last_checkpoint_step"
 # Histogram of step wall time: its _sum is the denominator of the communication fraction.
 STEP_SECONDS = PREFIX + "step_seconds"
@@ -28,8 +30,13 @@ STEP_SECONDS_SUM = STEP_SECONDS + "_sum"
 COMM_EXPOSED_SECONDS = PREFIX + "comm_exposed_seconds"
 COMM_SECONDS_TOTAL = COMM_EXPOSED_SECONDS + "_total"
 
-# Series the operator reads from rank 0's /metrics for status.step / lastCheckpointStep / commFraction.
-PROGRESS_SERIES = (STEP, LAST_CHECKPOINT_STEP, COMM_SECONDS_TOTAL, STEP_SECONDS_SUM)
+# Model FLOPs utilisation over the last log interval, exported only where the trainer knows
+# the accelerators' peak (a GPT on a known GPU: trainer telemetry/model_flops.py).
+MFU = PREFIX + "mfu"
+
+# Series the operator reads from rank 0's /metrics for status.step / lastCheckpointStep /
+# commFraction / progress.
+PROGRESS_SERIES = (STEP, LAST_CHECKPOINT_STEP, COMM_SECONDS_TOTAL, STEP_SECONDS_SUM, MFU)
 
 # Labels of every trainer series. Not `job`/`instance`: Prometheus attaches those to every
 # scraped target, and a series' own `job` would be renamed `exported_job` (or, with

@@ -37,6 +37,7 @@ class Observed:
     status: dict[str, Any] = field(default_factory=dict)
     pods: list[PodView] = field(default_factory=list)  # gang pods of every attempt
     progress: dict[str, float] | None = None  # rank 0's disttrain_step / disttrain_last_checkpoint_step
+    progress_time: datetime | None = None  # when that reading was taken (status.progress measures from it)
     now: datetime
     force_delete_after_s: float = 30.0
     node_lost_after_s: float = 300.0  # settings.NODE_LOST_AFTER_S: Kubernetes' pod-eviction default

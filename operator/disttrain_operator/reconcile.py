@@ -39,7 +39,7 @@ from .kube import Conflict, Kube
 from .observe import PodView, pod_view
 from .scraper import Endpoint, ProgressScraper
 from .settings import OperatorSettings
-from .statusdiff import merge_patch, progress_only
+from .statusdiff import ProgressWrites, merge_patch, progress_only
 from .topology.common import BuildContext, config_map_name
 
 log = logging.getLogger("disttrain.operator")
@@ -125,14 +125,12 @@ class Reconciler:
                  event: EventFn) -> None:
         self.kube, self.settings, self.jobs, self.scraper, self.event = kube, settings, jobs, scraper, event
         self.expect = Expectations()
-        self._last_write: dict[JobKey, float] = {}
-        self._progress_since: dict[JobKey, float] = {}  # when an unwritten progress change was first seen
+        self.progress_writes = ProgressWrites(max(settings.poll_interval_s, settings.progress_interval_s))
         self._create_retries: dict[JobKey, int] = {}  # blocked creations in a row
 
     def forget(self, key: JobKey, uid: str) -> None:
         self.expect.forget(key)
-        self._last_write.pop(key, None)
-        self._progress_since.pop(key, None)
+        self.progress_writes.forget(key)
         self._create_retries.pop(key, None)
         self.scraper.target(key, None)
         opmetrics.set_phase(uid, None)
@@ -183,6 +181,7 @@ class Reconciler:
 
         source = _progress_source(mode, status, views, all_views) if effective is not None else None
         prog = self.scraper.latest(key) if source is not None else None
+        taken = self.scraper.taken_at(key) if prog is not None else None
 
         obs = Observed(
             generation=int(meta.get("generation") or 0),
@@ -194,6 +193,7 @@ class Reconciler:
             status=status,
             pods=views,
             progress=prog,
+            progress_time=datetime.fromtimestamp(taken, UTC) if taken is not None else None,
             now=now,
             force_delete_after_s=settings.force_delete_after_s,
             node_lost_after_s=settings.node_lost_after_s,
@@ -216,7 +216,7 @@ class Reconciler:
                servers_seen: bool, mono: float) -> float | None:
         """Act on the plan; at most one status write. Returns seconds until a deferred progress
         write or the next try of a blocked creation is due, else None."""
-        kube, settings = self.kube, self.settings
+        kube = self.kube
         meta = job["metadata"]
         ns, name = key
         restarting = int(plan.status.get("attempt") or 0) > int(old.get("attempt") or 0) and not plan.create
@@ -227,18 +227,17 @@ class Reconciler:
         patch = merge_patch(old, new)
         deferred: float | None = None
         if not patch:
-            self._progress_since.pop(key, None)  # a deferred change undone before its write
+            self.progress_writes.undone(key)  # a deferred change undone before its write
         elif progress_only(patch):
             if old.get("phase") == PENDING and new.get("phase") == PENDING:
                 # Pod counts of a gang that is starting: carried by the next transition (Running,
                 # or why it cannot start), not written one pod at a time.
                 patch = {}
             else:
-                # Counts and steps of a running job: at most one write per interval, the latest,
-                # and none until the change is an interval old: pods that finish within an
-                # interval of each other are carried by the Succeeded write that follows.
-                since = self._progress_since.setdefault(key, mono)
-                wait = max(self._last_write.get(key, 0.0), since) + settings.poll_interval_s - mono
+                # Counts and progress of a running job: at most one write per interval, the
+                # latest, and none until the change is an interval old: pods that finish within
+                # an interval of each other are carried by the Succeeded write that follows.
+                wait = self.progress_writes.wait_s(key, mono)
                 if wait > 0:
                     patch, deferred = {}, wait
 
@@ -257,8 +256,7 @@ class Reconciler:
                     self.jobs.drop(key, meta["uid"])
                 raise
             self.jobs.put(key, body)
-            self._last_write[key] = time.monotonic()
-            self._progress_since.pop(key, None)  # written: the next progress change waits anew
+            self.progress_writes.written(key, time.monotonic())  # the next progress change waits anew
             opmetrics.STATUS_WRITES.labels(kind="progress" if progress_only(patch) else "transition").inc()
 
         if restarting:  # status first: a crash after it re-deletes, never re-counts

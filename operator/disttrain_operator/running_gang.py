@@ -12,7 +12,9 @@ from typing import Any
 
 from disttrain_api import exitcodes
 from disttrain_api import metric_names as names
+from disttrain_api import progress as job_progress
 from disttrain_api.model import JobSpec
+from disttrain_api.scaling.hint import scaling_hint
 from disttrain_api.validation import valid_sizes
 
 from .decision import (
@@ -92,6 +94,12 @@ def decide_running(b: StatusBuilder, finish: Callable[..., Plan], plan: dict[str
                     st[target] = int(result[key])
             if isinstance(result.get("commFraction"), int | float):
                 st["commFraction"] = round(float(result["commFraction"]), 4)
+        if (hint := scaling_hint(result, world_size=replicas * spec.workers.procs_per_worker)) is not None:
+            st["hint"] = hint
+            b.event("Normal", "ScalingHint", hint)
+        basis = job_progress.basis_for(spec)
+        st["progress"] = job_progress.finished(st.get("progress"), completed=basis.total, basis=basis, now=obs.now,
+                                               result=result)  # fmt: skip
         b.condition("Succeeded", True, "Completed", msg)
         b.condition("Running", False, "Completed", msg)
         b.phase(SUCCEEDED, msg)
@@ -126,6 +134,10 @@ def decide_running(b: StatusBuilder, finish: Callable[..., Plan], plan: dict[str
                 st["lastCheckpointStep"] = int(obs.progress[names.LAST_CHECKPOINT_STEP])
             if (frac := names.comm_fraction(obs.progress)) is not None:
                 st["commFraction"] = frac
+            if names.STEP in obs.progress:
+                st["progress"] = job_progress.build(st.get("progress"), completed=int(obs.progress[names.STEP]),
+                                                    basis=job_progress.basis_for(spec), now=obs.progress_time or obs.now,
+                                                    mfu=obs.progress.get(names.MFU))  # fmt: skip
         return finish()
 
     held = next((p for p in current if p.phase == "Pending" and p.reason and p.message), None)

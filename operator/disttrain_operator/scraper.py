@@ -34,6 +34,9 @@ class ProgressScraper:
         self.interval_s, self.concurrency = interval_s, concurrency
         self._targets: dict[Hashable, Endpoint] = {}
         self._readings: dict[Hashable, dict[str, float]] = {}
+        # When each reading was taken (wall clock): a job's progress rate is measured between
+        # readings, not between the reconciles that happen to read them.
+        self._taken_at: dict[Hashable, float] = {}
         self._guard = threading.Lock()  # targets are set from reconcile threads
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="scrape")
         self.task: asyncio.Task[None] | None = None
@@ -45,13 +48,20 @@ class ProgressScraper:
             if endpoint is None:
                 self._targets.pop(key, None)
                 self._readings.pop(key, None)
+                self._taken_at.pop(key, None)
             elif self._targets.get(key) != endpoint:
                 self._targets[key] = endpoint
                 self._readings.pop(key, None)  # another pod (a new attempt): old readings are not its
+                self._taken_at.pop(key, None)
 
     def latest(self, key: Hashable) -> dict[str, float] | None:
         with self._guard:
             return self._readings.get(key)
+
+    def taken_at(self, key: Hashable) -> float | None:
+        """When the latest reading was taken (time.time()): the first scrape that showed it."""
+        with self._guard:
+            return self._taken_at.get(key)
 
     def __len__(self) -> int:
         with self._guard:
@@ -74,6 +84,7 @@ class ProgressScraper:
                 if self._targets.get(key) != endpoint or self._readings.get(key) == reading:
                     return
                 self._readings[key] = reading
+                self._taken_at[key] = time.time()
             self.changed(key)
 
         while True:

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from disttrain_api.progress import PROGRESS_INTERVAL_S
+
 ENV_PREFIX = "DISTTRAIN_OPERATOR_"
 DEFAULT_IMAGE = "disttrain-trainer:dev"
 # Kubernetes' default-not-ready/unreachable-toleration-seconds (the pod-eviction default).
@@ -43,6 +45,9 @@ class OperatorSettings:
     # clock (a deadline, a force-delete or node-lost timeout) is reconciled again. Pod and
     # job changes themselves are reconciled as their watch events arrive.
     poll_interval_s: float = 3.0
+    # The most often a running job's progress alone (status.progress, step, pod counts) is
+    # written: the status write rate per job stays bounded whatever the number of workers.
+    progress_interval_s: float = PROGRESS_INTERVAL_S
     # A pod stuck Terminating this long (a dead node cannot confirm) is force-deleted.
     force_delete_after_s: float = 30.0
     # A Running pod whose Ready condition turned False (node lost) this long counts as failed and
@@ -123,6 +128,7 @@ def from_env(environ: Mapping[str, str] | None = None, **overrides: object) -> O
         "metrics_port": number("METRICS_PORT", 8080),
         "liveness": get("LIVENESS") or "",
         "poll_interval_s": number("POLL_INTERVAL", 3.0, float),
+        "progress_interval_s": number("PROGRESS_INTERVAL", PROGRESS_INTERVAL_S, float),
         "force_delete_after_s": number("FORCE_DELETE_AFTER", 30.0, float),
         "node_lost_after_s": number("NODE_LOST_AFTER", NODE_LOST_AFTER_S, float),
         "gpu": GpuPods(

@@ -139,6 +139,19 @@ def test_prometheus_scrapes_workers_and_agrees_with_the_trainer(
         return time.time() if (status.get("step") or 0) >= WATCH_FROM_STEP and status.get("phase") == "Running" else None
 
     during = kubectl.wait_for(f"job Running past step {WATCH_FROM_STEP}", training, timeout=420)
+
+    # status.progress while it trains: a rate and an ETA once two readings are written, and
+    # kubectl's Progress and ETA columns.
+    def progress_with_eta() -> dict[str, Any] | None:
+        status = kubectl.job(namespace, name).get("status") or {}
+        prog = status.get("progress") or {}
+        return prog if prog.get("eta") and status.get("phase") == "Running" else None
+
+    prog = kubectl.wait_for("status.progress with an ETA", progress_with_eta, timeout=60)
+    assert prog["total"] == STEPS and prog["unit"] == "steps" and 0 < prog["percent"] < 100, prog
+    assert prog["samplesPerSecond"] > 0 and prog["etaSeconds"] > 0, prog
+    header = kubectl.run("get", "dtj", name, "-n", namespace).stdout.splitlines()[0].split()
+    assert header[header.index("STEP") + 1 : header.index("STEP") + 3] == ["PROGRESS", "ETA"], header
     time.sleep(4 * SCRAPE_INTERVAL_S)  # samples on both sides of `during`
 
     # Our labels, and no collision with the target labels Prometheus adds.
@@ -179,3 +192,4 @@ def test_prometheus_scrapes_workers_and_agrees_with_the_trainer(
     assert status["commFraction"] == pytest.approx(summary, abs=1e-4)
     assert status["result"]["device"] == "cpu"
     assert "COMM" in kubectl.run("get", "dtj", name, "-n", namespace).stdout
+    assert status["progress"]["percent"] == 100.0 and status["progress"]["eta"] == "0s", status["progress"]

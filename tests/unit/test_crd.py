@@ -67,6 +67,8 @@ def test_crd_metadata(committed: dict[str, Any]) -> None:
         ("Workers", "integer", ".status.replicas"),
         ("Phase", "string", ".status.phase"),
         ("Step", "integer", ".status.step"),
+        ("Progress", "number", ".status.progress.percent"),
+        ("ETA", "string", ".status.progress.eta"),
         ("Comm", "number", ".status.commFraction"),
         ("Restarts", "integer", ".status.restarts"),
         ("Disruptions", "integer", ".status.disruptions"),

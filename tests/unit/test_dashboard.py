@@ -28,7 +28,7 @@ QUERIES = dashboard.queries(DASH, namespace="ns1", job="job1")
 
 def exported_series() -> set[str]:
     """Names of every series a trainer rank exposes, from a real registry after one step."""
-    m = Metrics(job="job1", rank=0, mode="data", port=0, run_dir=None, namespace="ns1")
+    m = Metrics(job="job1", rank=0, mode="data", port=0, run_dir=None, namespace="ns1", target_steps=100)
     observe_single_step(m, step=1, loss=1.0, lr=0.1, samples=8, t0=0.0, t1=0.1, t2=0.3, end=0.4,
                                         comm_s=0.1, comm_bytes=10)
     m.observe_checkpoint(1, 0.5, 100)
@@ -86,7 +86,7 @@ def test_restart_panel_uses_the_scrape_target_label() -> None:
 def test_panels_cover_the_story() -> None:
     titles = " | ".join(p["title"].lower() for p in dashboard.panels(DASH))
     for needed in ("step time", "samples / s", "where step time goes", "communication fraction", "loss",
-                   "restarts", "checkpoint", "federated rounds", "federated clients"):
+                   "restarts", "checkpoint", "progress", "eta", "federated rounds", "federated clients"):
         assert needed in titles, needed
     legends = " | ".join(t["legendFormat"] for p in dashboard.panels(DASH) for t in p["targets"])
     for part in ("compute", "communication", "data", "idle"):

@@ -6,7 +6,13 @@ import io
 import json
 from pathlib import Path
 
-from disttrain_trainer.launcher.progress import JsonlTail, ProgressPrinter, format_progress
+from disttrain_api.model import parse_spec
+from disttrain_trainer.launcher.progress import (
+    JsonlTail,
+    ProgressPrinter,
+    ProgressRecord,
+    format_progress,
+)
 
 
 def test_format_progress_line() -> None:
@@ -64,3 +70,26 @@ def test_tty_output_redraws_in_place() -> None:
     p.finish()
     text = out.getvalue()
     assert text.count("\r") == 3 and text.endswith("\n") and "[" in text and "starting" in text
+
+
+def test_the_run_dir_keeps_what_status_progress_would_say(tmp_path: Path) -> None:
+    """Rank 0's records through the operator's arithmetic; progress.json rewritten at most every 10 s."""
+    spec = parse_spec({"mode": "data", "workers": {"replicas": 2}, "data": {"batchSize": 64}, "training": {"steps": 100}})
+    clock = [0.0]
+    rec = ProgressRecord(spec, tmp_path / "progress.json", clock=lambda: clock[0])
+    t0 = 1_767_268_800.0  # 2026-01-01T12:00:00Z
+    first = rec.update({"step": 10, "loss": 1.0, "samples_per_s": 50.0, "time": t0})
+    assert first is not None and "eta" not in first  # one record: no rate yet
+    assert json.loads((tmp_path / "progress.json").read_text())["completed"] == 10
+    clock[0] = 5.0
+    block = rec.update({"step": 30, "time": t0 + 10.0})
+    assert block is not None and block["rate"] == 2.0 and block["samplesPerSecond"] == 128.0
+    assert block["eta"] == "35s" and block["percent"] == 30.0
+    assert json.loads((tmp_path / "progress.json").read_text())["completed"] == 10  # within 10 s: not rewritten
+    out = io.StringIO()
+    printer = ProgressPrinter(out, total=100, tty=False)
+    printer.update({"step": 30, "loss": 0.5, "samples_per_s": 64.0}, elapsed_s=12, restarts=0, progress=block)
+    assert "128 samples/s" in out.getvalue() and "ETA 35s" in out.getvalue()  # the job's, not rank 0's 64
+    done = rec.finish(succeeded=True, result={"samplesPerS": 120.0})
+    saved = json.loads((tmp_path / "progress.json").read_text())
+    assert done == saved and saved["percent"] == 100.0 and saved["eta"] == "0s" and saved["samplesPerSecond"] == 120.0

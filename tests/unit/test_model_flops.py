@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import torch
+from disttrain_api import metric_names as names
 from disttrain_api.model import parse_spec
+from disttrain_operator.observe import parse_prometheus
 from disttrain_trainer.models import GPT
 from disttrain_trainer.telemetry.model_flops import (
     gpt_flops_per_token,
     peak_flops,
     throughput_fields,
 )
+from disttrain_trainer.telemetry.step_metrics import Metrics, Tally
+from prometheus_client import generate_latest
 from torch import nn
 
 
@@ -33,3 +37,17 @@ def test_a_cpu_has_no_peak_so_no_mfu_but_tokens_per_second() -> None:
 def test_models_other_than_gpt_report_no_token_figures() -> None:
     spec = parse_spec({"mode": "data", "model": {"name": "mlp"}, "data": {"name": "digits"}})
     assert throughput_fields(spec, vocab=10, samples_per_s=100.0, device=torch.device("cpu"), accelerators=1) == {}
+
+
+def test_the_mfu_gauge_exists_only_once_a_figure_is_known() -> None:
+    """An unset gauge would read 0: status.progress.mfu would claim a known 0 on every CPU run."""
+    m = Metrics(job="j", rank=0, mode="data", port=0, run_dir=None, namespace="ns")
+    try:
+        t = Tally()
+        t.add_step(t0=0.0, t1=0.1, t2=0.3, end=0.4, exposed_s=0.1, busy_s=0.1, idle_s=0.0, samples=8)
+        m.observe_interval(step=1, loss=1.0, lr=0.1, tally=t, gradient_bytes=0)
+        assert names.MFU not in parse_prometheus(generate_latest(m.registry).decode(), names.PROGRESS_SERIES)
+        m.observe_interval(step=2, loss=1.0, lr=0.1, tally=t, gradient_bytes=0, mfu=0.42)
+        assert parse_prometheus(generate_latest(m.registry).decode(), names.PROGRESS_SERIES)[names.MFU] == 0.42
+    finally:
+        m.close()

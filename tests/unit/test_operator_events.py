@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from disttrain_api import constants as c
 from disttrain_api.model import PLURAL
+from disttrain_api.progress import PROGRESS_INTERVAL_S
 from disttrain_operator.cache import JobCache
 from disttrain_operator.kube import Conflict, Kube
 from disttrain_operator.observe import pod_view, slim_pod
@@ -319,7 +320,7 @@ def setup(workers: int = 4, interval: float = 3.0) -> tuple[FakeApi, JobCache, R
     jobs.put(KEY, copy.deepcopy(api.job))
     reasons: list[str] = []
     scraper = ProgressScraper(lambda ip, port: None, lambda key: None, interval_s=interval)
-    rec = Reconciler(api, OperatorSettings(poll_interval_s=interval), jobs, scraper,
+    rec = Reconciler(api, OperatorSettings(poll_interval_s=interval, progress_interval_s=interval), jobs, scraper,
                      lambda job, type_, reason, message: (reasons.append(reason), api.post_event(job, type_, reason,
                                                                                                  message)))
     return api, jobs, rec, reasons
@@ -392,6 +393,24 @@ def test_pod_counts_and_progress_alone_are_written_at_most_once_per_interval() -
     time.sleep(again)
     assert rec(KEY, one_done) is None  # due: written now, nothing left to wait for
     assert api.count("patch") == writes + 2 and api.job["status"]["workers"]["succeeded"] == 1
+
+
+def test_progress_alone_waits_the_progress_interval_not_the_poll_interval() -> None:
+    """The default settings: scraped every 3 s, a running job's progress written at most every 10 s."""
+    api = FakeApi(new_job(2))
+    jobs = JobCache()
+    jobs.put(KEY, copy.deepcopy(api.job))
+    scraper = ProgressScraper(lambda ip, port: None, lambda key: None, interval_s=3.0)
+    settings = OperatorSettings()
+    assert (settings.poll_interval_s, settings.progress_interval_s) == (3.0, PROGRESS_INTERVAL_S) == (3.0, 10.0)
+    rec = Reconciler(api, settings, jobs, scraper, lambda job, type_, reason, message: None)
+    rec(KEY, [])
+    rec(KEY, api.pods("Running"))
+    writes = api.count("patch")
+    one_done = api.pods("Running")
+    one_done[1]["status"]["phase"] = "Succeeded"
+    again = rec(KEY, one_done)
+    assert api.count("patch") == writes and again is not None and 9.0 < again <= 10.0
 
 
 def test_pods_finishing_within_an_interval_get_no_count_write_of_their_own() -> None:

@@ -102,7 +102,8 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prom]:
             break
         except OSError:
             base = free_port()
-    ranks = [Metrics(job="digits", rank=r, mode="data", port=base + r, run_dir=None, namespace="ml") for r in (0, 1)]
+    ranks = [Metrics(job="digits", rank=r, mode="data", port=base + r, run_dir=None, namespace="ml",
+                     target_steps=100_000) for r in (0, 1)]  # fmt: skip
     stop = threading.Event()
 
     def train() -> None:  # steps keep coming, so rates have something to show

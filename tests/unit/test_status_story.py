@@ -53,3 +53,34 @@ def test_gpu_pod_without_gpu_fails_the_job_with_the_reason() -> None:
     assert st["phase"] == "Failed" and st["restarts"] == 0
     (cond,) = [c for c in st["conditions"] if c["type"] == "Failed"]
     assert cond["reason"] == "TrainerConfigError" and "no CUDA device" in cond["message"]
+
+
+def test_running_progress_from_rank0_with_the_rate_since_the_last_write() -> None:
+    """SPEC: 500 steps of 256 samples. The previous write saw step 100 twenty seconds ago."""
+    first = decide(observed([pod(0), pod(1)], progress={names.STEP: 100.0})).status["progress"]
+    assert first["completed"] == 100 and first["total"] == 500 and first["percent"] == 20.0
+    assert "eta" not in first  # one reading: no rate yet
+    earlier = {**first, "lastUpdateTime": "2026-01-01T11:59:40.000Z"}
+    status = {**RUNNING, "step": 100, "progress": earlier}
+    obs = Observed(generation=1, spec=SPEC, accepted=SPEC, status=status, pods=[pod(0), pod(1)], now=NOW,
+                   progress={names.STEP: 140.0, names.MFU: 0.3})  # fmt: skip
+    prog = decide(obs).status["progress"]
+    assert prog["rate"] == 2.0 and prog["samplesPerSecond"] == 512.0 and prog["mfu"] == 0.3
+    assert prog["etaSeconds"] == 180 and prog["eta"] == "3m00s" and prog["lastUpdateTime"] == "2026-01-01T12:00:00.000Z"
+
+
+def test_success_reports_progress_done() -> None:
+    msg = '{"steps": 500, "samplesPerS": 900.5, "device": "cpu"}'
+    st = decide(observed([pod(0, "Succeeded", exit_code=0, message=msg), pod(1, "Succeeded")])).status
+    assert st["progress"]["percent"] == 100.0 and st["progress"]["eta"] == "0s"
+    assert st["progress"]["samplesPerSecond"] == 900.5
+
+
+def test_progress_is_measured_to_when_the_reading_was_taken_not_to_the_reconcile() -> None:
+    earlier = {"completed": 100, "total": 500, "unit": "steps", "percent": 20.0,
+               "lastUpdateTime": "2026-01-01T11:59:40.000Z"}  # fmt: skip
+    taken = datetime(2026, 1, 1, 11, 59, 58, tzinfo=UTC)  # scraped 2 s before this reconcile
+    obs = Observed(generation=1, spec=SPEC, accepted=SPEC, status={**RUNNING, "progress": earlier},
+                   pods=[pod(0), pod(1)], now=NOW, progress={names.STEP: 136.0}, progress_time=taken)  # fmt: skip
+    prog = decide(obs).status["progress"]
+    assert prog["rate"] == 2.0 and prog["lastUpdateTime"] == "2026-01-01T11:59:58.000Z"  # 36 steps in 18 s

@@ -20,6 +20,7 @@ from torch import nn
 from .datasets import Dataset
 from .process.config import SUMMARY_FILE, TrainerConfig, finished_path
 from .process.precision import Amp
+from .telemetry.scaling_record import termination_message
 
 EVAL_BATCH = 512
 # evaluate() names its figure like the metrics log does; the summary speaks the API's camelCase.
@@ -84,6 +85,6 @@ def write_summary(cfg: TrainerConfig, summary: Summary) -> None:
 def write_termination_message(path: Path, summary: Summary) -> None:
     """The summary as the container's termination message (the operator's status.result)."""
     try:
-        Path(path).write_text(json.dumps(summary, sort_keys=True))
+        Path(path).write_text(termination_message(summary))
     except OSError as e:  # the summary.json is still there; a missing termination log is not fatal
         print(f"disttrain-trainer: cannot write termination log {path}: {e}", flush=True)

@@ -44,7 +44,7 @@ from .job import (
 )
 from .paramserver import ParamServerSpec
 from .run_policy import RunPolicy
-from .status import Condition, JobStatus, WorkerCounts, parse_status
+from .status import Condition, JobStatus, Progress, WorkerCounts, parse_status
 from .training import (
     CheckpointSpec,
     DataSpec,
@@ -118,6 +118,7 @@ __all__ = [
     "JOB_NAME_PATTERN",
     "JobSpec",
     "JobStatus",
+    "Progress",
     "KIND",
     "MAX_JOB_NAME",
     "MODEL_NAME_PATTERN",

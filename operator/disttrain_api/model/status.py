@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from ..dataparse import FieldError, Object, SpecError, Time, fld, json_name, parse_dataclass
 from .vocabulary import ConditionStatus, Phase
@@ -30,6 +30,32 @@ class WorkerCounts:
     pending: int = fld(0, minimum=0, desc="Worker pods not yet running.")
     succeeded: int = fld(0, minimum=0, desc="Worker pods that exited 0.")
     failed: int = fld(0, minimum=0, desc="Worker pods that failed.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Progress:
+    completed: int = fld(0, minimum=0, desc="Steps (rounds, in federated mode) completed, as rank 0 (the aggregator) reported.")
+    total: int = fld(0, minimum=0, desc="Steps (rounds) the job trains: spec.training.steps (spec.federated.rounds).")
+    unit: Literal["steps", "rounds"] = fld("steps", desc="What completed and total count: steps, or rounds in federated mode.")
+    percent: float = fld(0.0, minimum=0.0, maximum=100.0, desc="completed / total, in percent.")
+    rate: float | None = fld(
+        None, minimum=0.0,
+        desc="Recent steps (rounds) per second: the rate since the previous update, blended with the rate "
+        "before it (its share halves every 30 s), not the whole run's mean.",
+    )
+    samples_per_second: float | None = fld(
+        None, minimum=0.0, desc="Recent samples per second of the whole job (rate x data.batchSize); not in federated mode."
+    )
+    tokens_per_second: float | None = fld(
+        None, minimum=0.0, desc="Recent tokens per second (samples x model.blockSize), for a language model."
+    )
+    mfu: float | None = fld(
+        None, minimum=0.0,
+        desc="Model FLOPs utilisation, where the trainer knows the accelerators' peak (a GPT on a known GPU).",
+    )
+    eta_seconds: int | None = fld(None, minimum=0, desc="Seconds left at the recent rate.")
+    eta: str | None = fld(None, desc="etaSeconds for people, e.g. 12m05s.")
+    last_update_time: Time | None = fld(None, desc="When these figures were measured.")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,6 +95,16 @@ class JobStatus:
         desc="Rank 0's communication seconds / step seconds since its start (the trainer's summary when finished).",
     )
     last_checkpoint_step: int = fld(0, minimum=0, desc="Step of the newest complete checkpoint.")
+    progress: Progress | None = fld(
+        None,
+        desc="How far the job got and when it will finish at its recent rate; written at most every 10 s "
+        "while it runs (disttrain_api/progress.py).",
+    )
+    hint: str | None = fld(
+        None,
+        desc="When the finished job's step waited on communication for a quarter or more: the layout change "
+        "the scaling forecast (`disttrain explain`) predicts helps most at its size, and by how much.",
+    )
     start_time: Time | None = fld(None, desc="When the first gang was created.")
     completion_time: Time | None = fld(None, desc="When the job succeeded or failed.")
     observed_generation: int = fld(0, minimum=0, desc="metadata.generation this status reflects.")

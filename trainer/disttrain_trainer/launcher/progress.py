@@ -4,18 +4,28 @@ The trainer appends one JSON object per logged step to
 $DISTTRAIN_RUN_DIR/metrics-rank{R}.jsonl; the launcher tails it. On a terminal
 the bar redraws in place; otherwise (CI logs, pipes) it prints plain lines, at
 most one per `plain_interval_s`, so logs stay readable.
+
+`ProgressRecord` turns the same records into the block the operator writes to a job's
+status.progress (disttrain_api.progress: recent rate, samples/s, ETA) and keeps it in the run
+dir's progress.json, rewritten at most once per PROGRESS_INTERVAL_S like the status.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
+from disttrain_api import progress as job_progress
+from disttrain_api.model import JobSpec
+
 METRICS_FILE = "metrics-rank{rank}.jsonl"
+PROGRESS_FILE = "progress.json"
 
 
 def metrics_path(run_dir: Path, rank: int = 0) -> Path:
@@ -82,8 +92,9 @@ def format_progress(
     restarts: int = 0,
     width: int = 24,
     bar: bool = True,
+    eta: str | None = None,
 ) -> str:
-    """One status line: `[#####-----] 120/500  24%  loss 0.4321  1,234 samples/s  0:12`."""
+    """One status line: `[#####-----] 120/500  24%  loss 0.4321  1,234 samples/s  ETA 0:48  0:12`."""
     frac = min(1.0, max(0.0, step / total)) if total > 0 else 0.0
     parts = []
     if bar:
@@ -93,6 +104,8 @@ def format_progress(
     parts.append(f"{frac * 100:3.0f}%")
     parts.append(f"loss {loss:.4f}" if loss is not None else "loss -")
     parts.append(f"{samples_per_s:,.0f} samples/s" if samples_per_s is not None else "- samples/s")
+    if eta is not None:
+        parts.append(f"ETA {eta}")
     if restarts:
         parts.append(f"restarts {restarts}")
     parts.append(_fmt_duration(elapsed_s))
@@ -119,16 +132,21 @@ class ProgressPrinter:
         self._pending = ""
         self._drawn = False
 
-    def update(self, record: dict[str, Any], *, elapsed_s: float, restarts: int) -> None:
+    def update(self, record: dict[str, Any], *, elapsed_s: float, restarts: int,
+               progress: dict[str, Any] | None = None) -> None:  # fmt: skip
+        """`progress`: the status.progress block (ProgressRecord); its job-wide samples/s and its
+        ETA replace rank 0's own samples/s once it has a rate."""
         step = int(_num(record, "step") or 0)
+        samples = _num(progress, "samplesPerSecond") if progress else None
         line = format_progress(
             step=step,
             total=self.total,
             loss=_num(record, "loss"),
-            samples_per_s=_num(record, "samples_per_s"),
+            samples_per_s=samples if samples is not None else _num(record, "samples_per_s"),
             elapsed_s=elapsed_s,
             restarts=restarts,
             bar=self.tty,
+            eta=progress.get("eta") if progress else None,
         )
         if self.tty:
             columns = shutil.get_terminal_size((100, 20)).columns
@@ -172,3 +190,42 @@ class ProgressPrinter:
             self._pending = ""
         self.stream.flush()
         self._drawn = False
+
+
+class ProgressRecord:
+    """status.progress of a local run: rank 0's step records through the operator's arithmetic,
+    kept in `path` (the run dir's progress.json) at most once per `interval_s` and at the end."""
+
+    def __init__(self, spec: JobSpec, path: Path, *, interval_s: float = job_progress.PROGRESS_INTERVAL_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+        self.basis = job_progress.basis_for(spec)
+        self.path, self.interval_s, self._clock = path, interval_s, clock
+        self.block: dict[str, Any] | None = None
+        self._written = float("-inf")
+
+    def update(self, record: dict[str, Any]) -> dict[str, Any] | None:
+        """Fold one step record (its step, the time the trainer wrote it, its MFU) in."""
+        step, at = _num(record, "step"), _num(record, "time")
+        if step is None:
+            return self.block
+        now = datetime.fromtimestamp(at, UTC) if at is not None else datetime.now(UTC)
+        self.block = job_progress.build(self.block, completed=int(step), basis=self.basis, now=now,
+                                        mfu=_num(record, "mfu"))  # fmt: skip
+        if self._clock() - self._written >= self.interval_s:
+            self._write()
+        return self.block
+
+    def finish(self, *, succeeded: bool, result: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The last block: a succeeded run's is done (100 %, the trainer's own throughput)."""
+        if succeeded:
+            self.block = job_progress.finished(self.block, completed=self.basis.total, basis=self.basis,
+                                               now=datetime.now(UTC), result=result)  # fmt: skip
+        if self.block is not None:
+            self._write()
+        return self.block
+
+    def _write(self) -> None:
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps(self.block, sort_keys=True) + "\n")
+        os.replace(tmp, self.path)
+        self._written = self._clock()

@@ -25,11 +25,20 @@ from typing import Any, TextIO
 
 from disttrain_api import exitcodes
 from disttrain_api import model as api
+from disttrain_api import progress as job_progress
+from disttrain_api.scaling.hint import scaling_hint
 
 from disttrain_trainer.launcher import env as envmod
 from disttrain_trainer.launcher import identity, report
 from disttrain_trainer.launcher.gang import LOGS_DIR, PIDS_FILE, Failure, Gang
-from disttrain_trainer.launcher.progress import JsonlTail, ProgressPrinter, metrics_path, read_jsonl
+from disttrain_trainer.launcher.progress import (
+    PROGRESS_FILE,
+    JsonlTail,
+    ProgressPrinter,
+    ProgressRecord,
+    metrics_path,
+    read_jsonl,
+)
 from disttrain_trainer.process.config import FINISHED_FILE, finished_path
 
 CONFIG_FILE = "config.json"
@@ -174,6 +183,7 @@ def run_local(job: api.DistTrainJob, options: LocalOptions) -> LocalResult:
     # failed process (worker or shard) is replaced alone, never the gang.
     shards = spec.param_server.shards if spec.mode == "paramserver" and spec.param_server else 0
     printer = ProgressPrinter(out, total=total_steps) if options.progress else None
+    tracker = ProgressRecord(spec, run_dir / PROGRESS_FILE)  # what the operator's status.progress would say
     print(
         f"disttrain local: {name}: {spec.world_size} processes ({spec.workers.replicas} x "
         f"{spec.workers.procs_per_worker}) on {plan.device}, run dir {run_dir}",
@@ -232,9 +242,11 @@ def run_local(job: api.DistTrainJob, options: LocalOptions) -> LocalResult:
                 time.sleep(options.poll_interval_s)
                 new = [r for r in tail.read_new() if "event" not in r]  # step records only
                 records.extend(new)
+                for record in new:
+                    tracker.update(record)
                 elapsed = time.monotonic() - started
                 if printer and new:
-                    printer.update(new[-1], elapsed_s=elapsed, restarts=restarts)
+                    printer.update(new[-1], elapsed_s=elapsed, restarts=restarts, progress=tracker.block)
                     stepped = True
                 elif printer and not stepped:
                     printer.status(
@@ -310,6 +322,7 @@ def run_local(job: api.DistTrainJob, options: LocalOptions) -> LocalResult:
 
     all_records = report.dedupe_by_step(history + records)
     trainer_summary = report.load_trainer_summary(run_dir) if status == "Succeeded" else None
+    progress = tracker.finish(succeeded=status == "Succeeded", result=trainer_summary)
     plot = report.write_plot(
         all_records,
         run_dir / report.PLOT_FILE,
@@ -332,6 +345,10 @@ def run_local(job: api.DistTrainJob, options: LocalOptions) -> LocalResult:
     )
     report.write_summary(summary, run_dir)
     print(report.format_summary(summary), file=out)
+    if progress is not None:
+        print(f"  progress       {job_progress.describe(progress)} ({run_dir / PROGRESS_FILE})", file=out)
+    if (hint := scaling_hint(trainer_summary, world_size=spec.world_size)) is not None:
+        print(f"  hint           {hint} (disttrain explain {run_dir})", file=out)
     if code != 0:
         print(f"disttrain local: job {name} {status.lower()}: {reason}", file=err)
     return LocalResult(exit_code=code, summary=summary)

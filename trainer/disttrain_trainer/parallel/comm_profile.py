@@ -125,6 +125,21 @@ def analyse(events: Iterable[Any]) -> CommSample:
                       bytes=sum(b for _, b in by_kind.values()), by_kind=by_kind)  # fmt: skip
 
 
+def census(events: Iterable[Any]) -> dict[str, tuple[int, int]]:
+    """Collective kind -> (calls, input payload bytes on this rank) of one profiled step, from the
+    host-side events the process group records for every collective it runs (`gloo:all_reduce`,
+    `nccl:all_reduce`, ... with the input's shape): the same names on CPU and GPU."""
+    out: dict[str, tuple[int, int]] = {}
+    for ev in events:
+        name = ev.name()
+        if not name.startswith(("gloo:", "nccl:")) or ev.device_type() == torch.autograd.DeviceType.CUDA:
+            continue
+        kind = name.split(":", 1)[1]
+        count, nbytes = out.get(kind, (0, 0))
+        out[kind] = (count + 1, nbytes + _payload(ev))
+    return out
+
+
 class ProfiledComm:
     """The communication clock of mesh modes: the same `take()` as data parallel's CommClock."""
 
@@ -136,6 +151,7 @@ class ProfiledComm:
         self.steps = 0
         self.last = CommSample()  # the latest measurement
         self.taken = CommSample()  # the sample the last take() returned
+        self.kinds: dict[str, tuple[int, int]] = {}  # census() of the latest profiled step
 
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:
@@ -150,7 +166,9 @@ class ProfiledComm:
         with profile(activities=activities, record_shapes=True) as prof:
             with record_function(STEP_ANNOTATION):
                 yield
-        self.last = analyse(prof.profiler.kineto_results.events())
+        events = prof.profiler.kineto_results.events()
+        self.last = analyse(events)
+        self.kinds = census(events)  # the scaling forecast's inputs (scaling_record.py)
         # A `profile` sits in a reference cycle (its action map holds its own bound methods),
         # so only the cyclic GC frees it, rarely, since its events live in C++ memory that
         # Python does not count. Dropping the recording here frees the events at once

@@ -51,7 +51,7 @@ def collective_rank(cfg: TrainerConfig, metrics: Metrics | None = None) -> Itera
     own_metrics = metrics is None
     m = metrics or Metrics(
         job=cfg.job, rank=ctx.rank, mode=spec.mode, port=cfg.metrics_port, run_dir=cfg.run_dir,
-        namespace=cfg.namespace,
+        namespace=cfg.namespace, target_steps=spec.training.steps,
     )
     finished = False
     try:

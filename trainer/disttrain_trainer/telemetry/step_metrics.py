@@ -145,7 +145,9 @@ class Metrics(MetricsSink):
         run_dir: Path | None,
         enabled: bool = True,
         namespace: str = "default",
+        target_steps: int | None = None,
     ):
+        """`target_steps`: the steps the job trains (exported for the dashboard's progress and ETA)."""
         self.enabled = enabled
         labels = {names.LABEL_JOB: job, names.LABEL_NAMESPACE: namespace, names.LABEL_RANK: str(rank),
                   names.LABEL_MODE: mode}  # fmt: skip
@@ -169,9 +171,12 @@ class Metrics(MetricsSink):
         self.busy_fraction = gauge(n.COMM_BUSY_FRACTION, "Busy communication / step time, last log interval.")
         self.idle_fraction = gauge(n.IDLE_FRACTION, "Idle / step time, last log interval.")
         self.samples_per_s = gauge(n.SAMPLES_PER_SECOND, "Samples per second of this rank, last log interval.")
+        self.mfu: Any = None  # registered at the first known figure: an unset gauge would read 0
         self.loss = gauge(n.LOSS, "Mean training loss on this rank over the last log interval.")
         self.lr = gauge(n.LEARNING_RATE, "Learning rate of the last step.")
         self.step = gauge(n.STEP, "Optimizer steps completed.")
+        if target_steps is not None:
+            gauge(n.TARGET_STEPS, "Optimizer steps the job trains (spec.training.steps).").set(target_steps)
         self.last_ckpt = gauge(n.LAST_CHECKPOINT_STEP, "Step of the newest checkpoint completely written.")
         self.ckpt_stall = gauge(n.CHECKPOINT_STALL_SECONDS, "Seconds the loop paused for the last checkpoint's snapshot.")
         self.ckpt_write = gauge(n.CHECKPOINT_WRITE_SECONDS, "Seconds the last checkpoint's background write took.")
@@ -185,10 +190,12 @@ class Metrics(MetricsSink):
             self.times.step_time.observe(seconds)
 
     def observe_interval(self, *, step: int, loss: float, lr: float, tally: Tally,
-                         gradient_bytes: int, extra: dict[str, Any] | None = None) -> None:  # fmt: skip
+                         gradient_bytes: int, extra: dict[str, Any] | None = None,
+                         mfu: float | None = None) -> None:  # fmt: skip
         """The steps since the last log interval: counters grow by their sums, gauges show per-step means.
 
-        `extra`: mode-specific fields added to the JSON-lines record (a pipeline stage's bubble, ...)."""
+        `extra`: mode-specific fields added to the JSON-lines record (a pipeline stage's bubble, ...);
+        `mfu`: the job's model FLOPs utilisation over the interval, where it is known."""
         tally.settle()
         if not self.enabled:
             return
@@ -209,6 +216,11 @@ class Metrics(MetricsSink):
         self.loss.set(loss)
         self.lr.set(lr)
         self.step.set(step)
+        if mfu is not None:
+            if self.mfu is None:
+                self.mfu = self.gauge(names.MFU, "Model FLOPs utilisation of the job, last log interval.")
+            self.mfu.set(mfu)
+            rec["mfu"] = mfu
         self.write({"step": step, "loss": loss, "lr": lr, **rec, "gradient_bytes": gradient_bytes,
                     **(extra or {})})  # fmt: skip
 

@@ -19,6 +19,7 @@ from ...process.config import ConfigError, TrainerConfig
 from ...process.dist_env import keep_until_exit
 from ...process.stop_agreement import StopAgreement
 from ...run_common import Summary, mark_finished, write_summary
+from ...telemetry import scaling_record
 from ...telemetry.step_metrics import Metrics
 from . import layouts
 from .loop import checkpoint_on_stop, train
@@ -50,6 +51,7 @@ def run(cfg: TrainerConfig, *, metrics: Metrics | None = None) -> Summary:
     check_supported(cfg)
     with collective_rank(cfg, metrics) as rank:
         spec, ctx, inner = cfg.spec, rank.ctx, rank.model
+        link = scaling_record.probe_link(ctx.device, ctx.world_size)  # the forecast's link (a fraction of a second)
         wrapped = layouts.apply(inner, mesh=ctx, cfg=cfg)
         # Per-rank streams (dropout), after identical init; one stream per tensor-parallel group.
         rank_state.seed_rank(spec.data.seed, 0, layouts.rng_stream(cfg, ctx.rank))
@@ -62,6 +64,7 @@ def run(cfg: TrainerConfig, *, metrics: Metrics | None = None) -> Summary:
         comm = layouts.comm_clock_for(wrapped) if rank.metrics.enabled else None
         r = Run(cfg=cfg, ctx=ctx, ds=rank.ds, model=wrapped, inner=inner, comm=comm, optimizer=optimizer,
                 scheduler=scheduler, amp=rank.amp, sampler=sampler, metrics=rank.metrics)  # fmt: skip
+        r.scaling.link = link
         keep_until_exit(r)
         resume_newest(r)
         if r.summary is not None and r.step >= spec.training.steps:

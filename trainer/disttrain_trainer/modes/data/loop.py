@@ -31,10 +31,12 @@ from ...datasets import Dataset
 from ...parallel import ddp, hybrid
 from ...parallel.comm_profile import ProfiledComm
 from ...parallel.ddp import CommClock, CommTimes
+from ...parallel.mesh import Layout
 from ...process import stop_request
 from ...process.loop_gc import LoopGC
 from ...process.precision import Amp
 from ...run_common import SUMMARY_EVAL_KEY, Summary, evaluate, loss_fn_for
+from ...telemetry import scaling_record
 from ...telemetry.model_flops import throughput_fields
 from ...telemetry.step_metrics import StepRecord, Tally, ends_interval, fold_steps
 from . import layouts
@@ -102,7 +104,7 @@ def train(run: Run) -> Summary | None:
     spec, ctx, metrics = run.cfg.spec, run.ctx, run.metrics
     tr = spec.training
     comm = run.comm if metrics.enabled else None
-    step_fn = layouts.train_step_for(run.model, comm)
+    step_fn = run.scaling.with_census(layouts.train_step_for(run.model, comm), run.model)
     loss_fn = loss_fn_for(run.ds)
     cuda = ctx.device.type == "cuda"
     layout = layouts.layout(run.cfg)
@@ -170,6 +172,7 @@ def train(run: Run) -> Summary | None:
                     fold_steps(steps, interval, metrics)
                     _log_interval(run, interval, losses, grad_bytes, dp)
                     run.totals.merge(interval)
+                    run.scaling.interval(interval)
                     interval, losses = Tally(), []
                 loop_gc.after_step(run.step)
                 if stop is not None and run.step < tr.steps and stop.should_stop(run.step):
@@ -215,7 +218,22 @@ def train(run: Run) -> Summary | None:
                                      device=ctx.device, accelerators=ctx.world_size))  # fmt: skip
     if eval_result is not None:
         summary[SUMMARY_EVAL_KEY[eval_result[0]]] = eval_result[1]
+    summary["scaling"] = _scaling_block(run, layout)
     return summary
+
+
+def _scaling_block(run: Run, layout: Layout) -> dict[str, Any]:
+    """The forecast's inputs (telemetry/scaling_record.py): DDP's census and buckets, or the mesh's census."""
+    spec, ctx = run.cfg.spec, run.ctx
+    tr = spec.training
+    mesh_kinds = run.comm.kinds if isinstance(run.comm, ProfiledComm) else None
+    ddp_facts = scaling_record.ddp_facts(run.model, run.scaling, compression=tr.gradient_compression,
+                                         rank=tr.powersgd_rank)  # fmt: skip
+    host = scaling_record.host_facts(world_size=ctx.world_size, nproc_per_node=run.cfg.nproc_per_node,
+                                     master_addr=run.cfg.master_addr)  # fmt: skip
+    return scaling_record.summary_block(run.scaling, totals=run.totals, model=run.inner,
+                                        batch=spec.data.batch_size // layout.dp, precision=tr.precision, host=host,
+                                        ddp=ddp_facts, kinds=mesh_kinds, pure_tensor=layout.dp == 1 and layout.tp > 1)  # fmt: skip
 
 
 def checkpoint_on_stop(run: Run) -> NoReturn:
@@ -237,8 +255,12 @@ def _log_interval(run: Run, interval: Tally, losses: list[torch.Tensor], grad_by
     extra = None
     if isinstance(run.comm, ProfiledComm):  # every collective's payload, tensor-parallel ones too
         extra = {"comm_bytes": run.comm.taken.bytes}
+    ctx, spec = run.ctx, run.cfg.spec
+    job_samples_per_s = interval.record()["samples_per_s"] * dp
+    mfu = throughput_fields(spec, vocab=run.ds.num_classes, samples_per_s=job_samples_per_s, device=ctx.device,
+                            accelerators=ctx.world_size).get("mfu")  # fmt: skip
     run.metrics.observe_interval(step=run.step, loss=loss, lr=lr, tally=interval, gradient_bytes=grad_bytes,
-                                 extra=extra)  # fmt: skip
+                                 extra=extra, mfu=mfu)  # fmt: skip
     run.report_checkpoints()
     if run.ctx.is_main:
         rec = interval.record()

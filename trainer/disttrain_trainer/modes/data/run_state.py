@@ -29,6 +29,7 @@ from ...process.dist_env import DistContext
 from ...process.precision import Amp
 from ...process.stop_agreement import StopAgreement
 from ...run_common import loss_fn_for
+from ...telemetry import scaling_record
 from ...telemetry.step_metrics import Metrics, Tally
 from . import layouts
 
@@ -52,6 +53,7 @@ class Run:
     # that has nothing left to do reports the finished run's figures.
     summary: dict[str, Any] | None = None
     totals: Tally = field(default_factory=Tally)
+    scaling: scaling_record.ScalingRecorder = field(default_factory=scaling_record.ScalingRecorder)
     saver: ckpt.AsyncSaver | None = None  # rank 0's background checkpoint writer
     stop: StopAgreement | None = None  # when every rank stops on request (None: trains to the end)
     saved_step: int | None = None  # the step of the newest checkpoint this run wrote or resumed from

@@ -27,6 +27,7 @@ from ...process.collective_rank import collective_rank, run_local_ranks
 from ...process.config import ConfigError, TrainerConfig
 from ...process.dist_env import keep_until_exit
 from ...run_common import Summary, mark_finished, write_summary
+from ...telemetry import scaling_record
 from ...telemetry.step_metrics import Metrics
 from .loop import run_to_end
 from .run_state import setup
@@ -62,7 +63,9 @@ def run(cfg: TrainerConfig, *, metrics: Metrics | None = None) -> Summary:
     check_supported(cfg)
     with collective_rank(cfg, metrics) as rank:
         ctx = rank.ctx
+        link = scaling_record.probe_link(ctx.device, ctx.world_size)  # the forecast's link (a fraction of a second)
         prun = setup(cfg, ctx, rank.ds, rank.model, rank.metrics)
+        prun.scaling.link = link
         keep_until_exit(prun)
         with stop_request.deferred():  # the loop stops at an agreed step on SIGTERM
             summary = run_to_end(prun, rank.amp, wall0)

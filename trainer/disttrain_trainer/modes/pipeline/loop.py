@@ -29,6 +29,7 @@ from ...process import stop_request
 from ...process.loop_gc import LoopGC
 from ...process.precision import Amp
 from ...run_common import SUMMARY_EVAL_KEY, evaluate
+from ...telemetry import scaling_record
 from ...telemetry.model_flops import throughput_fields
 from ...telemetry.step_metrics import Tally, ends_interval
 from .pipedream import PipeDreamStage
@@ -160,11 +161,14 @@ def loop(run: PipeRun, amp: Amp) -> dict[str, Any] | None:
             if stop_now or ends_interval(run.step, log_every=tr.log_interval_steps, steps=tr.steps):
                 lr = run.scheduler.get_last_lr()[0]
                 loss = float(np.mean(losses))
+                mfu = throughput_fields(spec, vocab=run.ds.num_classes, device=ctx.device, accelerators=ctx.world_size,
+                                        samples_per_s=interval.record()["samples_per_s"] * run.dp_size).get("mfu")  # fmt: skip
                 run.metrics.observe_interval(
                     step=run.step, loss=loss, lr=lr, tally=interval, gradient_bytes=grad_bytes,
                     extra={"stage": run.pp_rank, "p2p_s": times.p2p_s, "allreduce_s": ar_s, "bubble_s": times.bubble_s,
                            "bubble_fraction": times.bubble_fraction, "window_s": times.window_s,
                            "act_peak_bytes": out.act_peak_bytes},
+                    mfu=mfu,
                 )  # fmt: skip
                 if ctx.is_main:
                     rec = interval.record()
@@ -172,6 +176,7 @@ def loop(run: PipeRun, amp: Amp) -> dict[str, Any] | None:
                           f"samples/s {rec['samples_per_s'] * run.dp_size:.0f} bubble {times.bubble_fraction:.0%} "
                           f"comm {rec['comm_exposed_fraction']:.0%}", flush=True)  # fmt: skip
                 run.totals.merge(interval)
+                run.scaling.interval(interval)
                 interval, losses = Tally(), []
             loop_gc.after_step(run.step)
             if stop_now:
@@ -206,7 +211,22 @@ def loop(run: PipeRun, amp: Amp) -> dict[str, Any] | None:
                                      device=ctx.device, accelerators=ctx.world_size))  # fmt: skip
     if eval_result is not None:
         summary[SUMMARY_EVAL_KEY[eval_result[0]]] = eval_result[1]
+    summary["scaling"] = _scaling_block(run)
     return summary
+
+
+def _scaling_block(run: PipeRun) -> dict[str, Any]:
+    """The forecast's inputs (telemetry/scaling_record.py); gathers each stage's compute (collective)."""
+    spec, ctx = run.cfg.spec, run.ctx
+    stage_compute = scaling_record.gather_stage_compute(run.scaling, run.totals, replica=run.dp_rank + run.tp_rank,
+                                                        stage=run.pp_rank, world_size=ctx.world_size,
+                                                        stages=spec.parallelism.pipeline)  # fmt: skip
+    host = scaling_record.host_facts(world_size=ctx.world_size, nproc_per_node=run.cfg.nproc_per_node,
+                                     master_addr=run.cfg.master_addr)  # fmt: skip
+    pipe = scaling_record.pipeline_facts(run.scaling.profiles, run.plan.bounds, stage_compute)
+    return scaling_record.summary_block(run.scaling, totals=run.totals, model=run.full,
+                                        batch=spec.data.batch_size // run.dp_size, precision=spec.training.precision,
+                                        host=host, pipeline=pipe)  # fmt: skip
 
 
 def _evaluate(run: PipeRun, amp: Amp) -> tuple[str, float] | None:

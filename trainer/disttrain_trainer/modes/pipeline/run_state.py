@@ -33,6 +33,7 @@ from ...parallel.tensor import stage_sharder
 from ...process.config import ConfigError, TrainerConfig
 from ...process.dist_env import DistContext
 from ...run_common import loss_fn_for
+from ...telemetry import scaling_record
 from ...telemetry.step_metrics import Metrics, Tally
 from .partition import Plan
 from .pipedream import PipeDreamStage
@@ -69,6 +70,7 @@ class PipeRun:
     totals: Tally = field(default_factory=Tally)
     bubble: dict[str, float] = field(default_factory=lambda: {"bubble": 0.0, "window": 0.0})
     peak_bytes: int = 0
+    scaling: scaling_record.ScalingRecorder = field(default_factory=scaling_record.ScalingRecorder)
 
     # ------------------------------------------------------------ checkpoints
 
@@ -166,7 +168,7 @@ def setup(cfg: TrainerConfig, ctx: DistContext, ds: Dataset, model: nn.Module, m
     mb = spec.data.batch_size // dp // par.microbatches
     sample_rows = np.arange(mb)
     x, _ = ds.batch(sample_rows)
-    plan, _ = choose_plan(blocks, torch.from_numpy(np.asarray(x)).to(ctx.device), method=par.partition,
+    plan, profiles = choose_plan(blocks, torch.from_numpy(np.asarray(x)).to(ctx.device), method=par.partition,
                           stages=n_stages, saved=saved_plan, peer=tp)  # fmt: skip
     if ctx.is_main:
         print(f"disttrain-trainer: {plan.describe()}", flush=True)
@@ -195,6 +197,7 @@ def setup(cfg: TrainerConfig, ctx: DistContext, ds: Dataset, model: nn.Module, m
                   stage_root=stage_root, plan=plan, engine=engine, block_ids=ids, dp_rank=dp_rank, dp_size=dp,
                   pp_rank=pp_rank, tp_rank=tp_rank, dp_group=mesh.get_group("dp"), optimizer=optimizer,
                   scheduler=scheduler, sampler=sampler, metrics=metrics, pmetrics=pm)  # fmt: skip
+    run.scaling.profiles = profiles  # rank 0's block profile: the forecast re-partitions it
     rank_state.seed_rank(spec.data.seed, 0, run.rng_stream)  # per-group streams (dropout), after identical init
     if loaded is not None:
         run.restore(loaded[1])
