@@ -29,6 +29,10 @@ def _cell(p: Point | None) -> str:
     return f"{p.layout.describe()} {text}" if p.family == "hybrid" else text
 
 
+UNVALIDATED = ("not validated: no row is checked against measured runs yet (benchmarks/README.md, "
+               "forecast_validation); on CPU with gloo, tensor and FSDP ran ~3x slower than forecast")
+
+
 def format_table(fc: Forecast, choice: Choice | None) -> str:
     """N, then per family: step time, samples/s, efficiency; the choice, what is missing, the notes."""
     m, topo = fc.measured, fc.topology
@@ -53,6 +57,9 @@ def format_table(fc: Forecast, choice: Choice | None) -> str:
         lines.append(f"not forecast: {family}: {why}")
     lines.append("assumptions:")
     lines += [f"  - {note}" for note in fc.notes]
+    # Said on every table until benchmarks/forecast_validation.py's table is measured: a user must
+    # not take a modelled row for a measured one.
+    lines.append(UNVALIDATED)
     return "\n".join(lines)
 
 
