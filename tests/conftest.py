@@ -67,7 +67,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_collection_finish(session: pytest.Session) -> None:
     # Under `--dist loadgroup` every cluster test must carry its group in its node id, or the
     # workers would run them at once against one cluster (a stopped node would stall the others).
-    if not session.config.getvalue("loadgroup"):
+    if not getattr(session.config.option, "loadgroup", False):  # set on xdist workers only
         return
     loose = [i.nodeid for i in session.items
              if i.get_closest_marker("xdist_group") and not i.nodeid.endswith("@" + CLUSTER_GROUP)]  # fmt: skip
