@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from disttrain_api.scaling.pipeline_time import min_max_split
 from torch import nn
 
 PROFILE_REPS = 5
@@ -115,35 +116,15 @@ def min_max_bounds(
 ) -> tuple[tuple[int, int], ...]:
     """Contiguous split into exactly `stages` non-empty stages minimising the slowest stage.
 
-    best[k][j] = the smallest achievable max over the first j blocks cut into k stages;
-    O(stages x n^2), fine for the tens of blocks a model has.
+    A stage pays for sending its last block's output on (`out_bytes` at `bytes_per_s`). The
+    dynamic programme is the scaling forecast's (`pipeline_time.min_max_split`): one partitioner
+    for the stages the trainer builds and the ones the forecast predicts.
     """
     n = len(costs)
     _check(n, stages)
     ob = list(out_bytes) if out_bytes is not None else [0] * n
-    prefix = [0.0]
-    for c in costs:
-        prefix.append(prefix[-1] + c)
-
-    def cost(a: int, b: int) -> float:
-        return prefix[b] - prefix[a] + (_transfer(ob[b - 1], bytes_per_s) if b < n else 0.0)
-
-    inf = float("inf")
-    best = [[inf] * (n + 1) for _ in range(stages + 1)]
-    cut = [[0] * (n + 1) for _ in range(stages + 1)]
-    best[0][0] = 0.0
-    for k in range(1, stages + 1):
-        for j in range(k, n - (stages - k) + 1):
-            for i in range(k - 1, j):
-                v = max(best[k - 1][i], cost(i, j))
-                if v < best[k][j]:
-                    best[k][j], cut[k][j] = v, i
-    bounds, j = [], n
-    for k in range(stages, 0, -1):
-        i = cut[k][j]
-        bounds.append((i, j))
-        j = i
-    return tuple(reversed(bounds))
+    cut_cost = [_transfer(b, bytes_per_s) for b in ob]
+    return tuple(min_max_split(costs, stages, cut_cost=cut_cost))
 
 
 def make_plan(
