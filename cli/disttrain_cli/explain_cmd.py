@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from disttrain_api import constants as C
 from disttrain_api import metric_names as mn
 from disttrain_api.exitcodes import CONFIG as EXIT_INVALID
 from disttrain_api.scaling import (
@@ -37,8 +38,8 @@ from disttrain_operator.progress import read_bounded
 from . import explain_report
 
 EXIT_UNAVAILABLE = 1
-SUMMARY_FILE = "summary.json"  # the trainer's rank 0 writes it into the run dir
-METRICS_FILE = "metrics-rank0.jsonl"
+SUMMARY_FILE = C.SUMMARY_FILENAME  # the trainer's rank 0 writes it into the run dir
+METRICS_FILE = C.RANK_METRICS_FILENAME.format(rank=0)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -37,6 +37,10 @@ ENV_RENDEZVOUS_TIMEOUT = "DISTTRAIN_RENDEZVOUS_TIMEOUT_S"
 DEFAULT_MASTER_PORT = 29500
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 CONFIG_FILENAME = "config.json"
+# What a run leaves in its run dir: rank 0's summary (also its termination message) and each
+# rank's JSON-lines log, read by the launcher, `disttrain explain` and the plot.
+SUMMARY_FILENAME = "summary.json"
+RANK_METRICS_FILENAME = "metrics-rank{rank}.jsonl"
 CONFIG_MOUNT_DIR = "/etc/disttrain"  # read-only: the config; the federated TLS / token dirs sit inside
 # Worker pods run with a read-only root filesystem; these emptyDirs are what they may write:
 # the run dir (JSON-lines logs, summary, plots) and a tmp that HOME and the library caches

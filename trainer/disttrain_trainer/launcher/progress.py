@@ -21,10 +21,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
+from disttrain_api import constants as C
 from disttrain_api import progress as job_progress
 from disttrain_api.model import JobSpec
 
-METRICS_FILE = "metrics-rank{rank}.jsonl"
+METRICS_FILE = C.RANK_METRICS_FILENAME
 PROGRESS_FILE = "progress.json"
 
 

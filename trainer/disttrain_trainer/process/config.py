@@ -21,7 +21,7 @@ from ..checkpoints.fence import Writer
 
 DEFAULT_RENDEZVOUS_TIMEOUT_S = 300.0
 # Files the trainer writes into its run dir, which the local launcher reads.
-SUMMARY_FILE = "summary.json"  # rank 0's summary, also its termination message
+SUMMARY_FILE = C.SUMMARY_FILENAME
 FINISHED_FILE = "finished-rank{rank}.json"  # a rank that completed every step, before it exits
 
 

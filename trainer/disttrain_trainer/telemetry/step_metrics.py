@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from disttrain_api import constants as C
 from disttrain_api import metric_names as names
 
 from .sink import MetricsSink, StepTimeSeries, time_fractions
@@ -151,7 +152,7 @@ class Metrics(MetricsSink):
         self.enabled = enabled
         labels = {names.LABEL_JOB: job, names.LABEL_NAMESPACE: namespace, names.LABEL_RANK: str(rank),
                   names.LABEL_MODE: mode}  # fmt: skip
-        log_path = run_dir / f"metrics-rank{rank}.jsonl" if enabled and run_dir is not None else None
+        log_path = run_dir / C.RANK_METRICS_FILENAME.format(rank=rank) if enabled and run_dir is not None else None
         super().__init__(labels=labels, port=port if enabled else 0, log_path=log_path)
         gauge, counter = self.gauge, self.counter
         n = names

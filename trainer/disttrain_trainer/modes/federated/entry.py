@@ -32,7 +32,7 @@ from .client import ClientRunner
 from .local_training import ClientState
 from .settings import FedSettings, hosted_clients, load
 
-AGGREGATOR_LOG = "metrics-rank0.jsonl"  # the launcher follows rank 0's log for progress and the plot
+AGGREGATOR_LOG = C.RANK_METRICS_FILENAME.format(rank=0)  # the launcher follows rank 0's log for progress and the plot
 DONE_LINGER_S = 10.0  # after the last round: time for clients to hear "done"
 
 

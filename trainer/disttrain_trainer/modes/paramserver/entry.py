@@ -169,7 +169,7 @@ def run_worker(cfg: TrainerConfig, s: PSSettings) -> dict[str, Any] | None:
     model = build_model(spec, ds)
     amp = make_amp("fp32", torch.device("cpu"))
     metrics = WorkerMetrics(job=cfg.job, rank=s.index, port=cfg.metrics_port,
-                            log_path=cfg.run_dir / f"metrics-rank{s.index}.jsonl")  # fmt: skip
+                            log_path=cfg.run_dir / C.RANK_METRICS_FILENAME.format(rank=s.index))  # fmt: skip
     worker = Worker(spec=spec, index=s.index, workers=s.workers, addrs=s.addrs, model=model, ds=ds,
                     loss_fn=loss_fn_for(ds), metrics=metrics, creds=worker_credentials(s), tls=s.tls,
                     tls_server_name=s.tls_server_name)  # fmt: skip
