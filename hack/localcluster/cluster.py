@@ -197,6 +197,11 @@ class LocalCluster:
                 conds = {c["type"]: c["status"] for c in it["status"].get("conditions", [])}
                 if conds.get("Ready") != "True":
                     return False
+                # A (re)started node is Ready before the node controller lifts its `not-ready` or
+                # `unreachable` taint (its next pass): until then nothing new is scheduled there.
+                if controllers and any(t.get("key", "").startswith("node.kubernetes.io/")
+                                       for t in it["spec"].get("taints") or []):
+                    return False
                 want = self.gpus[n.name]
                 if str(it["status"].get("allocatable", {}).get("nvidia.com/gpu", "0")) != str(want):
                     self.set_node_gpus(n.name, want)

@@ -110,7 +110,7 @@ def decide_running(b: StatusBuilder, finish: Callable[..., Plan], plan: dict[str
     if waiting:
         worst = max(waiting, key=lambda p: p.age_s)
         el = spec.elastic
-        if el is not None and worst.age_s >= el.schedule_timeout_seconds and (
+        if el is not None and worst.age_s >= el.schedule_timeout_seconds and smaller_gang_helps(waiting) and (
             new := shrunk_size(spec, replicas, placed=sum(1 for p in current if p.scheduled))
         ) is not None:
             return restart(b, st, plan, current, pods, attempt + 1, new, "ElasticShrink",
@@ -174,6 +174,16 @@ def disruption(p: PodView, obs: Observed) -> str:
     if p.deleting and p.uid not in obs.deleted_by_operator:
         return f"pod {p.name} was deleted by someone other than the operator (a drain, an eviction, a user)"
     return ""
+
+
+# Scheduler reasons that every pod of the gang shares whatever its size (the claims are the
+# job's, mounted by every worker): shrinking would restart the gang and wait the same.
+_GANG_WIDE_REASONS = ("PersistentVolumeClaim",)
+
+
+def smaller_gang_helps(waiting: list[PodView]) -> bool:
+    """Whether the pods wait for room (CPU, memory, GPUs, affinity) that fewer pods would need."""
+    return not any(r in p.unschedulable_message for p in waiting for r in _GANG_WIDE_REASONS)
 
 
 def shrunk_size(spec: JobSpec, replicas: int, *, placed: int) -> int | None:

@@ -86,6 +86,36 @@ class Kubectl:
             raise
 
 
+def _millicores(q: str) -> int:
+    return int(q[:-1]) if q.endswith("m") else int(float(q) * 1000)
+
+
+def wait_for_room(kubectl: Kubectl, cpu_millicores: int, timeout: float = 180) -> None:
+    """Wait until every node is schedulable (Ready, no NoSchedule/NoExecute taint) and can take
+    one more pod requesting `cpu_millicores`: the pods of earlier tests leave with their
+    namespace asynchronously, and a node restarted by an earlier test keeps its
+    `unreachable` taint until the node controller's next pass."""
+
+    def room() -> dict[str, int] | None:
+        nodes = kubectl.json("get", "nodes")["items"]
+        pods = kubectl.json("get", "pods", "--all-namespaces")["items"]
+        free: dict[str, int] = {}
+        for n in nodes:
+            ready = any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"].get("conditions", []))
+            blocked = [t for t in n["spec"].get("taints") or [] if t.get("effect") in ("NoSchedule", "NoExecute")]
+            if not ready or blocked or n["spec"].get("unschedulable"):
+                return None
+            free[n["metadata"]["name"]] = _millicores(n["status"]["allocatable"]["cpu"])
+        for p in pods:
+            node = p["spec"].get("nodeName")
+            if node in free and p["status"].get("phase") not in ("Succeeded", "Failed"):
+                for c in p["spec"]["containers"]:
+                    free[node] -= _millicores(((c.get("resources") or {}).get("requests") or {}).get("cpu", "0"))
+        return free if all(v >= cpu_millicores for v in free.values()) else None
+
+    kubectl.wait_for(f"every node schedulable with {cpu_millicores}m CPU free", room, timeout=timeout)
+
+
 def condition(job: dict[str, Any], type_: str) -> dict[str, Any] | None:
     return next((c for c in (job.get("status") or {}).get("conditions") or [] if c.get("type") == type_), None)
 
@@ -205,6 +235,12 @@ def checkpoint_claim(kubectl: Kubectl, ns: str) -> str:
          "spec": {**access, "volumeName": pv, "resources": {"requests": {"storage": "1Gi"}}}},
     ]
     kubectl.run("apply", "-f", "-", input=yaml.safe_dump_all(docs))
+    # Pre-bound still waits for the volume controller's pass; a pod created before it is
+    # unschedulable ("unbound immediate PersistentVolumeClaims"), which an elastic job would
+    # take for a lack of room and shrink.
+    kubectl.wait_for(f"claim {ns}/{CHECKPOINT_CLAIM} to bind", lambda: kubectl.run(
+        "get", "pvc", CHECKPOINT_CLAIM, "-n", ns, "-o", "jsonpath={.status.phase}").stdout == "Bound",
+        timeout=60, interval=0.5)
     return pv
 
 

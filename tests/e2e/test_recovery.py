@@ -23,6 +23,7 @@ from .conftest import (  # type: ignore[import-not-found]
     condition,
     job_manifest,
     remove_checkpoints,
+    wait_for_room,
 )
 
 pytestmark = pytest.mark.timeout(600)
@@ -74,8 +75,12 @@ def test_elastic_shrink_after_a_node_is_stopped(
                        data={"batchSize": 64},
                        elastic={"minReplicas": 1, "maxReplicas": 2, "scheduleTimeoutSeconds": 5},
                        runPolicy={"backoffLimit": 4})
+    # The gang must start at 2 (one pod per node): an earlier test's pods still leaving, or a
+    # node still tainted after a restart, would make the operator shrink it before the fault.
+    wait_for_room(kubectl, 500)
     kubectl.apply(obj)
-    kubectl.wait_phase(namespace, name, ("Running",), timeout=300)
+    job = kubectl.wait_phase(namespace, name, ("Running",), timeout=300)
+    assert job["status"].get("replicas") == 2, f"the gang started below 2 replicas: {job['status']}"
     wait_for_checkpoint(kubectl, name, 20)
 
     def second_workers_node() -> str | None:

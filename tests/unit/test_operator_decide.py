@@ -206,6 +206,17 @@ def test_elastic_shrink_after_timeout() -> None:
     assert cond(plan.status, "Restarting")["reason"] == "ElasticShrink" and len(plan.delete_pods) == 4
 
 
+def test_elastic_jobs_do_not_shrink_while_their_claim_is_unbound() -> None:
+    s = spec(workers={"replicas": 2}, elastic={"minReplicas": 1, "maxReplicas": 2, "scheduleTimeoutSeconds": 5})
+    st = {**RUNNING_STATUS, "phase": "Pending", "replicas": 2, "lastSpecReplicas": 2}
+    why = "0/2 nodes are available: 2 pod has unbound immediate PersistentVolumeClaims."
+    pods = [pod(0, "Pending", unschedulable_message=why, age_s=60), pod(1, "Pending", unschedulable_message=why,
+                                                                        age_s=60)]  # fmt: skip
+    plan = decide(obs(st, pods, spec=s, accepted=s))
+    assert plan.status["replicas"] == 2 and plan.status["attempt"] == 0 and not plan.delete_pods
+    assert cond(plan.status, "Running")["reason"] == "Unschedulable" and "PersistentVolumeClaims" in plan.status["message"]
+
+
 def test_replicas_change_within_elastic_range_resizes() -> None:
     s = spec(workers={"replicas": 3}, elastic={"minReplicas": 1, "maxReplicas": 4})
     plan = decide(obs(dict(RUNNING_STATUS), [pod(0), pod(1)], spec=s, accepted=s, generation=2))
