@@ -11,6 +11,9 @@ EXTRAS ?= operator,trainer,dev
 PYTEST_ARGS ?=
 # The whole suite on 3 pytest-xdist workers: one runs the cluster and e2e tiers in order (one
 # cluster, one operator: the xdist group in tests/conftest.py), two share the unit and dist tiers.
+# A crashed worker ends the run (--max-worker-restart=0): xdist 3.8 replaces it but never hands its
+# group's remaining tests on, and the run would wait for them until CI's limit. --durations: the
+# slowest tests in every log, where the suite's time goes.
 SUITE_WORKERS ?= 3
 
 .PHONY: help venv demo test test-unit test-dist test-cluster test-e2e lint manifests protos bench clean helm unit-prereqs chart-docs
@@ -33,7 +36,7 @@ demo: $(STAMP) ## run the data-parallel digits job on 2 local CPU workers
 	$(VENV)/bin/disttrain local manifests/examples/data-parallel.yaml
 
 test: $(STAMP) unit-prereqs cluster-prereqs ## install everything and run the whole suite (all tiers)
-	$(PY) -m pytest -n $(SUITE_WORKERS) --dist loadgroup $(PYTEST_ARGS) tests
+	$(PY) -m pytest -n $(SUITE_WORKERS) --dist loadgroup --max-worker-restart=0 --durations=40 $(PYTEST_ARGS) tests
 
 test-unit: $(STAMP) unit-prereqs ## unit tier only
 	$(PY) -m pytest $(PYTEST_ARGS) tests/unit
