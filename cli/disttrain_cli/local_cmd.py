@@ -8,6 +8,7 @@ arguments and the manifest, so `disttrain local --help` stays fast.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import faulthandler
 import signal
 import sys
@@ -78,7 +79,17 @@ def load_manifest(path: str) -> tuple[Any, list[str]]:
         return None, [
             f"{path}: {len(docs)} DistTrainJob documents; disttrain local runs exactly one"
         ]
-    return load_job(docs[0]), []
+    return with_local_data(load_job(docs[0]), Path(path)), []
+
+
+def with_local_data(job: Any, manifest: Path) -> Any:
+    """A relative spec.data.path names a file beside the manifest here (in a pod: under the data
+    volume's mount), so the same manifest runs on a laptop and in the cluster."""
+    data = job.spec.data
+    if not data.path or Path(data.path).is_absolute():
+        return job
+    local = dataclasses.replace(data, path=str((manifest.parent / data.path).resolve()))
+    return dataclasses.replace(job, spec=dataclasses.replace(job.spec, data=local))
 
 
 def run(args: argparse.Namespace) -> int:
