@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from disttrain_api.dataparse import Object
 from disttrain_api.exitcodes import CONFIG as EXIT_INVALID
 from disttrain_api.validation import load_job
 
@@ -84,11 +85,13 @@ def load_manifest(path: str) -> tuple[Any, list[str]]:
 
 def with_local_data(job: Any, manifest: Path) -> Any:
     """A relative spec.data.path names a file beside the manifest here (in a pod: under the data
-    volume's mount), so the same manifest runs on a laptop and in the cluster."""
+    volume's mount), so the same manifest runs on a laptop and in the cluster. No volume is
+    mounted here: the files are read where they lie."""
     data = job.spec.data
-    if not data.path or Path(data.path).is_absolute():
+    if not data.path:
         return job
-    local = dataclasses.replace(data, path=str((manifest.parent / data.path).resolve()))
+    path = data.path if Path(data.path).is_absolute() else str((manifest.parent / data.path).resolve())
+    local = dataclasses.replace(data, path=path, volume=Object())
     return dataclasses.replace(job, spec=dataclasses.replace(job.spec, data=local))
 
 

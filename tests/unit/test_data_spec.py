@@ -101,15 +101,21 @@ def test_no_data_volume_mounts_nothing() -> None:
         assert all(m["name"] != "dataset" for c in pod["spec"]["containers"] for m in c.get("volumeMounts", []))
 
 
+def to_manifest(job: Any) -> dict[str, Any]:
+    return manifest(api.to_json(job.spec)["data"], api.to_json(job.spec)["model"])
+
+
 def test_disttrain_local_resolves_a_relative_path_against_the_manifest_folder(tmp_path) -> None:  # noqa: ANN001
     import yaml
     from disttrain_cli.local_cmd import load_manifest
 
     folder = tmp_path / "project"
     folder.mkdir()
-    for data, expected in (({"path": "corpus", "format": "tokens"}, str(folder / "corpus")),
+    for data, expected in (({"path": "corpus", "format": "tokens", "volume": CLAIM}, str(folder / "corpus")),
                            ({"path": "/abs/corpus", "format": "tokens"}, "/abs/corpus")):
         f = folder / "job.yaml"
         f.write_text(yaml.safe_dump(manifest(data)))
         job, problems = load_manifest(str(f))
         assert problems == [] and job.spec.data.path == expected
+        # Nothing is mounted locally, and the trainer's own check of the spec still passes.
+        assert not job.spec.data.volume and check_job(to_manifest(job))[1] == []
