@@ -5,7 +5,8 @@ Both read CPython's help text as character ids (pytext's vocabulary): pytext fro
 shards, tokens from a nanoGPT-style train.bin/val.bin written here. Each is run with `disttrain
 local` (2 processes, CPU/gloo) ROUNDS times, alternately, so machine load hits both alike; the
 table prints the median data fraction (data-loading seconds / step seconds, the summary's
-dataFraction) and throughput.
+dataFraction) and throughput. Then the read alone: microseconds per rank batch (16 windows)
+through Dataset.batch, alternately, READ_REPEATS times each.
 
     .venv/bin/python benchmarks/data_tokens.py
 """
@@ -25,6 +26,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 ROUNDS = 3
 VAL_FRACTION = 0.1  # as pytext's split
+READ_BATCHES = 2000
+READ_REPEATS = 3
 
 JOB = {
     "apiVersion": "disttrain.dev/v1alpha1", "kind": "DistTrainJob", "metadata": {"name": "bench"},
@@ -69,6 +72,29 @@ def _env(work: Path) -> dict[str, str]:
     return {**os.environ, "DISTTRAIN_DATA_CACHE": str(work / "cache")}
 
 
+def read_us(work: Path) -> dict[str, float]:
+    """Median microseconds of one rank's batch read (16 windows) from each source, alternately."""
+    import time  # noqa: PLC0415 - only here
+
+    from disttrain_api.model import parse_spec  # noqa: PLC0415 - the API package
+    from disttrain_trainer.datasets import load_dataset  # noqa: PLC0415 - the trainer package
+
+    model = JOB["spec"]["model"]
+    sets = {"pytext": load_dataset(parse_spec({"model": model, "data": {"name": "pytext"}}), work / "cache"),
+            "tokens (mmap)": load_dataset(parse_spec({"model": model, "data": {
+                "path": str(work / "corpus"), "format": "tokens"}}), work / "cache")}  # fmt: skip
+    rng = np.random.default_rng(0)
+    times: dict[str, list[float]] = {k: [] for k in sets}
+    for _ in range(READ_REPEATS):
+        for name, ds in sets.items():
+            rows = [rng.integers(0, ds.num_train, 16) for _ in range(READ_BATCHES)]
+            t = time.perf_counter()
+            for r in rows:
+                ds.batch(r)
+            times[name].append((time.perf_counter() - t) / READ_BATCHES * 1e6)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -80,11 +106,12 @@ def main() -> None:
             for name, data in sources.items():
                 results[name].append(run(work, name.split()[0], data))
         print(f"GPT (hidden 64, 2 layers, block 64), batch 32, 2 processes, {ROUNDS} runs each, medians")
-        print(f"{'data':<16}{'dataFraction':>14}{'samples/s':>11}")
+        reads = read_us(work)
+        print(f"{'data':<16}{'dataFraction':>14}{'samples/s':>11}{'read us/batch':>15}")
         for name, rs in results.items():
             frac = statistics.median(r["dataFraction"] for r in rs)
             rate = statistics.median(r["samplesPerS"] for r in rs)
-            print(f"{name:<16}{frac:>14.4f}{rate:>11.1f}")
+            print(f"{name:<16}{frac:>14.4f}{rate:>11.1f}{reads[name]:>15.1f}")
 
 
 if __name__ == "__main__":

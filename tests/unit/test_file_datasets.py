@@ -235,3 +235,20 @@ def test_a_truncated_npz_and_a_missing_key_are_refused(tmp_path: Path) -> None:
 def test_a_module_factory_that_cannot_be_imported_is_refused(tmp_path: Path) -> None:
     refused(spec({"format": "module", "factory": "no_such_pkg.data:make"}), tmp_path, "spec.data.factory",
             "cannot import", "installed in the image")
+
+
+def test_features_that_do_not_fit_the_model_are_refused_before_training(tmp_path: Path) -> None:
+    import torch
+    from disttrain_trainer.models import build_model
+
+    write_rows(tmp_path / "rows", features=6)  # not a square image
+    s = spec({"path": str(tmp_path / "rows"), "format": "npy"}, {"name": "cnn", "hidden": 4})
+    with pytest.raises(ConfigError, match="cnn needs square images.*6 features"):
+        build_model(s, load_dataset(s, tmp_path / "cache"))
+    images = tmp_path / "images"
+    images.mkdir()
+    np.save(images / "x.npy", np.zeros((20, 4, 4), np.float32))  # (samples, 4, 4): 16 features
+    np.save(images / "y.npy", np.arange(20) % 2)
+    s = spec({"path": str(images), "format": "npy"}, {"name": "cnn", "hidden": 4})
+    ds = load_dataset(s, tmp_path / "cache")
+    assert ds.input_dim == 16 and build_model(s, ds)(torch.from_numpy(ds.test_x)).shape[1] == 2
