@@ -97,11 +97,23 @@ def volume(spec: JobSpec, c: Checker) -> None:
     if mount == ckpt or mount.startswith(ckpt.rstrip("/") + "/") or ckpt.startswith(mount.rstrip("/") + "/"):
         c.add("spec.data.mountPath", f"{d.mount_path} overlaps spec.checkpoint.path {spec.checkpoint.path}; the data "
               "volume is mounted read-only, checkpoints need a writable folder of their own")
+    if c.ok("spec.workers.template") and mount in _template_mount_paths(spec):
+        c.add("spec.data.mountPath", f"{d.mount_path} is already mounted by spec.workers.template; choose another path")
     if d.path and d.path.startswith("/"):
         inside = posixpath.normpath(d.path)
         if inside != mount and not inside.startswith(mount.rstrip("/") + "/"):
             c.add("spec.data.path", f"{d.path} is outside spec.data.mountPath {d.mount_path}, where spec.data.volume "
                   "is mounted; give a path relative to the volume")
+
+
+def _template_mount_paths(spec: JobSpec) -> set[str]:
+    t = spec.workers.template
+    mounts = list(t.get("volumeMounts") or [])
+    for container in t.get("containers") or []:
+        if isinstance(container, dict) and container.get("name", "trainer") == "trainer":
+            mounts += list(container.get("volumeMounts") or [])
+    return {posixpath.normpath(m["mountPath"]) for m in mounts
+            if isinstance(m, dict) and isinstance(m.get("mountPath"), str) and m["mountPath"]}
 
 
 def data(spec: JobSpec, c: Checker) -> None:

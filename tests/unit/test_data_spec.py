@@ -71,10 +71,13 @@ CLAIM = {"persistentVolumeClaim": {"claimName": "corpus"}}
         ({"volume": CLAIM, "mountPath": "/checkpoints/data"}, "spec.data.mountPath", "overlaps spec.checkpoint.path"),
         ({"volume": CLAIM, "mountPath": "/etc/disttrain"}, "spec.data.mountPath", "collides"),
         ({"volume": CLAIM, "path": "/elsewhere/corpus"}, "spec.data.path", "outside spec.data.mountPath"),
+        ({"volume": CLAIM, "mountPath": "/scratch"}, "spec.data.mountPath", "already mounted by spec.workers.template"),
     ],
 )
 def test_a_data_volume_that_cannot_be_mounted_as_given_is_refused(data, path, needle) -> None:  # noqa: ANN001
-    errs = errors({"path": "corpus", "format": "tokens", **data})
+    template = {"volumes": [{"name": "scratch", "emptyDir": {}}],
+                "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}]}
+    errs = errors({"path": "corpus", "format": "tokens", **data}, workers={"replicas": 2, "template": template})
     assert path in errs and needle in errs[path], errs
 
 
