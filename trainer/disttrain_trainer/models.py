@@ -10,6 +10,7 @@ factory with the same signature.
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 from collections.abc import Callable
 
@@ -21,6 +22,7 @@ from torch import nn
 from .datasets import Dataset
 from .parallel.activation_checkpointing import run_blocks
 from .process.config import ConfigError
+from .weights.initial import load_initial
 
 Factory = Callable[[JobSpec, Dataset], nn.Module]
 
@@ -246,7 +248,28 @@ def resolve(name: str) -> Factory:
     return factory
 
 
+def call_factory(name: str, factory: Factory, spec: JobSpec, dataset: Dataset) -> nn.Module:
+    """`factory(spec, dataset)`, its signature and its result checked: a factory that cannot be
+    called so, or returns something else than a module, is the job's config (exit 2), not a crash."""
+    try:
+        inspect.signature(factory).bind(spec, dataset)
+    except TypeError as e:
+        raise ConfigError(f"model.name {name!r}: the factory must accept (spec, dataset) ({e})") from None
+    except ValueError:  # no signature to inspect (some builtins): calling it tells
+        pass
+    model = factory(spec, dataset)
+    if not isinstance(model, nn.Module):
+        raise ConfigError(
+            f"model.name {name!r} returned {type(model).__name__}; a factory must return a torch.nn.Module"
+        )
+    return model
+
+
 def build_model(spec: JobSpec, dataset: Dataset) -> nn.Module:
-    """Same seed on every rank -> identical initial replicas (DDP also broadcasts rank 0's)."""
+    """Same seed on every rank -> identical initial replicas (DDP also broadcasts rank 0's);
+    then model.init's weights, if any, before anything wraps or splits the module."""
     torch.manual_seed(spec.data.seed)
-    return resolve(spec.model.name)(spec, dataset)
+    model = call_factory(spec.model.name, resolve(spec.model.name), spec, dataset)
+    if spec.model.init is not None:
+        load_initial(model, spec.model)
+    return model

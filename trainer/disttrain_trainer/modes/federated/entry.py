@@ -26,6 +26,7 @@ from ...run_common import Summary, evaluate, write_summary, write_termination_me
 from ...telemetry.federated_series import AGGREGATOR, FedMetrics
 from ...tensor_transport import auth
 from ...tensor_transport.channel import add_port, aio_channel
+from ...weights.export import write_export
 from . import partition, serving
 from .aggregator import Aggregator
 from .client import ClientRunner
@@ -126,6 +127,8 @@ def run_aggregator(cfg: TrainerConfig, s: FedSettings) -> dict[str, Any]:
     finally:
         metrics.close()
     summary = agg.final_summary or agg.summary()  # the one the clients were sent
+    # The global model after the last round: the aggregator alone holds it.
+    summary = {**summary, "export": write_export(cfg.checkpoint_dir, agg.model, spec=spec, step=agg.round)}
     write_summary(cfg, summary)
     return summary
 
