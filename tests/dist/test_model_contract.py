@@ -1,7 +1,9 @@
 """A `module:factory` model that lacks what its mode needs fails at once with exit 2 (CONFIG: no gang
 restart) and a message naming the factory and what is missing, from real trainer processes:
-a pipeline without pipeline_blocks(), tensor parallel without a tensor-parallel plan, a model whose
-logits do not fit the data, and model.init naming a file that is not there."""
+a pipeline without pipeline_blocks(), tensor parallel without a tensor-parallel plan. (A model that
+does not fit the data and a bad model.init raise the same ConfigError in build_model, before any
+process group: tests/unit/test_model_weights.py; its exit code is the one of a factory that does
+not import, tests/dist/test_trainer_exitcodes.py.)"""
 
 from __future__ import annotations
 
@@ -15,9 +17,6 @@ from torch import nn
 
 def plain(spec, ds):  # fits the data; no pipeline_blocks(), no tensor_parallel_plan()
     return nn.Linear(ds.input_dim, ds.num_classes)
-
-def narrow(spec, ds):  # logits for 3 classes; digits has 10
-    return nn.Linear(ds.input_dim, 3)
 """
 
 
@@ -31,10 +30,6 @@ def test_each_mode_refuses_a_model_without_its_contract_with_exit_2(trainer, mak
                      "pipeline_blocks() method"),
         "tensor": (dict(spec, mode="tensor", parallelism={"tensor": 2}), 2,
                    "model Linear has no tensor-parallel plan"),
-        "narrow": (make_digits_spec(model={"name": "plain_model:narrow"}), 1,
-                   "model.name 'plain_model:narrow' returns [2, 3] for a batch of shape [2, 64] of data digits"),
-        "init": (make_digits_spec(model={"name": "plain_model:plain", "init": str(tmp_path / "gone")}), 1,
-                 f"model.init {tmp_path / 'gone'}: no such file or directory"),
     }  # fmt: skip
     started = {job: trainer.start(s, world=world, job=job, env=env) for job, (s, world, _) in cases.items()}
     for job, run in started.items():

@@ -7,12 +7,16 @@ weights it started from), and each exports what it gathered from its stages or s
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from disttrain_api import constants as C
+from disttrain_api.model import parse_spec
 from disttrain_trainer.checkpoints import whole as ckpt
+from disttrain_trainer.datasets import load_dataset
+from disttrain_trainer.models import build_model
 from safetensors.torch import load_file
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "my_model"
@@ -58,3 +62,18 @@ def test_example_model_exports_and_other_modes_start_from_the_export(trainer, ma
                      parallelism={"dataStrategy": "fsdp"})  # fmt: skip
     fsdp = trainer.run(fsdp_spec, world=2, job="fsdp", env=example_env())
     assert_equal(exported(fsdp.summary), weights)
+
+
+def test_tensor_parallel_run_exports_the_gathered_full_tensors(trainer, make_digits_spec, tmp_path: Path) -> None:  # noqa: ANN001
+    spec = make_digits_spec(mode="tensor", parallelism={"tensor": 2}, training={"steps": 2},
+                            checkpoint={"intervalSteps": 2})  # fmt: skip
+    tp = trainer.run(spec, world=2, job="tp")
+    export = tp.summary["export"]["path"]
+    # The sharded (DCP) final checkpoint and the export hold the same full tensors: both load
+    # strictly into the unsharded model.
+    parsed = parse_spec(make_digits_spec())
+    ds = load_dataset(parsed, tmp_path)
+    from_export = build_model(replace(parsed, model=replace(parsed.model, init=export)), ds).state_dict()
+    from_ckpt = build_model(replace(parsed, model=replace(parsed.model, init=str(tp.checkpoint_dir))), ds).state_dict()
+    assert_equal(from_export, from_ckpt)
+    assert not all(torch.equal(from_export[n], t) for n, t in build_model(parsed, ds).state_dict().items())

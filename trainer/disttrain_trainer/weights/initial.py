@@ -19,6 +19,7 @@ misshapen names. Not strict: the names that fit are loaded, the rest keep their 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -204,8 +205,11 @@ def _dcp_source(path: Path) -> Source:
 
     def read(names: Sequence[str]) -> dict[str, torch.Tensor]:
         model = {n: torch.empty(tuple(found[n].size), dtype=found[n].properties.dtype) for n in names}
-        # no_dist: each process reads the whole tensors itself, no collective (the model is not sharded yet).
-        dcp.load({"model": model}, checkpoint_id=path, no_dist=True)
+        # no_dist: each process reads the whole tensors itself, no collective (the model is not sharded yet);
+        # DCP warns that it assumes one process, which is the point here.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+            dcp.load({"model": model}, checkpoint_id=path, no_dist=True)
         return model
 
     return Source(path=path, shapes={n: tuple(md.size) for n, md in found.items()}, read=read)

@@ -121,14 +121,14 @@ def run_aggregator(cfg: TrainerConfig, s: FedSettings) -> dict[str, Any]:
             fed=s.fed, seed=s.seed, model=model.state_dict(), key=aggregator_key(s), metrics=metrics,
             evaluate=make_evaluator(cfg, ds), checkpoint_dir=cfg.checkpoint_dir, writer=cfg.checkpoint_writer,
             max_samples=float(ds.num_train * s.fed.local_epochs),
+            # The global model after the last round: the aggregator alone holds it.
+            export=lambda state, rounds: write_export(cfg.checkpoint_dir, state, spec=spec, step=rounds),
         )  # fmt: skip
         agg.restore()
         asyncio.run(serve(agg, s))
     finally:
         metrics.close()
     summary = agg.final_summary or agg.summary()  # the one the clients were sent
-    # The global model after the last round: the aggregator alone holds it.
-    summary = {**summary, "export": write_export(cfg.checkpoint_dir, agg.model, spec=spec, step=agg.round)}
     write_summary(cfg, summary)
     return summary
 
