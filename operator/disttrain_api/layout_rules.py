@@ -182,6 +182,8 @@ def devices(spec: JobSpec, c: Checker) -> None:
 
 def model(spec: JobSpec, c: Checker) -> None:
     m = spec.model
+    if m.init is not None and not m.init.strip() and c.ok("spec.model.init"):
+        c.add("spec.model.init", "is empty; name a safetensors file, an export directory or a checkpoint, or leave it out")
     if not c.ok("spec.model.name"):
         return
     if m.name != "gpt":

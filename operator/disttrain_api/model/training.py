@@ -66,6 +66,18 @@ class ModelSpec:
     heads: int = fld(4, minimum=1, desc="Attention heads (GPT).")
     block_size: int = fld(64, minimum=1, desc="Context length in tokens (GPT).")
     dropout: float = fld(0.0, minimum=0.0, maximum=1.0, desc="Dropout probability.")
+    init: str | None = fld(
+        None,
+        desc="Weights to start from, a path every worker can read: a safetensors file, a directory holding "
+        "model.safetensors (what a run exports), or a disttrain checkpoint (one step-N directory, or a "
+        "checkpoint directory: its newest complete one). Loaded before the model is wrapped, in every mode; "
+        "a resume from the job's own checkpoint takes precedence.",
+    )
+    init_strict: bool = fld(
+        True,
+        desc="With init: every parameter and buffer must be found with its shape, and nothing else may be "
+        "there. false: load the names that match, leave the rest as initialised.",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
