@@ -51,7 +51,7 @@ test-e2e: $(STAMP) unit-prereqs cluster-prereqs ## end-to-end tier (any cluster:
 	$(PY) -m pytest $(PYTEST_ARGS) tests/e2e
 
 lint: $(STAMP) ## ruff
-	$(VENV)/bin/ruff check operator trainer cli tests benchmarks hack
+	$(VENV)/bin/ruff check operator trainer cli tests benchmarks hack examples
 
 manifests: $(STAMP) ## regenerate the CRD from the API model (manifests/crd and the chart's crds/)
 	$(VENV)/bin/disttrain crd > manifests/crd/disttrainjobs.yaml

@@ -8,6 +8,7 @@ arguments and the manifest, so `disttrain local --help` stays fast.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import faulthandler
 import signal
 import sys
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from disttrain_api.dataparse import Object
 from disttrain_api.exitcodes import CONFIG as EXIT_INVALID
 from disttrain_api.validation import load_job
 
@@ -78,7 +80,19 @@ def load_manifest(path: str) -> tuple[Any, list[str]]:
         return None, [
             f"{path}: {len(docs)} DistTrainJob documents; disttrain local runs exactly one"
         ]
-    return load_job(docs[0]), []
+    return with_local_data(load_job(docs[0]), Path(path)), []
+
+
+def with_local_data(job: Any, manifest: Path) -> Any:
+    """A relative spec.data.path names a file beside the manifest here (in a pod: under the data
+    volume's mount), so the same manifest runs on a laptop and in the cluster. No volume is
+    mounted here: the files are read where they lie."""
+    data = job.spec.data
+    if not data.path:
+        return job
+    path = data.path if Path(data.path).is_absolute() else str((manifest.parent / data.path).resolve())
+    local = dataclasses.replace(data, path=path, volume=Object())
+    return dataclasses.replace(job, spec=dataclasses.replace(job.spec, data=local))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -41,6 +41,12 @@ CONFIG_FILENAME = "config.json"
 # rank's JSON-lines log, read by the launcher, `disttrain explain` and the plot.
 SUMMARY_FILENAME = "summary.json"
 RANK_METRICS_FILENAME = "metrics-rank{rank}.jsonl"
+# The trained model a successful run exports next to its checkpoints (<checkpoint dir>/export/):
+# weights as safetensors keyed like the model's state_dict, and the model spec that built it.
+# A directory holding EXPORT_WEIGHTS_FILENAME is also what spec.model.init accepts.
+EXPORT_DIRNAME = "export"
+EXPORT_WEIGHTS_FILENAME = "model.safetensors"
+EXPORT_SPEC_FILENAME = "model.json"
 CONFIG_MOUNT_DIR = "/etc/disttrain"  # read-only: the config; the federated TLS / token dirs sit inside
 # Worker pods run with a read-only root filesystem; these emptyDirs are what they may write:
 # the run dir (JSON-lines logs, summary, plots) and a tmp that HOME and the library caches

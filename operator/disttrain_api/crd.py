@@ -71,7 +71,10 @@ def type_schema(tp: Any, meta: dict[str, Any] | Any, *, defaults: bool) -> dict[
             raise TypeError(f"only string enums are supported, got {tp!r}")
         return {"type": "string", "enum": values}
     if get_origin(tp) is tuple:
-        return {"type": "array", "items": type_schema(get_args(tp)[0], {}, defaults=defaults)}
+        # A list of strings carries its field's pattern on every item.
+        item = get_args(tp)[0]
+        item_meta = {"pattern": meta.get("pattern")} if item is str else {}
+        return {"type": "array", "items": type_schema(item, item_meta, defaults=defaults)}
     if dataclasses.is_dataclass(tp):
         return object_schema(tp, defaults=defaults)
     if tp is Object:
@@ -97,7 +100,7 @@ def type_schema(tp: Any, meta: dict[str, Any] | Any, *, defaults: bool) -> dict[
             out["exclusiveMinimum"] = True
     if meta.get("maximum") is not None:
         out["maximum"] = _num(meta["maximum"], tp)
-    if meta.get("pattern"):
+    if meta.get("pattern") and out.get("type") != "array":  # a list's pattern is on its items
         out["pattern"] = meta["pattern"]
     return out
 

@@ -158,7 +158,8 @@ def _parse_value(tp: Any, value: Any, meta: typing.Mapping[str, Any], path: str,
         if not isinstance(value, list):
             errors.append(FieldError(path, f"expected a list, got {describe(value)}"))
             return ()
-        return tuple(_parse_value(item_tp, v, {}, f"{path}[{i}]", errors) for i, v in enumerate(value))
+        item_meta = {"pattern": meta.get("pattern")} if item_tp is str else {}
+        return tuple(_parse_value(item_tp, v, item_meta, f"{path}[{i}]", errors) for i, v in enumerate(value))
     if dataclasses.is_dataclass(tp):
         return parse_dataclass(tp, value, path, errors)
     if tp is Object:

@@ -14,8 +14,6 @@ REPLICA_MODES = ("data", "federated", "paramserver")
 SCHEDULES_NEED_MICROBATCHES = ("1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble")
 # Schedules that place several (virtual) stages on each rank.
 INTERLEAVED_SCHEDULES = ("Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble")
-LANGUAGE_DATA = ("pytext", "synthetic")
-IMAGE_DATA = ("digits", "synthetic")
 HOST_MEMORY_MODES = ("paramserver", "federated")
 
 
@@ -184,16 +182,10 @@ def devices(spec: JobSpec, c: Checker) -> None:
 
 def model(spec: JobSpec, c: Checker) -> None:
     m = spec.model
+    if m.init is not None and not m.init.strip() and c.ok("spec.model.init"):
+        c.add("spec.model.init", "is empty; name a safetensors file, an export directory or a checkpoint, or leave it out")
     if not c.ok("spec.model.name"):
         return
-    if c.ok("spec.data.name"):
-        if m.name == "gpt" and spec.data.name not in LANGUAGE_DATA:
-            c.add("spec.data.name", f"{spec.data.name} does not fit model gpt (a language model); use pytext or synthetic")
-        if m.name in ("mlp", "cnn") and spec.data.name not in IMAGE_DATA:
-            c.add(
-                "spec.data.name",
-                f"{spec.data.name} does not fit model {m.name} (an image classifier); use digits or synthetic",
-            )
     if m.name != "gpt":
         return
     if c.ok("spec.model.hidden", "spec.model.heads") and m.hidden % m.heads:

@@ -42,7 +42,7 @@ VOLUME_SOURCES = ("configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "p
                   "secret")
 # Volumes the operator adds to every pod (topology/common.py, topology/federated.py): a
 # template volume or mount of the same name would replace them.
-RESERVED_VOLUMES = ("config", "checkpoints", "run", "tmp", "federated-tls", "federated-token")
+RESERVED_VOLUMES = ("config", "checkpoints", "dataset", "run", "tmp", "federated-tls", "federated-token")
 # Annotations that loosen a container's confinement (AppArmor, the pre-1.19 seccomp fields).
 RESERVED_ANNOTATION_PREFIXES = ("container.apparmor.security.beta.kubernetes.io/",
                                 "seccomp.security.alpha.kubernetes.io/",

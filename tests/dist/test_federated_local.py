@@ -32,6 +32,9 @@ def test_the_federated_example_reaches_090_on_non_iid_digits(tmp_path: Path) -> 
     assert local["status"] == "Succeeded" and local["steps"] == 30 and local["restarts"] == 0
     assert local["testAccuracy"] >= 0.90, trainer["accuracyPerRound"]
     assert len(trainer["accuracyPerRound"]) == 30 and trainer["rounds"] == 30
+    # The aggregator exported the global model before telling the clients (whose summary names it).
+    assert trainer["export"]["step"] == 30
+    assert (Path(trainer["export"]["path"]) / trainer["export"]["weights"]).is_file()
     rounds = [json.loads(line) for line in (run_dir / "metrics-rank0.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rounds] == list(range(1, 31))
     assert all(r["unmasked_dropped"] == 0 and r["clients_answered"] == 5 for r in rounds)

@@ -85,6 +85,9 @@ def test_the_example_with_four_workers_reaches_095_and_succeeds(tmp_path: Path) 
     assert summary["mode"] == "paramserver" and summary["workers"] == 4 and summary["shards"] == 2
     assert summary["steps"] == 300 and summary["testAccuracy"] >= 0.95, summary
     assert summary["pushesAccepted"] > 0 and sum(summary["stalenessHistogram"].values()) > 0
+    # Worker 0 exported the servers' final parameters next to the checkpoints.
+    assert summary["export"]["step"] == 300
+    assert (Path(summary["export"]["path"]) / summary["export"]["weights"]).is_file()
     # Every shard applied gradients from all workers, each within the bound it enforces.
     for i in range(2):
         server = json.loads((run_dir / f"server{i}-summary.json").read_text())

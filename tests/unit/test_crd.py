@@ -121,7 +121,9 @@ def _walk(cls: Any, schema: dict[str, Any], path: str, *, defaults: bool) -> Non
         assert prop.get("description", "") == f.metadata.get("description", ""), f"{sub}: description"
         base = strip_optional(tp)
         for key, meta_key in (("minimum", "minimum"), ("maximum", "maximum"), ("pattern", "pattern")):
-            assert prop.get(key) == f.metadata.get(meta_key), f"{sub}: {key}"
+            where = prop["items"] if key == "pattern" and get_origin(base) is tuple and "items" in prop and (
+                get_args(base)[0] is str) else prop  # a list of strings: the pattern is each item's
+            assert where.get(key) == f.metadata.get(meta_key), f"{sub}: {key}"
         assert prop.get("exclusiveMinimum", False) == bool(f.metadata.get("exclusive_minimum")), sub
         if defaults and has_default:
             value = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
@@ -135,6 +137,8 @@ def _walk(cls: Any, schema: dict[str, Any], path: str, *, defaults: bool) -> Non
             assert "default" not in prop, f"{sub}: no default expected"
         if get_origin(base) is Literal:
             assert (prop["type"], prop["enum"]) == ("string", list(get_args(base))), sub
+        elif get_origin(base) is tuple and get_args(base)[0] is str:
+            assert (prop["type"], prop["items"]["type"]) == ("array", "string"), sub
         elif get_origin(base) is tuple:
             assert prop["type"] == "array", sub
             _walk(get_args(base)[0], prop["items"], f"{sub}[]", defaults=defaults)

@@ -47,7 +47,9 @@ def test_cuda_build_args():
 
 
 def test_readme_build_commands_use_existing_build_args():
-    args = set(re.findall(r"^ARG (\w+)", (ROOT / "Dockerfile").read_text(), re.M))
+    # The root Dockerfile's and the example user images' (examples/*/Dockerfile).
+    dockerfiles = [ROOT / "Dockerfile", *sorted(ROOT.glob("examples/*/Dockerfile"))]
+    args = {a for f in dockerfiles for a in re.findall(r"^ARG (\w+)", f.read_text(), re.M)}
     readme = (ROOT / "README.md").read_text()
     used = set(re.findall(r"--build-arg (\w+)=", readme))
     assert {"TORCH_INDEX_URL"} <= used, "README must document the CUDA image build"

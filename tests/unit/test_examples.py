@@ -21,7 +21,7 @@ BY_MODE = {
     "paramserver": "paramserver.yaml",
 }
 # Further examples of a mode: file -> mode.
-MORE = {"pipedream.yaml": "pipeline"}
+MORE = {"pipedream.yaml": "pipeline", "gpt-tokens.yaml": "data"}
 
 
 def load(name: str) -> dict[str, Any]:

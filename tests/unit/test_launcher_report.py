@@ -46,6 +46,7 @@ def test_summary_prefers_the_trainer_figures_and_adds_restarts(tmp_path: Path) -
         "commExposedFraction": 0.31,
         "commBusyFraction": 0.5,
         "idleFraction": 0.02,
+        "export": {"path": "/ckpt/demo/export", "weights": "model.safetensors", "step": 40},
     }
     s = report.build_summary(
         job="demo",
@@ -64,7 +65,7 @@ def test_summary_prefers_the_trainer_figures_and_adds_restarts(tmp_path: Path) -
     assert (s.steps, s.test_accuracy, s.comm_exposed_fraction, s.restarts) == (40, 0.9712, 0.31, 1)
     assert (s.comm_busy_fraction, s.idle_fraction) == (0.5, 0.02)
     text = report.format_summary(s)
-    assert "test accuracy  0.9712" in text
+    assert "test accuracy  0.9712" in text and "model export   /ckpt/demo/export" in text
     assert "exposed 31.0% of step time" in text and "busy 50.0%" in text and "restarts" in text and "40/40" in text
     saved = json.loads(report.write_summary(s, tmp_path).read_text())
     assert saved["restarts"] == 1 and saved["testAccuracy"] == 0.9712

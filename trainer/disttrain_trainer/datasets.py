@@ -24,6 +24,7 @@ import numpy as np
 from disttrain_api import constants as C
 from disttrain_api.model import JobSpec
 
+from .file_datasets import Rows, TokenFile, load_file_data
 from .process.config import ConfigError
 
 FORMAT_VERSION = 1
@@ -103,8 +104,8 @@ class Dataset:
     num_train: int
     num_classes: int  # classes, or vocabulary size for "lm"
     input_dim: int  # features per sample (classify) or block size (lm)
-    train_x: Shards | TokenWindows
-    train_y: Shards | None  # None for lm: targets are the inputs shifted by one
+    train_x: Shards | TokenWindows | TokenFile | Rows
+    train_y: Shards | Rows | None  # None for lm: targets are the inputs shifted by one
     test_x: np.ndarray  # classify: test features; lm: validation windows (block+1 tokens)
     test_y: np.ndarray | None
 
@@ -181,8 +182,8 @@ def _pack_tokens(out: Path, tokens: np.ndarray, shards: int, block: int) -> int:
 
 
 def _build(spec: JobSpec, out: Path) -> dict[str, Any]:
-    d, shards = spec.data, spec.data.shards
-    if d.name == "pytext":
+    d, shards, name = spec.data, spec.data.shards, spec.data.builtin
+    if name == "pytext":
         text = corpus_text()
         vocab = vocabulary()
         index = {c: i for i, c in enumerate(vocab)}
@@ -201,13 +202,13 @@ def _build(spec: JobSpec, out: Path) -> dict[str, Any]:
             "dim": block,
         }
     xtr, ytr, xte, yte = (
-        _digits() if d.name == "digits" else _synthetic(d.synthetic_samples, d.seed)
+        _digits() if name == "digits" else _synthetic(d.synthetic_samples, d.seed)
     )
     per = _pack_rows(out, "train-x", xtr, shards)
     _pack_rows(out, "train-y", ytr, shards)
     np.save(out / "test-x.npy", xte)
     np.save(out / "test-y.npy", yte)
-    classes = 10 if d.name == "digits" else SYNTHETIC_CLASSES
+    classes = 10 if name == "digits" else SYNTHETIC_CLASSES
     return {
         "kind": "classify",
         "per": per,
@@ -218,14 +219,14 @@ def _build(spec: JobSpec, out: Path) -> dict[str, Any]:
 
 
 def _key(spec: JobSpec) -> str:
-    d = spec.data
-    parts: dict[str, Any] = {"v": FORMAT_VERSION, "name": d.name, "shards": d.shards}
-    if d.name == "pytext":
+    d, name = spec.data, spec.data.builtin
+    parts: dict[str, Any] = {"v": FORMAT_VERSION, "name": name, "shards": d.shards}
+    if name == "pytext":
         parts["block"] = spec.model.block_size
-    if d.name == "synthetic":
+    if name == "synthetic":
         parts |= {"n": d.synthetic_samples, "seed": d.seed}
     return (
-        f"{d.name}-" + hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:12]
+        f"{name}-" + hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:12]
     )
 
 
@@ -234,8 +235,15 @@ def default_cache_dir() -> Path:
 
 
 def load_dataset(spec: JobSpec, cache_dir: Path | None = None) -> Dataset:
-    """Pack the dataset into shard files once (atomically: several ranks may race), then map them."""
+    """Pack the dataset into shard files once (atomically: several ranks may race), then map them.
+    Your own files (data.path) are mapped where they lie or converted once (file_datasets.py)."""
     root = cache_dir or default_cache_dir()
+    if spec.data.builtin is None:
+        f = load_file_data(spec, root)
+        return Dataset(
+            name=f.name, kind=f.kind, num_train=f.num_train, num_classes=f.num_classes, input_dim=f.input_dim,
+            train_x=f.train_x, train_y=f.train_y, test_x=f.test_x, test_y=f.test_y,
+        )  # fmt: skip
     target = root / _key(spec)
     if not (target / "meta.json").exists():
         root.mkdir(parents=True, exist_ok=True)
@@ -261,7 +269,7 @@ def load_dataset(spec: JobSpec, cache_dir: Path | None = None) -> Dataset:
             block_size=meta["dim"],
         )
         return Dataset(
-            name=spec.data.name, kind="lm", num_train=meta["num_train"], num_classes=meta["classes"],
+            name=str(spec.data.builtin), kind="lm", num_train=meta["num_train"], num_classes=meta["classes"],
             input_dim=meta["dim"], train_x=tw, train_y=None, test_x=test_x, test_y=None,
         )  # fmt: skip
 
@@ -270,7 +278,7 @@ def load_dataset(spec: JobSpec, cache_dir: Path | None = None) -> Dataset:
         return Shards(files=files, rows_per_shard=meta["per"], total_rows=meta["num_train"])
 
     return Dataset(
-        name=spec.data.name, kind="classify", num_train=meta["num_train"], num_classes=meta["classes"],
+        name=str(spec.data.builtin), kind="classify", num_train=meta["num_train"], num_classes=meta["classes"],
         input_dim=meta["dim"], train_x=rows("train-x"), train_y=rows("train-y"), test_x=test_x,
         test_y=np.load(target / "test-y.npy"),
     )  # fmt: skip

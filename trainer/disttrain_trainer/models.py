@@ -10,9 +10,11 @@ factory with the same signature.
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 from collections.abc import Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from disttrain_api.model import JobSpec
@@ -21,6 +23,7 @@ from torch import nn
 from .datasets import Dataset
 from .parallel.activation_checkpointing import run_blocks
 from .process.config import ConfigError
+from .weights.initial import load_initial
 
 Factory = Callable[[JobSpec, Dataset], nn.Module]
 
@@ -246,7 +249,57 @@ def resolve(name: str) -> Factory:
     return factory
 
 
+def call_factory(name: str, factory: Factory, spec: JobSpec, dataset: Dataset) -> nn.Module:
+    """`factory(spec, dataset)`, its signature and its result checked: a factory that cannot be
+    called so, or returns something else than a module, is the job's config (exit 2), not a crash."""
+    try:
+        inspect.signature(factory).bind(spec, dataset)
+    except TypeError as e:
+        raise ConfigError(f"model.name {name!r}: the factory must accept (spec, dataset) ({e})") from None
+    except ValueError:  # no signature to inspect (some builtins): calling it tells
+        pass
+    model = factory(spec, dataset)
+    if not isinstance(model, nn.Module):
+        raise ConfigError(
+            f"model.name {name!r} returned {type(model).__name__}; a factory must return a torch.nn.Module"
+        )
+    return model
+
+
 def build_model(spec: JobSpec, dataset: Dataset) -> nn.Module:
-    """Same seed on every rank -> identical initial replicas (DDP also broadcasts rank 0's)."""
+    """Same seed on every rank -> identical initial replicas (DDP also broadcasts rank 0's);
+    then model.init's weights, if any, before anything wraps or splits the module."""
     torch.manual_seed(spec.data.seed)
-    return resolve(spec.model.name)(spec, dataset)
+    model = call_factory(spec.model.name, resolve(spec.model.name), spec, dataset)
+    if spec.model.init is not None:
+        load_initial(model, spec.model)
+    check_fits(spec.model.name, model, dataset)
+    return model
+
+
+PROBE_ROWS = 2
+
+
+@torch.no_grad()
+def check_fits(name: str, model: nn.Module, ds: Dataset) -> None:
+    """One forward pass on PROBE_ROWS training rows, in eval mode (no dropout, no RNG drawn): a model
+    that does not take the data, or returns logits of the wrong shape, is refused before any
+    process group waits on it, with both shapes named, instead of failing every retry at step 1."""
+    x, y = ds.batch(np.arange(min(PROBE_ROWS, ds.num_train)))
+    xt = torch.from_numpy(np.asarray(x))
+    expected = (*y.shape, ds.num_classes)
+    was_training = model.training
+    model.eval()
+    try:
+        out = model(xt)
+    except Exception as e:  # noqa: BLE001 - whatever the forward raises, it raises on every retry
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise ConfigError(f"model.name {name!r} does not take data {ds.name}: a batch of shape {list(xt.shape)} "
+                          f"({xt.dtype}) fails in forward: {type(e).__name__}: {first}") from None  # fmt: skip
+    finally:
+        model.train(was_training)
+    shape = tuple(out.shape) if isinstance(out, torch.Tensor) else None
+    if shape != expected:
+        got = list(shape) if shape is not None else type(out).__name__
+        raise ConfigError(f"model.name {name!r} returns {got} for a batch of shape {list(xt.shape)} of data {ds.name}; "
+                          f"the loss needs logits of shape {list(expected)} ({ds.num_classes} classes)")  # fmt: skip

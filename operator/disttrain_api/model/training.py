@@ -7,8 +7,12 @@ from dataclasses import dataclass
 from ..dataparse import Object, fld
 from .vocabulary import (
     ACT_CKPT_PATTERN,
+    DATA_MODULE_PATTERN,
+    FILE_NAME_PATTERN,
     MODEL_NAME_PATTERN,
+    NAME_PATTERN,
     Compression,
+    DataFormat,
     DataName,
     DataStrategy,
     Decay,
@@ -17,6 +21,7 @@ from .vocabulary import (
     Precision,
     ScaleRule,
     Schedule,
+    TokenDtype,
 )
 
 
@@ -61,11 +66,79 @@ class ModelSpec:
     heads: int = fld(4, minimum=1, desc="Attention heads (GPT).")
     block_size: int = fld(64, minimum=1, desc="Context length in tokens (GPT).")
     dropout: float = fld(0.0, minimum=0.0, maximum=1.0, desc="Dropout probability.")
+    init: str | None = fld(
+        None,
+        desc="Weights to start from, a path every worker can read: a safetensors file, a directory holding "
+        "model.safetensors (what a run exports), or a disttrain checkpoint (one step-N directory, or a "
+        "checkpoint directory: its newest complete one). Loaded before the model is wrapped, in every mode; "
+        "a resume from the job's own checkpoint takes precedence.",
+    )
+    init_strict: bool = fld(
+        True,
+        desc="With init: every parameter and buffer must be found with its shape, and nothing else may be "
+        "there. false: load the names that match, leave the rest as initialised.",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
 class DataSpec:
-    name: DataName = fld("digits", desc="digits (scikit-learn), pytext (text shipped with CPython), synthetic.")
+    name: DataName | None = fld(
+        None,
+        desc="A built-in dataset: digits (scikit-learn), pytext (text shipped with CPython), synthetic. Without "
+        "name and path: digits. Not together with path.",
+    )
+    path: str | None = fld(
+        None,
+        desc="Your own data: a file or directory, absolute or relative to mountPath (disttrain local: relative to "
+        "the manifest's folder). Not together with name.",
+    )
+    format: DataFormat | None = fld(
+        None,
+        desc="How path is read (required with path): tokens (flat binary token ids, nanoGPT's train.bin/val.bin), "
+        "npy (feature and label arrays), npz (keys of one archive), parquet or jsonl (named columns) or module "
+        "(factory returns a map-style torch Dataset of (x, y) items).",
+    )
+    token_dtype: TokenDtype = fld("uint16", desc="format tokens: the width of one token id.")
+    train_file: str = fld("train.bin", pattern=FILE_NAME_PATTERN, desc="format tokens, path a directory: the training tokens inside it.")
+    validation_file: str = fld(
+        "val.bin",
+        pattern=FILE_NAME_PATTERN,
+        desc="format tokens, path a directory: the validation tokens inside it; absent: the tail "
+        "(validationFraction) of the training tokens is held out.",
+    )
+    features: str = fld(
+        "x", pattern=NAME_PATTERN, desc="format npy: the feature array's file (<features>.npy in path, a directory); npz: its key."
+    )
+    labels: str = fld("y", pattern=NAME_PATTERN, desc="format npy: the label array's file (<labels>.npy in path, a directory); npz: its key.")
+    feature_columns: tuple[str, ...] = fld(
+        factory=tuple, pattern=NAME_PATTERN, desc="format parquet or jsonl: numeric columns that form the features, in order (required)."
+    )
+    label_column: str = fld("label", pattern=NAME_PATTERN, desc="format parquet or jsonl: the integer class label column.")
+    factory: str | None = fld(
+        None,
+        pattern=DATA_MODULE_PATTERN,
+        desc="format module: 'package.module:factory'; factory(path) returns a map-style torch Dataset whose "
+        "items are (features, integer label). It is read once into the shard cache.",
+    )
+    validation_fraction: float = fld(
+        0.1,
+        minimum=0.0,
+        maximum=0.5,
+        exclusive_minimum=True,
+        desc="The tail of your data held out for evaluation when it has no validation file.",
+    )
+    vocab_size: int = fld(
+        0, minimum=0, desc="format tokens: the vocabulary (the GPT's output size); 0: the largest token id + 1."
+    )
+    classes: int = fld(0, minimum=0, desc="Classification data: the number of classes; 0: the largest label + 1.")
+    mount_path: str = fld(
+        "/data", pattern=r"^/.*", desc="Where volume is mounted (read-only) in every pod; relative paths resolve here."
+    )
+    volume: Object = fld(
+        factory=Object,
+        desc="A Kubernetes volume source holding path (e.g. persistentVolumeClaim: {claimName: corpus}), mounted "
+        "read-only at mountPath in every pod; empty: nothing is mounted (the data is in the image).",
+    )
     batch_size: int = fld(
         256,
         minimum=1,
@@ -76,6 +149,13 @@ class DataSpec:
     seed: int = fld(0, minimum=0, desc="Seed for the split, the sampler and model initialisation.")
     shards: int = fld(4, minimum=1, maximum=4096, desc="Shard files the dataset is packed into.")
     synthetic_samples: int = fld(8192, minimum=1, desc="Samples of the synthetic dataset.")
+
+    @property
+    def builtin(self) -> DataName | None:
+        """The built-in dataset this spec trains on (digits when it names neither one nor a path)."""
+        if self.name is not None:
+            return self.name
+        return None if self.path or self.format is not None else "digits"
 
 
 @dataclass(frozen=True, kw_only=True)

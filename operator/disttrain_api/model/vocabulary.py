@@ -26,6 +26,8 @@ Optim = Literal["sgd", "adam", "adamw"]
 ScaleRule = Literal["none", "linear", "sqrt"]
 Decay = Literal["none", "cosine", "linear", "step"]
 DataName = Literal["digits", "pytext", "synthetic"]
+DataFormat = Literal["tokens", "npy", "npz", "parquet", "jsonl", "module"]
+TokenDtype = Literal["uint16", "uint32"]
 FedStrategy = Literal["fedavg", "fedprox", "fedadam", "fedmedian", "trimmedMean", "krum", "multiKrum"]
 # Rules over the individual updates (a secure aggregate hides them).
 ROBUST_STRATEGIES = ("fedmedian", "trimmedMean", "krum", "multiKrum")
@@ -38,6 +40,11 @@ ConditionStatus = Literal["True", "False", "Unknown"]
 BUILTIN_MODELS = ("mlp", "cnn", "gpt")
 # A built-in name, or an import path "package.module:factory".
 MODEL_NAME_PATTERN = r"^(mlp|cnn|gpt|[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*)$"
+# format module's dataset factory: "package.module:factory".
+DATA_MODULE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$"
+# A file inside spec.data.path (no folders: it must stay inside), and a column, key or array name.
+FILE_NAME_PATTERN = r"^[^/]+$"
+NAME_PATTERN = r"^.+$"
 ACT_CKPT_PATTERN = r"^(none|sqrt|every:[1-9][0-9]*)$"
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 # A job's name is its headless Service's name, so it must be a DNS-1035 label (a Service

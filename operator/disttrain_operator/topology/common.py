@@ -282,6 +282,12 @@ def build_pod(
         {"name": "run", "mountPath": RUN_DIR},
         tmp_mount,
     ]
+    data_source = dict(spec.data.volume)
+    if data_source and pod_rules.volume_source_error(data_source) is not None:
+        data_source = {}  # validation refuses it; never mount what it would refuse
+    if data_source:
+        # Read-only: every rank of every pod maps the same files; none may change them under the others.
+        volume_mounts.insert(2, {"name": "dataset", "mountPath": spec.data.mount_path, "readOnly": True})
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": ctx.image,
@@ -320,6 +326,7 @@ def build_pod(
     volumes = [
         {"name": "config", "configMap": {"name": config_map_name(ctx.name)}},
         {"name": "checkpoints", **checkpoint_source},
+        *([{"name": "dataset", **data_source}] if data_source else []),
         {"name": "run", "emptyDir": {}},
         {"name": "tmp", "emptyDir": {}},
     ]

@@ -33,6 +33,7 @@ from torch import nn
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
+    get_model_state_dict,
     get_state_dict,
     set_state_dict,
 )
@@ -177,6 +178,12 @@ def _publish(root: Path, tmp: Path, step: int, *, extra: dict[str, Any], keep: i
     cdir.fsync_dir(tmp)  # DCP's writer fsynced the shard files themselves
     final = cdir.publish(root, tmp, step)
     cdir.prune(root, keep, protect=final)
+
+
+def full_model_state(model: nn.Module) -> dict[str, Any]:
+    """The model's full tensors keyed by name on rank 0 (empty elsewhere), gathered from whatever
+    shards the ranks hold (FSDP2, tensor-parallel DTensors). Collective: every rank calls it."""
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
 def _named_optim_state(full: dict[str, Any], names: list[str]) -> dict[str, Any]:

@@ -76,6 +76,7 @@ class LocalSummary:
     resumed_from_step: int | None
     run_dir: str
     plot: str | None = None
+    export: str | None = None  # where the trainer exported the final model (its summary's export.path)
     # Pipeline modes: one entry per stage (the trainer's pipeline.perStage), else None.
     per_stage: list[dict[str, Any]] | None = None
 
@@ -133,8 +134,14 @@ def build_summary(
         resumed_from_step=int(resumed) if resumed is not None else None,
         run_dir=str(run_dir),
         plot=str(plot) if plot else None,
+        export=_export_path(trainer),
         per_stage=per_stage_of(trainer),
     )
+
+
+def _export_path(trainer: dict[str, Any] | None) -> str | None:
+    export = (trainer or {}).get("export")
+    return str(export["path"]) if isinstance(export, dict) and "path" in export else None
 
 
 def per_stage_of(trainer: dict[str, Any] | None) -> list[dict[str, Any]] | None:
@@ -194,6 +201,8 @@ def format_summary(s: LocalSummary) -> str:
     ]
     if s.plot:
         rows.append(("plot", s.plot))
+    if s.export:
+        rows.append(("model export", s.export))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"  {k.ljust(width)}  {v}" for k, v in rows)
 

@@ -40,6 +40,35 @@ def split_blocks(model: nn.Module, *, name: str = "model") -> list[nn.Module]:
     return blocks
 
 
+@torch.no_grad()
+def check_chain(model: nn.Module, blocks: Sequence[nn.Module], x: torch.Tensor, *, name: str = "model") -> None:
+    """The blocks applied in turn to `x` give `model(x)` (eval mode: no dropout, no RNG drawn);
+    otherwise a ConfigError naming the block that breaks the chain, before any stage is built."""
+    was_training = model.training
+    model.eval()
+    try:
+        out = x
+        for i, block in enumerate(blocks):
+            shape = list(out.shape)
+            try:
+                out = block(out)
+            except Exception as e:  # noqa: BLE001 - whatever it raises, it raises on every retry
+                raise ConfigError(
+                    f"model.name {name!r}: pipeline block {i} ({type(block).__name__}) fails on a tensor of shape "
+                    f"{shape} (the previous block's output): {type(e).__name__}: {str(e).strip()[:300]}"
+                ) from None
+            if not isinstance(out, torch.Tensor):
+                raise ConfigError(f"model.name {name!r}: pipeline block {i} ({type(block).__name__}) returns "
+                                  f"{type(out).__name__}; each block must return one tensor")  # fmt: skip
+        whole = model(x)
+    finally:
+        model.train(was_training)
+    if out.shape != whole.shape or not torch.allclose(out.float(), whole.float(), rtol=1e-4, atol=1e-5):
+        raise ConfigError(f"model.name {name!r}: its pipeline blocks applied in turn do not compute model(x) "
+                          f"(shape {list(out.shape)} vs {list(whole.shape)}); pipeline_blocks() must list every "
+                          "step of forward, in order")  # fmt: skip
+
+
 def block_state(blocks: Sequence[nn.Module], ids: Sequence[int]) -> dict[str, torch.Tensor]:
     """State of the given blocks keyed by global block index ("3.attn.qkv.weight"): independent of the split."""
     return {f"{k}.{n}": _full(t) for k in ids for n, t in blocks[k].state_dict().items()}

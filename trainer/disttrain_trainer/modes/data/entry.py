@@ -21,6 +21,7 @@ from ...process.stop_agreement import StopAgreement
 from ...run_common import Summary, mark_finished, write_summary
 from ...telemetry import scaling_record
 from ...telemetry.step_metrics import Metrics
+from ...weights.export import export_on_rank0
 from . import layouts
 from .loop import checkpoint_on_stop, train
 from .run_state import Run, resume_newest
@@ -80,6 +81,9 @@ def run(cfg: TrainerConfig, *, metrics: Metrics | None = None) -> Summary:
             if summary is None:
                 checkpoint_on_stop(r)
             summary["wallS"] = time.perf_counter() - wall0
+            # Before the final checkpoint, which carries the summary naming the export.
+            summary["export"] = export_on_rank0(r.full_model_state, checkpoint_dir=cfg.checkpoint_dir, spec=spec,
+                                                step=r.step, is_main=ctx.is_main)  # fmt: skip
             r.summary = summary
             r.save_checkpoint()
             r.report_checkpoints(wait=True)  # the final write finishes before the trainer reports success

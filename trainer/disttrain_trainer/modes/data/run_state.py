@@ -85,6 +85,13 @@ class Run:
             },
         }
 
+    def full_model_state(self) -> dict[str, Any] | None:
+        """The model's full tensors on rank 0 (None elsewhere); collective for a sharded model."""
+        if self.sharded:
+            state = sharded_ckpt.full_model_state(self.inner)
+            return state if self.ctx.is_main else None
+        return self.inner.state_dict() if self.ctx.is_main else None
+
     def _rank_part(self) -> tuple[Any, Any]:
         """This rank's RNG streams (dropout) and comm hook error feedback (PowerSGD)."""
         return rank_state.rng_state(), rank_state.hook_state(self.comm_hook_state)

@@ -61,6 +61,8 @@ class Aggregator(SecureStages, pbg.FederatedServicer):
         writer: Writer | None = None,  # who writes its checkpoints (checkpoints/fence.py)
         max_samples: float = math.inf,
         log: Callable[[str], None] = lambda s: print(s, flush=True),
+        # Writes the final global model (state, rounds) and returns the summary's `export` entry.
+        export: Callable[[dict[str, torch.Tensor], int], dict[str, Any]] | None = None,
     ):
         self.fed = fed
         self.seed = seed
@@ -78,6 +80,7 @@ class Aggregator(SecureStages, pbg.FederatedServicer):
         self.writer = writer or Writer()
         self.max_samples = max_samples
         self.log = log
+        self.export = export
         self.known = set(client_ids(fed.clients))
         self.server = ServerStep(fed.strategy, fed.server_learning_rate)
         self.privacy = (PrivacyAccountant(fed.privacy, clients=fed.clients, clients_per_round=fed.clients_per_round)
@@ -279,7 +282,10 @@ class Aggregator(SecureStages, pbg.FederatedServicer):
             if mean is None:
                 continue
             await self._finish_round(ra, mean, dropped)
-        self.final_summary = self.summary()
+        final = self.summary()
+        if self.export is not None:  # before "done" goes out: the clients' summary names the export
+            final["export"] = self.export(self.model, self.round)
+        self.final_summary = final
         async with self.cond:
             self.done = True
             self.current = None

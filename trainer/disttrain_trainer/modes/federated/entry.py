@@ -26,6 +26,7 @@ from ...run_common import Summary, evaluate, write_summary, write_termination_me
 from ...telemetry.federated_series import AGGREGATOR, FedMetrics
 from ...tensor_transport import auth
 from ...tensor_transport.channel import add_port, aio_channel
+from ...weights.export import write_export
 from . import partition, serving
 from .aggregator import Aggregator
 from .client import ClientRunner
@@ -120,6 +121,8 @@ def run_aggregator(cfg: TrainerConfig, s: FedSettings) -> dict[str, Any]:
             fed=s.fed, seed=s.seed, model=model.state_dict(), key=aggregator_key(s), metrics=metrics,
             evaluate=make_evaluator(cfg, ds), checkpoint_dir=cfg.checkpoint_dir, writer=cfg.checkpoint_writer,
             max_samples=float(ds.num_train * s.fed.local_epochs),
+            # The global model after the last round: the aggregator alone holds it.
+            export=lambda state, rounds: write_export(cfg.checkpoint_dir, state, spec=spec, step=rounds),
         )  # fmt: skip
         agg.restore()
         asyncio.run(serve(agg, s))

@@ -26,6 +26,7 @@ from ...tensor_transport import auth, frames
 from ...tensor_transport.channel import Tls, add_port, server_options
 from ...tensor_transport.gate import Gate
 from ...tensor_transport.limits import Limits, paramserver_limits
+from ...weights.export import write_export
 from . import service
 from . import shards as shardmap
 from .server import Shard, ShardConfig
@@ -188,6 +189,9 @@ def run_worker(cfg: TrainerConfig, s: PSSettings) -> dict[str, Any] | None:
         metrics.close()
     summary = summarize(worker, s, eval_name=name, eval_value=value, train_s=train_s,
                         wall_s=time.perf_counter() - wall0)  # fmt: skip
+    # The worker's last pull, once every shard was done, is the servers' final parameters (buffers,
+    # which no server holds, are this worker's own).
+    summary["export"] = write_export(cfg.checkpoint_dir, model.state_dict(), spec=spec, step=worker.step)
     write_summary(cfg, summary)
     return summary
 

@@ -32,6 +32,7 @@ from ...run_common import SUMMARY_EVAL_KEY, evaluate
 from ...telemetry import scaling_record
 from ...telemetry.model_flops import throughput_fields
 from ...telemetry.step_metrics import Tally, ends_interval
+from ...weights.export import export_on_rank0
 from .pipedream import PipeDreamStage
 from .run_state import PipeRun
 from .schedules import StepOut
@@ -102,6 +103,10 @@ def run_to_end(run: PipeRun, amp: Amp, wall0: float) -> dict[str, Any]:
                   f"in {run.cfg.checkpoint_dir}", flush=True)  # fmt: skip
         raise stop_request.StopRequested(f"after step {run.step}")
     summary["wallS"] = time.perf_counter() - wall0
+    # Rank 0's whole model holds every stage's final blocks (gathered for the evaluation in `loop`).
+    summary["export"] = export_on_rank0(lambda: run.full.state_dict() if run.ctx.is_main else None,
+                                        checkpoint_dir=run.cfg.checkpoint_dir, spec=run.cfg.spec, step=run.step,
+                                        is_main=run.ctx.is_main)  # fmt: skip
     run.summary = summary
     run.save_checkpoint()
     return summary

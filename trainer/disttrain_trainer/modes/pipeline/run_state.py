@@ -27,7 +27,7 @@ from ...checkpoints import whole as ckpt
 from ...checkpoints.fence import Fenced
 from ...datasets import Dataset, GlobalBatchSampler
 from ...optim import build_optimizer, build_scheduler
-from ...parallel.blocks import block_state, load_block_state, split_blocks
+from ...parallel.blocks import block_state, check_chain, load_block_state, split_blocks
 from ...parallel.mesh import build_mesh, layout_for
 from ...parallel.tensor import stage_sharder
 from ...process.config import ConfigError, TrainerConfig
@@ -168,6 +168,7 @@ def setup(cfg: TrainerConfig, ctx: DistContext, ds: Dataset, model: nn.Module, m
     mb = spec.data.batch_size // dp // par.microbatches
     sample_rows = np.arange(mb)
     x, _ = ds.batch(sample_rows)
+    check_chain(model, blocks, torch.from_numpy(np.asarray(x)), name=spec.model.name)
     plan, profiles = choose_plan(blocks, torch.from_numpy(np.asarray(x)).to(ctx.device), method=par.partition,
                           stages=n_stages, saved=saved_plan, peer=tp)  # fmt: skip
     if ctx.is_main:
