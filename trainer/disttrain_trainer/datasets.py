@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ import numpy as np
 from disttrain_api import constants as C
 from disttrain_api.model import JobSpec
 
+from .data_cache import build_once
 from .file_datasets import Rows, TokenFile, load_file_data
 from .process.config import ConfigError
 
@@ -245,18 +245,11 @@ def load_dataset(spec: JobSpec, cache_dir: Path | None = None) -> Dataset:
             train_x=f.train_x, train_y=f.train_y, test_x=f.test_x, test_y=f.test_y,
         )  # fmt: skip
     target = root / _key(spec)
-    if not (target / "meta.json").exists():
-        root.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
-        try:
-            meta = _build(spec, tmp)
-            (tmp / "meta.json").write_text(json.dumps(meta))
-            try:
-                os.rename(tmp, target)
-            except OSError:  # another rank won the race; its copy is identical
-                pass
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+
+    def pack(tmp: Path) -> None:
+        (tmp / "meta.json").write_text(json.dumps(_build(spec, tmp)))
+
+    build_once(target, pack, done="meta.json")
     meta = json.loads((target / "meta.json").read_text())
     shards = spec.data.shards
     test_x = np.load(target / "test-x.npy")

@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ import numpy as np
 from disttrain_api.model import DataSpec, JobSpec
 
 from . import file_converters
+from .data_cache import build_once
 from .process.config import ConfigError
 
 FILE_FORMAT_VERSION = 1
@@ -253,20 +253,14 @@ def _converted(spec: JobSpec, path: Path, cache: Path) -> FileData:
            "module": file_converters.module_fingerprint(d.factory or "")}  # fmt: skip
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     target = cache / f"{d.format}-{digest}"
-    if not (target / "y.npy").exists():
+
+    def convert(tmp: Path) -> None:
         x, y = file_converters.read_rows(d, path)
         check_rows(x, y, str(path) if d.path else str(d.factory))
-        cache.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=cache))
-        try:
-            np.save(tmp / "x.npy", np.ascontiguousarray(x))
-            np.save(tmp / "y.npy", np.ascontiguousarray(y))
-            try:
-                os.rename(tmp, target)
-            except OSError:  # another rank won the race; its copy is identical
-                pass
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        np.save(tmp / "x.npy", np.ascontiguousarray(x))
+        np.save(tmp / "y.npy", np.ascontiguousarray(y))
+
+    build_once(target, convert, done="y.npy")
     return _rows(spec, target / "x.npy", target / "y.npy", cache, str(path) if d.path else str(d.factory))
 
 
