@@ -184,8 +184,26 @@ def crd() -> dict[str, Any]:
     }
 
 
+# Words YAML 1.1 reads as booleans (or null). PyYAML writes `y`, `n`, `Y` and `N` unquoted, but the
+# API server's YAML 1.1 parser (go-yaml v2) takes them for booleans: a CRD with `default: y` (the
+# npy labels' file stem) is refused with "in body must be of type string: boolean".
+_YAML11_NON_STRINGS = frozenset("y yes n no on off true false null ~".split())
+
+
+class _Dumper(yaml.SafeDumper):
+    """safe_dump, quoting every string a YAML 1.1 reader would not read back as that string."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "'" if value.lower() in _YAML11_NON_STRINGS else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _represent_str)
+
+
 def crd_yaml() -> str:
-    return HEADER + yaml.safe_dump(crd(), sort_keys=False, default_flow_style=False, width=120)
+    return HEADER + yaml.dump(crd(), Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120)
 
 
 # ---------------------------------------------------------------- schema checks

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 import typing
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
@@ -43,6 +44,24 @@ def test_committed_crd_is_up_to_date() -> None:
 
 def test_yaml_round_trip(committed: dict[str, Any]) -> None:
     assert committed == crd.crd()
+
+
+class _Yaml11Loader(yaml.SafeLoader):
+    """A YAML 1.1 reader as the API server's (go-yaml v2): y/Y/n/N are booleans too (PyYAML's are not)."""
+
+
+_Yaml11Loader.yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+for _first in "yYnN":
+    _Yaml11Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:y|Y|n|N)$"), [_first])
+_Yaml11Loader.add_constructor("tag:yaml.org,2002:bool", lambda loader, node: node.value.lower() in ("y", "yes", "on",
+                                                                                                    "true"))
+
+
+def test_the_api_server_reads_the_crd_as_written() -> None:
+    # Every string stays a string for a YAML 1.1 reader: `default: y` (unquoted) is a boolean there.
+    for path in (CRD_FILE, ROOT / "charts" / "disttrain" / "crds" / "disttrainjobs.yaml"):
+        assert yaml.load(path.read_text(), Loader=_Yaml11Loader) == crd.crd(), path
+    assert yaml.load("default: y", Loader=_Yaml11Loader) == {"default": True}  # the reader is YAML 1.1's
 
 
 def test_crd_metadata(committed: dict[str, Any]) -> None:
