@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 import yaml
+from kubernetes.utils import parse_quantity
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "manifests" / "crd" / "disttrainjobs.yaml"
@@ -87,7 +88,7 @@ class Kubectl:
 
 
 def _millicores(q: str) -> int:
-    return int(q[:-1]) if q.endswith("m") else int(float(q) * 1000)
+    return int(parse_quantity(q) * 1000)
 
 
 def wait_for_room(kubectl: Kubectl, cpu_millicores: int, timeout: float = 180) -> None:
