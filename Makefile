@@ -9,12 +9,13 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 EXTRAS ?= operator,trainer,dev
 PYTEST_ARGS ?=
-# The whole suite on 3 pytest-xdist workers: one runs the cluster and e2e tiers in order (one
-# cluster, one operator: the xdist group in tests/conftest.py), two share the unit and dist tiers.
+# The whole suite on 4 pytest-xdist workers: two run the cluster and e2e tiers in two lanes
+# against one cluster (each lane its own operator: the xdist groups in tests/conftest.py), two
+# share the unit and dist tiers.
 # A crashed worker ends the run (--max-worker-restart=0): xdist 3.8 replaces it but never hands its
 # group's remaining tests on, and the run would wait for them until CI's limit. --durations: the
 # slowest tests in every log, where the suite's time goes.
-SUITE_WORKERS ?= 3
+SUITE_WORKERS ?= 4
 
 .PHONY: help venv demo test test-unit test-dist test-cluster test-e2e lint manifests protos bench clean helm unit-prereqs chart-docs
 

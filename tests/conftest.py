@@ -7,7 +7,11 @@ never has a GPU).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,12 +36,28 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
 
 
 TIERS = ("unit", *STRICT_TIERS)
-# The cluster and e2e tiers share one local cluster and one operator: under pytest-xdist's
-# `--dist loadgroup` (`make test`) they run in order on one worker while the others take the
-# CPU-bound unit and dist tiers; the cluster tests mostly wait on pods held to their CPU limits.
+# The cluster and e2e tiers share one local cluster. Under pytest-xdist's `--dist loadgroup`
+# (`make test`) they run in two lanes (two xdist groups, each on one worker, each with its own
+# operator and namespaces) while the other workers take the CPU-bound unit and dist tiers: the
+# cluster tests mostly wait on pods, so two of them at once nearly halve the tiers' wall time.
+# A test marked `whole_cluster` (it stops or drains a node, or installs an operator that
+# watches every namespace) runs alone: it holds the cluster lock exclusively, every other
+# cluster test holds it shared (`cluster_turn`).
 CLUSTER_TIERS = ("cluster", "e2e")
-CLUSTER_GROUP = "local-cluster"
+CLUSTER_LANES = ("cluster-lane-1", "cluster-lane-2")
+# Test files of the second lane (the rest run in the first), balanced by their measured time.
+SECOND_LANE = frozenset({
+    "test_network.py", "test_node_loss.py", "test_pods.py", "test_scheduling.py", "test_operator.py",
+    "test_ownership.py", "test_paramserver.py", "test_federated.py", "test_identity.py",
+    "test_recovery.py", "test_disruptions.py", "test_zz_incluster.py",
+})
 TESTS_ROOT = Path(__file__).resolve().parent
+CLUSTER_TURN_LOCK = Path(tempfile.gettempdir()) / "disttrain-cluster-tests.lock"
+CLUSTER_USERS_LOCK = Path(tempfile.gettempdir()) / "disttrain-cluster-users.lock"
+
+
+def cluster_lane(item: pytest.Item) -> str:
+    return CLUSTER_LANES[1] if item.path.name in SECOND_LANE else CLUSTER_LANES[0]
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's loadgroup reads the xdist_group marks
@@ -49,7 +69,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if tier in parts[parts.index("tests") + 1 :][:1]:
                 item.add_marker(getattr(pytest.mark, tier))
                 if tier in CLUSTER_TIERS:
-                    item.add_marker(pytest.mark.xdist_group(name=CLUSTER_GROUP))
+                    item.add_marker(pytest.mark.xdist_group(name=cluster_lane(item)))
     # A whole-suite run (`make test`) must run every tier: a tier that collects nothing (a
     # folder lost to a .gitignore pattern, a broken conftest) fails instead of passing quietly.
     whole_suite = any(Path(arg).resolve() == TESTS_ROOT for arg in config.args)
@@ -65,14 +85,37 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    # Under `--dist loadgroup` every cluster test must carry its group in its node id, or the
-    # workers would run them at once against one cluster (a stopped node would stall the others).
+    # Under `--dist loadgroup` every cluster test must carry its lane in its node id, or the
+    # workers would run any number of them at once against one cluster.
     if not getattr(session.config.option, "loadgroup", False):  # set on xdist workers only
         return
     loose = [i.nodeid for i in session.items
-             if i.get_closest_marker("xdist_group") and not i.nodeid.endswith("@" + CLUSTER_GROUP)]  # fmt: skip
+             if i.get_closest_marker("xdist_group") and not i.nodeid.endswith("@" + cluster_lane(i))]  # fmt: skip
     if loose:
         raise pytest.UsageError(f"--dist loadgroup did not group {loose[0]} (pytest-xdist and pytest versions?)")
+
+
+@contextlib.contextmanager
+def _flock(path: Path, mode: int) -> Iterator[None]:
+    with path.open("a") as fh:
+        fcntl.flock(fh, mode)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+@pytest.fixture(autouse=True)
+def cluster_turn(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A cluster test's turn on the shared cluster: shared with the other lane's test, or the
+    whole cluster for a `whole_cluster` test (taken before the test's own fixtures, released
+    after their teardown)."""
+    if not any(request.node.get_closest_marker(tier) for tier in CLUSTER_TIERS):
+        yield
+        return
+    exclusive = request.node.get_closest_marker("whole_cluster") is not None
+    with _flock(CLUSTER_TURN_LOCK, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH):
+        yield
 
 
 # ---- local cluster fixtures (hack/localcluster) ----------------------------------------------
@@ -81,7 +124,6 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 # `kubeconfig`: $KUBECONFIG when set (any cluster, e.g. kind), else the local cluster's.
 # Under CI=true a cluster that cannot come up FAILS the test, naming the step and its log.
 import sys  # noqa: E402
-from collections.abc import Iterator  # noqa: E402
 
 _HACK = Path(__file__).resolve().parents[1] / "hack"
 
@@ -112,9 +154,14 @@ def local_cluster() -> Iterator[object]:
             cluster.down()
         logs = cluster.cfg.logs if cluster is not None else "~/.cache/disttrain/cluster/logs"
         _cluster_unavailable(f"{e}\n(bring it up by hand with `make cluster-up`; logs in {logs})")
-    yield cluster
-    if started:
-        cluster.down()
+    # Held shared while this session uses the cluster: the session that started it stops it
+    # only once the other lane's session is done with it too.
+    with CLUSTER_USERS_LOCK.open("a") as users:
+        fcntl.flock(users, fcntl.LOCK_SH)
+        yield cluster
+        if started:
+            fcntl.flock(users, fcntl.LOCK_EX)
+            cluster.down()
 
 
 @pytest.fixture(scope="session")

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 from kubernetes import client
 
 
+@pytest.mark.whole_cluster  # stops a node
 def test_stopping_a_node_evicts_its_pods_and_they_are_replaced(kube, namespace, local_cluster):
     labels = {"app": "survivor"}
     rs = client.V1ReplicaSet(

@@ -2,8 +2,9 @@
 (the local cluster by default, kind or another cluster when KUBECONFIG is set).
 
 The operator runs as a host process (`disttrain operator`) watching only the
-namespaces these tests create (`e2e-op-*`), so tests stay fast and never touch
-anything else on the cluster; the in-cluster install is tested on its own.
+namespaces these tests create (`e2e-op-<xdist worker>-*`: one operator per cluster lane), so
+tests stay fast and never touch anything else on the cluster; the in-cluster install is
+tested on its own.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 import kubernetes
+import pytest
 import yaml
 from kubernetes.utils import parse_quantity
 
@@ -39,6 +40,11 @@ NODE_LOST_AFTER_S = 15
 # Every test namespace gets a claim of this name bound to its own such volume.
 CHECKPOINT_CLAIM = "checkpoints"
 CHECKPOINT_VOLUME = {"persistentVolumeClaim": {"claimName": CHECKPOINT_CLAIM}}
+
+
+# The namespaces the session's operator watches: one set per pytest-xdist worker, since each
+# cluster lane (tests/conftest.py) runs its own operator beside the other lane's.
+OPERATOR_NAMESPACES = f"e2e-op-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
 
 
 class Kubectl:
@@ -236,7 +242,7 @@ class OperatorProcess:
 
 @pytest.fixture(scope="session")
 def operator(kubectl: Kubectl, crd: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
-    op = OperatorProcess(kubectl, ["e2e-op-*"], tmp_path_factory.mktemp("operator") / "operator.log")
+    op = OperatorProcess(kubectl, [f"{OPERATOR_NAMESPACES}-*"], tmp_path_factory.mktemp("operator") / "operator.log")
     op.start()
     yield op
     op.stop()
@@ -280,7 +286,7 @@ def _namespace(kubectl: Kubectl, prefix: str) -> Iterator[str]:
 @pytest.fixture
 def namespace(kubectl: Kubectl) -> Iterator[str]:
     """A fresh namespace watched by the session's host operator."""
-    yield from _namespace(kubectl, "e2e-op")
+    yield from _namespace(kubectl, OPERATOR_NAMESPACES)
 
 
 @pytest.fixture

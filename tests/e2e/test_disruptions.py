@@ -110,6 +110,7 @@ def stop_record(log: Rank0Log, name: str) -> tuple[int, int]:
     return log.steps()[-1], saved
 
 
+@pytest.mark.whole_cluster  # drains a node
 def test_suspend_and_a_node_drain_each_lose_at_most_one_step_and_count_no_restart(
     kubectl: Kubectl, operator: OperatorProcess, namespace: str, job_name: str
 ) -> None:

@@ -4,7 +4,7 @@
 `helm uninstall` removes everything the release made except the CRD (and so the jobs).
 
 The release watches only its test namespace (`operator.watchNamespaces`), so it never races the
-session's host operator (which watches e2e-op-*). Images are the cluster's `:dev` builds.
+session's host operators (which watch e2e-op-<worker>-*). Images are the cluster's `:dev` builds.
 """
 
 from __future__ import annotations

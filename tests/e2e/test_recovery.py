@@ -59,6 +59,7 @@ def wait_for_checkpoint(kubectl: Kubectl, name: str, at_least: int) -> int:
                             timeout=300, interval=0.5)
 
 
+@pytest.mark.whole_cluster  # stops a node
 def test_elastic_shrink_after_a_node_is_stopped(
     request: pytest.FixtureRequest, kubectl: Kubectl, operator: OperatorProcess, namespace: str, job_name: str
 ) -> None:

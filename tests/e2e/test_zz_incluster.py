@@ -2,7 +2,7 @@
 in-cluster operator (own ServiceAccount, least-privilege RBAC) runs the
 data-parallel digits example to Succeeded with test accuracy >= 0.95.
 
-Named test_zz_* so it runs after the host-operator tests: while it is installed,
+Marked whole_cluster (it runs while no other cluster test does): while it is installed,
 the in-cluster operator watches every namespace.
 """
 
@@ -37,6 +37,7 @@ def installed(kubectl: Kubectl) -> Iterator[None]:
             kubectl.run("delete", "--ignore-not-found", "-f", str(ROOT / "manifests" / part), check=False)
 
 
+@pytest.mark.whole_cluster  # the in-cluster operator watches every namespace
 def test_apply_k_installs_operator_that_runs_the_digits_job(kubectl: Kubectl, installed: None) -> None:
     crd = kubectl.json("get", "crd", "disttrainjobs.disttrain.dev")
     assert crd["spec"]["names"]["shortNames"] == ["dtj"]
