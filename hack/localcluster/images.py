@@ -220,6 +220,11 @@ def _build_target(target: str, ref: str) -> Path:
     # Uncompressed layers (-D): gzip of ~1 GB costs minutes on a busy 2-core box, and the
     # archive only travels to the local containerd, which would gunzip it again.
     run([*BUILDAH, "push", "-D", ref, f"oci-archive:{tar}:{ref.rsplit(':', 1)[1]}"], step=step, log=log, timeout=900)
+    # The archive is the image from now on. Left in buildah's vfs store (a full copy of every
+    # layer), each rebuild's image and its dangling predecessor took ~2 GB until the disk filled
+    # and the kubelets tainted their nodes with disk pressure.
+    run([*BUILDAH, "rmi", ref], step=step, log=log, timeout=600)
+    run([*BUILDAH, "rmi", "--prune"], step=step, log=log, timeout=600)
     say(f"image {ref}: buildah bud {t1 - t0:.1f}s, push to OCI archive {time.monotonic() - t1:.1f}s "
         f"({tar.stat().st_size / 1e6:.0f} MB)")
     return tar
