@@ -224,7 +224,9 @@ def _build_target(target: str, ref: str) -> Path:
     # layer), each rebuild's image and its dangling predecessor took ~2 GB until the disk filled
     # and the kubelets tainted their nodes with disk pressure.
     run([*BUILDAH, "rmi", ref], step=step, log=log, timeout=600)
-    run([*BUILDAH, "rmi", "--prune"], step=step, log=log, timeout=600)
+    # Best effort: a dangling image that an interrupted build's working container still uses
+    # stays (buildah refuses it), the rest goes.
+    run([*BUILDAH, "rmi", "--prune"], step=step, log=log, timeout=600, check=False)
     say(f"image {ref}: buildah bud {t1 - t0:.1f}s, push to OCI archive {time.monotonic() - t1:.1f}s "
         f"({tar.stat().st_size / 1e6:.0f} MB)")
     return tar
