@@ -38,16 +38,13 @@ print("slept through it", flush=True)
 def handler() -> Iterator[None]:
     """The trainer's SIGTERM handler in this process, for one test."""
     previous = signal.getsignal(signal.SIGTERM)
-    stop_request.reset()
-    stop_request._installed = False
+    stop_request.uninstall()
     stop_request.install()
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
-        signal.set_wakeup_fd(-1)
-        stop_request._installed = False
-        stop_request.reset()
+        stop_request.uninstall()
+        assert signal.getsignal(signal.SIGTERM) is previous
 
 
 def sigterm_and_wait() -> None:
@@ -161,3 +158,27 @@ def test_the_watcher_leaves_a_signal_the_main_thread_already_handled_alone() -> 
     )
     proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == "alive", (proc.returncode, proc.stderr)
+
+
+def test_uninstall_lets_the_watcher_read_a_handled_signal_before_the_request_is_forgotten() -> None:
+    """A loaded machine schedules the watcher thread late: a SIGTERM handled inside a deferred
+    section may still sit in the wakeup pipe when a test harness forgets the request. Read after
+    the reset, it would look like a new SIGTERM before training and end the process (an xdist
+    worker, once)."""
+    program = (
+        "import os, signal\n"
+        "from disttrain_trainer.process import stop_request as s\n"
+        "s.install()\n"
+        "with s.deferred():\n"
+        "    s.request()  # what the main thread's handler does with a SIGTERM in a deferred section\n"
+        "    os.write(s._watcher[1], bytes([signal.SIGTERM]))  # the byte the C handler writes\n"
+        "s.uninstall()\n"
+        "assert not s.requested() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL\n"
+        "import time; time.sleep(0.5)\n"
+        "s.install()  # installs again after an uninstall\n"
+        "assert s._watcher is not None and s._watcher[0].is_alive()\n"
+        "print('alive', flush=True)\n"
+    )
+    for _ in range(5):
+        proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0 and proc.stdout.strip() == "alive", (proc.returncode, proc.stderr)

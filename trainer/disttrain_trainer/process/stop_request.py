@@ -48,6 +48,8 @@ event = threading.Event()  # set once a stop was requested; threads may wait on 
 _callbacks: list[Callable[[], None]] = []
 _deferred = 0
 _installed = False
+_watcher: tuple[threading.Thread, int] | None = None  # the watcher thread, the wakeup pipe's write end
+_previous_handlers: dict[int, Any] = {}
 _lock = threading.Lock()  # the handler and the watcher thread may both report one signal
 
 
@@ -59,16 +61,41 @@ class StopRequested(BaseException):  # noqa: N818 - a request, like KeyboardInte
 
 def install() -> None:
     """Handle SIGTERM in this process (main thread only; idempotent)."""
-    global _installed
+    global _installed, _watcher
     if _installed or threading.current_thread() is not threading.main_thread():
         return
     for sig in SIGNALS:
-        signal.signal(sig, _on_signal)
+        _previous_handlers[sig] = signal.signal(sig, _on_signal)
     _installed = True
     read_fd, write_fd = os.pipe()
     os.set_blocking(write_fd, False)
     signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)  # the C handler writes each signal number
-    threading.Thread(target=_watch, args=(read_fd,), name="sigterm-watch", daemon=True).start()
+    watcher = threading.Thread(target=_watch, args=(read_fd,), name="sigterm-watch", daemon=True)
+    watcher.start()
+    _watcher = (watcher, write_fd)
+
+
+def uninstall() -> None:
+    """Undo `install()` and forget any request (tests that run several trainers in one process).
+
+    The watcher thread reads every signal number already written to the wakeup pipe before the
+    request is forgotten: a byte it read only after `reset()` would look like a new SIGTERM outside
+    a loop and end the process for a signal that was already handled."""
+    global _installed, _watcher
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError("stop_request.uninstall() must run in the main thread")
+    if _installed:
+        signal.set_wakeup_fd(-1)  # no new bytes; signal.signal below runs any pending Python handler
+        for sig, previous in _previous_handlers.items():
+            signal.signal(sig, previous)
+        _previous_handlers.clear()
+        _installed = False
+    if _watcher is not None:
+        watcher, write_fd = _watcher
+        _watcher = None
+        os.close(write_fd)  # the watcher reads what is left, then end of file, and returns
+        watcher.join()
+    reset()
 
 
 def _watch(read_fd: int) -> None:
@@ -79,6 +106,7 @@ def _watch(read_fd: int) -> None:
         except OSError:
             return
         if not data:
+            os.close(read_fd)
             return
         if any(b in data for b in SIGNALS):
             with _lock:
