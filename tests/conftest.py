@@ -82,6 +82,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         empty = [tier for tier, n in found.items() if n == 0]
         if empty:
             raise pytest.UsageError(f"no tests collected in tier(s) {', '.join(empty)} (tests/<tier>/)")
+        # A renamed or removed cluster test file would silently move its lane's load to the other.
+        stale = SECOND_LANE - {item.path.name for item in items if item.get_closest_marker("xdist_group")}
+        if stale:
+            raise pytest.UsageError(f"SECOND_LANE names cluster test files that do not exist: {sorted(stale)}")
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
