@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 from disttrain_api import constants as c
-from disttrain_api.model import PLURAL
 from disttrain_api import metric_names as names
+from disttrain_api.model import PLURAL
 from disttrain_api.progress import PROGRESS_INTERVAL_S
 from disttrain_api.scaling.hint import Proposal
 from disttrain_operator.cache import JobCache
