@@ -21,6 +21,8 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from disttrain_api import metric_names as names
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
+# Paths a process may publish a document at (`MetricsSink.publish`): 404 until it does.
+DOCUMENT_PATHS = (names.FORECAST_INPUTS_PATH,)
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
@@ -64,6 +66,9 @@ class MetricsSink:
         def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
             with self._doc_lock:
                 doc = self._documents.get(environ.get("PATH_INFO", ""))
+            if doc is None and environ.get("PATH_INFO") in DOCUMENT_PATHS:
+                start_response("404 Not Found", [("Content-Type", "text/plain"), ("Content-Length", "0")])
+                return [b""]  # not published yet (or not by this process): never the metrics instead
             if doc is None:
                 return metrics(environ, start_response)
             start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(doc)))])
