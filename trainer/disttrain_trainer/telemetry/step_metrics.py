@@ -11,6 +11,7 @@ share a process in tests without clashing.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,9 @@ from disttrain_api import metric_names as names
 from disttrain_api.scaling.hint import propose
 
 from .sink import MetricsSink, StepTimeSeries, time_fractions
+
+# Rank 0 republishes its forecast inputs (and the forecast gauges) at most this often.
+FORECAST_PUBLISH_S = 10.0
 
 
 def ends_interval(step: int, *, log_every: int, steps: int) -> bool:
@@ -176,6 +180,7 @@ class Metrics(MetricsSink):
         self.mfu: Any = None  # registered at the first known figure: an unset gauge would read 0
         self.forecast_efficiency: Any = None
         self.forecast_gain: Any = None
+        self._forecast_next = float("-inf")
         self.loss = gauge(n.LOSS, "Mean training loss on this rank over the last log interval.")
         self.lr = gauge(n.LEARNING_RATE, "Learning rate of the last step.")
         self.step = gauge(n.STEP, "Optimizer steps completed.")
@@ -227,6 +232,17 @@ class Metrics(MetricsSink):
             rec["mfu"] = mfu
         self.write({"step": step, "loss": loss, "lr": lr, **rec, "gradient_bytes": gradient_bytes,
                     **(extra or {})})  # fmt: skip
+
+    def forecast_due(self) -> bool:
+        """Whether rank 0 should measure and publish its forecast inputs now: at the first steady
+        interval, then at most every FORECAST_PUBLISH_S (the operator reads them every few
+        seconds; building them each interval of a short-interval run would add to rank 0's
+        step, which the other ranks would wait for)."""
+        now = time.monotonic()
+        if not self.enabled or now < self._forecast_next:
+            return False
+        self._forecast_next = now + FORECAST_PUBLISH_S
+        return True
 
     def observe_forecast(self, inputs: dict[str, Any]) -> None:
         """Rank 0's forecast inputs as measured so far (summary-shaped: mode, layout, worldSize, ...,

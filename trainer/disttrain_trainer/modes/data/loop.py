@@ -173,7 +173,7 @@ def train(run: Run) -> Summary | None:
                     _log_interval(run, interval, losses, grad_bytes, dp)
                     run.totals.merge(interval)
                     run.scaling.interval(interval)
-                    if ctx.is_main and metrics.enabled and run.scaling.steady.steps:
+                    if ctx.is_main and run.scaling.steady.steps and metrics.forecast_due():
                         run.metrics.observe_forecast(_forecast_inputs(run, layout, interval))
                     interval, losses = Tally(), []
                 loop_gc.after_step(run.step)
