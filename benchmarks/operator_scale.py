@@ -10,6 +10,12 @@ Measures, on a real cluster (KUBECONFIG, else the local cluster's kubeconfig):
   disttrain_operator_api_requests_total counter, also by verb and resource; kopf's
   watch streams are not in it) and the apiserver's apiserver_request_total
   delta over the run (every client: kubelets, scheduler, controllers, kopf).
+- status writes per job, counted at the API server (a watch on the jobs: benchmarks/
+  status_writes.py): over a job's life, and per minute while it runs, progress-only ones
+  apart, against the design cap of one progress write per job per 10 s whatever the number
+  of workers. Worker 0 of each job serves a metrics page whose disttrain_step advances twice a
+  second for --run-seconds (the others sleep as long), so the operator always has a progress
+  change pending; --run-seconds 0 gives every pod `sleep 2` as before (no progress).
 - the plain-client reference, in the same run and before the operator's part: the very
   same objects (each job's ConfigMap, headless Service and W pods, built by the
   operator's own builders, owner references dropped) created with a plain kubernetes
@@ -37,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from proc_stats import cpu_seconds, peak_rss_mb
+from status_writes import StatusWriteWatch, summarize, worker_command
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "operator"))
@@ -87,14 +94,14 @@ def scrape_by_label(text: str, name: str, labels: tuple[str, ...]) -> dict[str, 
     return out
 
 
-def reference_objects(name: str, ns: str, workers: int, image: str) -> list[dict[str, Any]]:
+def reference_objects(name: str, ns: str, workers: int, image: str, **job: Any) -> list[dict[str, Any]]:
     """The ConfigMap, headless Service and pods the operator creates for job_body(...),
     from its own builders, without owner references (no job owns them here)."""
     from disttrain_api.validation import load_job
     from disttrain_operator import topology
     from disttrain_operator.topology.common import BuildContext
 
-    spec = load_job(job_body(name, ns, workers, image)).spec
+    spec = load_job(job_body(name, ns, workers, image, **job)).spec
     children = topology.build_children(spec, BuildContext(name=name, namespace=ns, image=image, replicas=workers))
     objs = [*children.config_maps, *children.services, *children.pods]
     for obj in objs:
@@ -102,7 +109,7 @@ def reference_objects(name: str, ns: str, workers: int, image: str) -> list[dict
     return objs
 
 
-def plain_client_reference(core: Any, ns: str, jobs: int, workers: int, image: str) -> dict[str, float]:
+def plain_client_reference(core: Any, ns: str, jobs: int, workers: int, image: str, **job: Any) -> dict[str, float]:
     """Seconds until every object of every job exists, created by a plain client from THREADS
     threads (each create returns once the object is stored: a pod exists when its call returns)."""
     from kubernetes import client
@@ -112,7 +119,7 @@ def plain_client_reference(core: Any, ns: str, jobs: int, workers: int, image: s
     api = client.CoreV1Api(client.ApiClient(cfg))
     create = {"ConfigMap": api.create_namespaced_config_map, "Service": api.create_namespaced_service,
               "Pod": api.create_namespaced_pod}
-    objs = [(i, o) for i in range(jobs) for o in reference_objects(f"ref-{i:03d}", ns, workers, image)]
+    objs = [(i, o) for i in range(jobs) for o in reference_objects(f"ref-{i:03d}", ns, workers, image, **job)]
     done: dict[int, float] = {}  # job -> when its last object was stored
     guard = threading.Lock()
 
@@ -131,7 +138,8 @@ def plain_client_reference(core: Any, ns: str, jobs: int, workers: int, image: s
             "job_p50_s": round(percentile(per_job, 0.5), 3), "job_p95_s": round(percentile(per_job, 0.95), 3)}
 
 
-def job_body(name: str, ns: str, workers: int, image: str) -> dict[str, Any]:
+def job_body(name: str, ns: str, workers: int, image: str, *, run_seconds: float = 0.0,
+             memory: str = "16Mi") -> dict[str, Any]:  # fmt: skip
     return {
         "apiVersion": "disttrain.dev/v1alpha1",
         "kind": "DistTrainJob",
@@ -141,8 +149,8 @@ def job_body(name: str, ns: str, workers: int, image: str) -> dict[str, Any]:
             "image": image,
             "workers": {
                 "replicas": workers,
-                "resources": {"cpu": "10m", "memory": "16Mi"},
-                "template": {"containers": [{"name": "trainer", "command": ["sh", "-c", "sleep 2"]}]},
+                "resources": {"cpu": "10m", "memory": memory},
+                "template": {"containers": [{"name": "trainer", "command": worker_command(run_seconds)}]},
             },
             "data": {"batchSize": 64 * workers},
             "runPolicy": {"cleanPodPolicy": "None"},
@@ -156,6 +164,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--image", default="disttrain-trainer:dev")
     ap.add_argument("--poll-interval", type=float, default=3.0)
+    ap.add_argument("--run-seconds", type=float, default=60.0,
+                    help="how long the pods run; worker 0 serves an advancing step meanwhile (0: `sleep 2`, "
+                    "no progress)")
+    ap.add_argument("--memory", default=None, help="each pod's memory (default 32Mi with --run-seconds, "
+                    "python3 serving rank 0's page; 16Mi for `sleep 2`)")
     ap.add_argument("--timeout", type=float, default=900.0, help="give up waiting for Succeeded after this")
     ap.add_argument("--kubeconfig", default=default_kubeconfig())
     ap.add_argument("--json", type=Path, help="also write the results here")
@@ -167,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="first wait (up to 5 min) until the 1-minute load average is below this: the "
                     "pods of a previous run are still being torn down for a minute or two after it")
     args = ap.parse_args(argv)
+    job_opts = {"run_seconds": args.run_seconds, "memory": args.memory or ("32Mi" if args.run_seconds > 0 else "16Mi")}
     deadline = time.monotonic() + 300
     while os.getloadavg()[0] >= args.settle_load and time.monotonic() < deadline:
         time.sleep(5)
@@ -184,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         ref_ns = f"bench-ref-{uuid.uuid4().hex[:6]}"
         core.create_namespace({"metadata": {"name": ref_ns}})
         try:
-            reference = plain_client_reference(core, ref_ns, args.jobs, args.workers, args.image)
+            reference = plain_client_reference(core, ref_ns, args.jobs, args.workers, args.image, **job_opts)
         finally:
             # Gone before the operator's part starts: its deletions must not load that part.
             subprocess.run(["kubectl", "delete", "namespace", ref_ns, "--wait=true", "--timeout=300s"], env=env,
@@ -236,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
 
         watcher = threading.Thread(target=watch_pods, daemon=True)
         watcher.start()
+        status_watch = StatusWriteWatch(custom, ns)
+        status_watch.start()
         time.sleep(1.0)
         cpu0, api0, t0 = cpu_seconds(op.pid), apiserver_requests(), time.monotonic()
         names = [f"scale-{i:03d}" for i in range(args.jobs)]
@@ -243,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         def apply(name: str) -> None:
             created_at[name] = time.monotonic()
             custom.create_namespaced_custom_object("disttrain.dev", "v1alpha1", ns, "disttrainjobs",
-                                                   job_body(name, ns, args.workers, args.image))
+                                                   job_body(name, ns, args.workers, args.image, **job_opts))
 
         # By default from as many threads as the reference uses: the jobs' own creation is not
         # serialised behind one connection, so the time until all pods exist is the operator's.
@@ -263,6 +279,13 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(2.0)
         succeeded_s = time.monotonic() - t0
         cpu_s = cpu_seconds(op.pid) - cpu0
+        time.sleep(2.0)  # the last writes' watch events
+        status_watch.stop()
+        from disttrain_api.progress import PROGRESS_INTERVAL_S
+
+        # The operator runs with its default progress interval (its writes: max(poll, progress)).
+        writes_seen = summarize(status_watch.jobs, interval_s=max(args.poll_interval, PROGRESS_INTERVAL_S),
+                                end=time.monotonic())  # fmt: skip
         api_total = apiserver_requests() - api0
         text = op_metrics()
         op_requests = scrape_sum(text, "disttrain_operator_api_requests_total")
@@ -289,12 +312,17 @@ def main(argv: list[str] | None = None) -> int:
             "operator_cpu_s": round(cpu_s, 1),
             "operator_peak_rss_mb": round(peak_rss_mb(op.pid), 1),
             "operator_requests_per_job": round(op_requests / args.jobs, 1),
+            # The same less the progress-only status writes (one per job per 10 s while it runs):
+            # what a job costs besides reporting how far it got, comparable with --run-seconds 0.
+            "operator_requests_per_job_less_progress": round((op_requests - writes.get("progress", 0.0)) / args.jobs, 1),
             "reconciles_per_job": round(reconciles / args.jobs, 1),
             "reconcile_mean_s": round(reconcile_total_s / max(reconciles, 1), 3),
             "operator_requests_per_job_by_call": {k: round(v / args.jobs, 2) for k, v in sorted(by_call.items()) if v},
             "status_writes_per_job_by_kind": {k: round(v / args.jobs, 2) for k, v in sorted(writes.items())},
             "events_per_job_by_reason": {k: round(v / args.jobs, 2) for k, v in sorted(events_by_reason.items())},
             "apiserver_requests_per_job": round(api_total / args.jobs, 1),
+            "run_seconds": args.run_seconds,
+            **writes_seen,
             "poll_interval_s": args.poll_interval,
             "apply_threads": args.apply_threads,
             "reference_all_created_s": reference.get("all_created_s"),
@@ -304,17 +332,30 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result, indent=2))
         print(
             "\n| jobs x workers | all pods created | plain client | ratio | create p50 | create p95 | plain p95 | all Succeeded | "
-            "operator CPU | peak RSS | operator req/job | apiserver req/job |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+            "operator CPU | peak RSS | operator req/job | apiserver req/job | status writes/job | "
+            "status writes/job/min running | progress writes/job/min (max; cap) | min gap |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
             f"| {args.jobs} x {args.workers} | {result['all_pods_created_s']} s | {result['reference_all_created_s']} s | "
             f"{result['ratio_to_reference']} | {result['create_latency_p50_s']} s | "
             f"{result['create_latency_p95_s']} s | {result['reference_job_p95_s']} s | "
             f"{result['all_succeeded_s']} s ({done}/{args.jobs}) | "
             f"{result['operator_cpu_s']} s | {result['operator_peak_rss_mb']} MB | "
-            f"{result['operator_requests_per_job']} | {result['apiserver_requests_per_job']} |"
+            f"{result['operator_requests_per_job']} | {result['apiserver_requests_per_job']} | "
+            f"{result['status_writes_per_job']} | {result['status_writes_per_job_per_min_running']} | "
+            f"{result['progress_writes_per_job_per_min_running']} ({result['progress_writes_per_job_per_min_max']}; "
+            f"{result['progress_cap_per_min']:g}) | {result['progress_write_min_gap_s']} s |"
         )
+        progress_seen = args.run_seconds <= 0 or bool(result["progress_writes_per_job_per_min_running"])
+        if not progress_seen:
+            print("no progress writes seen: the operator could not read worker 0's page (pod IPs not routed to "
+                  "this host?) or no job ran for an interval", file=sys.stderr)  # fmt: skip
+        if not result["progress_cap_held"]:
+            print("progress writes above the cap of one per job per "
+                  f"{60 / result['progress_cap_per_min']:g} s", file=sys.stderr)  # fmt: skip
         if args.json:
             args.json.write_text(json.dumps(result, indent=2))
-        return 0 if done == args.jobs and len(latencies) == args.jobs else 1
+        ok = done == args.jobs and len(latencies) == args.jobs and progress_seen and result["progress_cap_held"]
+        return 0 if ok else 1
     finally:
         # Delete while the operator runs: kopf's finalizers must be released.
         subprocess.run(["kubectl", "delete", "namespace", ns, "--wait=true", "--timeout=300s"], env=env,

@@ -34,9 +34,23 @@ COMM_SECONDS_TOTAL = COMM_EXPOSED_SECONDS + "_total"
 # the accelerators' peak (a GPT on a known GPU: trainer telemetry/model_flops.py).
 MFU = PREFIX + "mfu"
 
+# Exposed communication / step time over the last log interval (a gauge): the running job's
+# figure the operator's scaling hint is decided on (disttrain_api/scaling/hint.py).
+COMM_EXPOSED_FRACTION = PREFIX + "comm_exposed_fraction"
+
 # Series the operator reads from rank 0's /metrics for status.step / lastCheckpointStep /
-# commFraction / progress.
-PROGRESS_SERIES = (STEP, LAST_CHECKPOINT_STEP, COMM_SECONDS_TOTAL, STEP_SECONDS_SUM, MFU)
+# commFraction / progress / hint.
+PROGRESS_SERIES = (STEP, LAST_CHECKPOINT_STEP, COMM_SECONDS_TOTAL, STEP_SECONDS_SUM, MFU, COMM_EXPOSED_FRACTION)
+
+# Beside /metrics, a data-parallel rank 0 serves the scaling forecast's inputs as measured so far
+# (a JSON object shaped like its summary: mode, layout, worldSize, ..., scaling): the operator
+# reads them for a running job's hint. 404 until the first steady-state interval.
+FORECAST_INPUTS_PATH = "/forecast-inputs"
+# Gauges rank 0 exports from the forecast on those inputs, at the run's own size: the scaling
+# efficiency of its layout (samples/s over world size x one worker's), and the samples/s gain
+# of the change the hint would name (0: none worth one).
+FORECAST_EFFICIENCY = PREFIX + "forecast_efficiency"
+FORECAST_GAIN = PREFIX + "forecast_hint_gain"
 
 # Labels of every trainer series. Not `job`/`instance`: Prometheus attaches those to every
 # scraped target, and a series' own `job` would be renamed `exported_job` (or, with
@@ -76,7 +90,6 @@ STEP_IDLE_SECONDS = PREFIX + "step_idle_seconds"
 STEP_COMM_EXPOSED_SECONDS = PREFIX + "step_comm_exposed_seconds"
 STEP_COMM_BUSY_SECONDS = PREFIX + "step_comm_busy_seconds"
 # Gauges: seconds / step seconds over the last log interval (exposed is the scaling problem's headline).
-COMM_EXPOSED_FRACTION = PREFIX + "comm_exposed_fraction"
 COMM_BUSY_FRACTION = PREFIX + "comm_busy_fraction"
 IDLE_FRACTION = PREFIX + "idle_fraction"
 

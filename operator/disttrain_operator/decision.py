@@ -36,7 +36,7 @@ class Observed:
     accepted: JobSpec | None = None
     status: dict[str, Any] = field(default_factory=dict)
     pods: list[PodView] = field(default_factory=list)  # gang pods of every attempt
-    progress: dict[str, float] | None = None  # rank 0's disttrain_step / disttrain_last_checkpoint_step
+    progress: dict[str, Any] | None = None  # rank 0's PROGRESS_SERIES (+ scraper.FORECAST: its forecast)
     progress_time: datetime | None = None  # when that reading was taken (status.progress measures from it)
     now: datetime
     force_delete_after_s: float = 30.0

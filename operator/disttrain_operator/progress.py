@@ -10,12 +10,24 @@ redirect is never followed). One scrape thread is held at most `timeout_s`.
 
 from __future__ import annotations
 
+import functools
+import json
 import socket
 import time
+from typing import Any
 
+from disttrain_api import metric_names as names
 from disttrain_api.metric_names import PROGRESS_SERIES as SERIES
+from disttrain_api.scaling.hint import HINT_CLEAR_FRACTION, Proposal, propose
 
 from .observe import parse_prometheus
+
+# A reading's key for the forecast on rank 0's published inputs (a Proposal, or None when they
+# do not fit the model); absent when they were not read (below the hint's clear threshold, or
+# not served yet): the hint then stays as it is.
+FORECAST = "forecast"
+# Forecast inputs are a few kB (a summary's scaling block).
+MAX_INPUT_BYTES = 256 << 10
 
 # A rank's page is tens of kB; a federated aggregator with thousands of clients a few MB.
 MAX_BYTES = 4 << 20
@@ -78,13 +90,31 @@ def read_bounded(ip: str, port: int, *, timeout_s: float, max_bytes: int = MAX_B
     return body if len(body) <= max_bytes else None
 
 
-def scrape(ip: str, port: int, timeout_s: float = 1.5) -> dict[str, float] | None:
-    """disttrain_step / disttrain_last_checkpoint_step, or None when unreachable (e.g. the
-    operator runs outside a cluster whose pod network it cannot route to)."""
+@functools.lru_cache(maxsize=1024)
+def _proposal(body: bytes) -> Proposal | None:
+    """The forecast on one published document (rank 0 republishes once per log interval: the
+    same bytes are forecast once, however many scrapes read them)."""
+    try:
+        inputs = json.loads(body)
+    except ValueError:
+        return None
+    return propose(inputs)
+
+
+def scrape(ip: str, port: int, timeout_s: float = 1.5) -> dict[str, Any] | None:
+    """PROGRESS_SERIES by name, or None when unreachable (e.g. the operator runs outside a
+    cluster whose pod network it cannot route to). While the exposed-communication fraction is
+    at or above the hint's clear threshold, also FORECAST: the forecast on the inputs rank 0
+    publishes (metric_names.FORECAST_INPUTS_PATH), when it serves them."""
     if not ip:
         return None
     body = read_bounded(ip, port, timeout_s=timeout_s)
     if body is None:
         return None
-    found = parse_prometheus(body.decode("utf-8", "replace"), SERIES)
+    found: dict[str, Any] = parse_prometheus(body.decode("utf-8", "replace"), SERIES)
+    exposed = found.get(names.COMM_EXPOSED_FRACTION)
+    if exposed is not None and exposed >= HINT_CLEAR_FRACTION:
+        doc = read_bounded(ip, port, timeout_s=timeout_s, max_bytes=MAX_INPUT_BYTES, path=names.FORECAST_INPUTS_PATH)
+        if doc is not None and doc.lstrip().startswith(b"{"):  # not published yet: the server answers metrics
+            found[FORECAST] = _proposal(doc)
     return found or None

@@ -14,7 +14,7 @@ from disttrain_api import exitcodes
 from disttrain_api import metric_names as names
 from disttrain_api import progress as job_progress
 from disttrain_api.model import JobSpec
-from disttrain_api.scaling.hint import scaling_hint
+from disttrain_api.scaling import hint as scaling
 from disttrain_api.validation import valid_sizes
 
 from .decision import (
@@ -30,12 +30,15 @@ from .decision import (
     stuck,
 )
 from .observe import PodView, format_time, parse_summary
+from .progress import FORECAST
 
 # Exit code 2 is the trainer's "configuration error / mode not implemented": retrying cannot help.
 PERMANENT_EXIT_CODES = exitcodes.PERMANENT
 # Modes without gang restart: a failed worker (paramserver) or client (federated) pod is replaced
 # alone while the others go on; its Deployment restarts a server.
 SOLO_REPLACE_MODES = ("paramserver", "federated")
+# The Event that carries a new status.hint.
+HINT_REASON = "ScalingHint"
 
 
 def decide_running(b: StatusBuilder, finish: Callable[..., Plan], plan: dict[str, Any], obs: Observed, *,
@@ -94,9 +97,10 @@ def decide_running(b: StatusBuilder, finish: Callable[..., Plan], plan: dict[str
                     st[target] = int(result[key])
             if isinstance(result.get("commFraction"), int | float):
                 st["commFraction"] = round(float(result["commFraction"]), 4)
-        if (hint := scaling_hint(result, world_size=replicas * spec.workers.procs_per_worker)) is not None:
+        if (hint := scaling.scaling_hint(result, world_size=replicas * spec.workers.procs_per_worker)) is not None:
+            if hint != st.get("hint"):
+                b.event("Normal", HINT_REASON, hint)
             st["hint"] = hint
-            b.event("Normal", "ScalingHint", hint)
         basis = job_progress.basis_for(spec)
         st["progress"] = job_progress.finished(st.get("progress"), completed=basis.total, basis=basis, now=obs.now,
                                                result=result)  # fmt: skip
@@ -138,6 +142,7 @@ def decide_running(b: StatusBuilder, finish: Callable[..., Plan], plan: dict[str
                 st["progress"] = job_progress.build(st.get("progress"), completed=int(obs.progress[names.STEP]),
                                                     basis=job_progress.basis_for(spec), now=obs.progress_time or obs.now,
                                                     mfu=obs.progress.get(names.MFU))  # fmt: skip
+            _running_hint(b, obs.progress, world_size=replicas * spec.workers.procs_per_worker)
         return finish()
 
     held = next((p for p in current if p.phase == "Pending" and p.reason and p.message), None)
@@ -150,6 +155,23 @@ def decide_running(b: StatusBuilder, finish: Callable[..., Plan], plan: dict[str
     return finish()
 
 
+
+
+def _running_hint(b: StatusBuilder, reading: dict[str, Any], *, world_size: int) -> None:
+    """status.hint from rank 0's latest reading (disttrain_api/scaling/hint.py decides); one Event
+    when a new text appears, none while it stays or when it goes."""
+    st = b.status
+    prev = st.get("hint") if isinstance(st.get("hint"), str) else None
+    hint = scaling.running_hint(prev, exposed=reading.get(names.COMM_EXPOSED_FRACTION),
+                                proposal=reading.get(FORECAST), known=FORECAST in reading,
+                                world_size=world_size)  # fmt: skip
+    if hint == prev:
+        return
+    if hint is None:
+        st.pop("hint", None)
+        return
+    st["hint"] = hint
+    b.event("Normal", HINT_REASON, hint)
 
 
 def failure(p: PodView, node_lost_after_s: float) -> str:

@@ -16,9 +16,10 @@ import threading
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from typing import Any
 
 log = logging.getLogger("disttrain.operator")
-Scrape = Callable[[str, int], dict[str, float] | None]
+Scrape = Callable[[str, int], dict[str, Any] | None]
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,7 @@ class ProgressScraper:
         self.scrape, self.changed = scrape, changed
         self.interval_s, self.concurrency = interval_s, concurrency
         self._targets: dict[Hashable, Endpoint] = {}
-        self._readings: dict[Hashable, dict[str, float]] = {}
+        self._readings: dict[Hashable, dict[str, Any]] = {}
         # When each reading was taken (wall clock): a job's progress rate is measured between
         # readings, not between the reconciles that happen to read them.
         self._taken_at: dict[Hashable, float] = {}
@@ -54,7 +55,7 @@ class ProgressScraper:
                 self._readings.pop(key, None)  # another pod (a new attempt): old readings are not its
                 self._taken_at.pop(key, None)
 
-    def latest(self, key: Hashable) -> dict[str, float] | None:
+    def latest(self, key: Hashable) -> dict[str, Any] | None:
         with self._guard:
             return self._readings.get(key)
 

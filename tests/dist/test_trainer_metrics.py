@@ -7,10 +7,14 @@ import os
 import socket
 import subprocess
 import sys
+import urllib.error
 import urllib.request
+
+import pytest
 
 from disttrain_api import constants as C
 from disttrain_api import metric_names as names
+from disttrain_api.scaling.hint import propose
 
 # Runs one rank with an injected Metrics whose HTTP server outlives training, so the
 # test can scrape it after the run; it exits when the test closes its stdin.
@@ -119,6 +123,18 @@ def test_metrics_endpoint_and_time_decomposition(trainer, make_digits_spec) -> N
         # Only rank 0 writes checkpoints; its series report the last one completely on disk.
         assert value(text0, names.LAST_CHECKPOINT_STEP, 0) == 60
         assert value(text0, names.CHECKPOINT_BYTES, 0) > 1000
+        # Rank 0 serves the forecast's inputs as measured so far (the operator's running hint)
+        # and exports the forecast on them; rank 1 publishes none (404, never its metrics instead).
+        with urllib.request.urlopen(f"http://127.0.0.1:{base}{names.FORECAST_INPUTS_PATH}", timeout=10) as r:
+            doc = json.loads(r.read())
+        assert doc["worldSize"] == 2 and doc["layout"] == "dp=2,pp=1,tp=1" and doc["scaling"]["perStep"]["stepS"] > 0
+        assert doc["scaling"]["link"] and doc["scaling"]["buckets"] >= 1
+        proposal = propose(doc, world_size=2)
+        assert proposal is not None and proposal.current == "dp2" and proposal.efficiency > 0
+        assert value(text0, names.FORECAST_EFFICIENCY, 0) == pytest.approx(proposal.efficiency, rel=1e-6)
+        assert value(text0, names.FORECAST_GAIN, 0) == pytest.approx(proposal.gain, rel=1e-6)
+        with pytest.raises(urllib.error.HTTPError, match="404"):
+            urllib.request.urlopen(f"http://127.0.0.1:{base + 1}{names.FORECAST_INPUTS_PATH}", timeout=10)
     finally:
         for p in procs:
             if p.poll() is None:

@@ -26,12 +26,25 @@ DASH = dashboard.load()
 QUERIES = dashboard.queries(DASH, namespace="ns1", job="job1")
 
 
+# Forecast inputs as a data-parallel rank 0 publishes them (the forecast gauges appear with the first).
+FORECAST_INPUTS = {
+    "mode": "data", "worldSize": 2, "layout": "dp=2,pp=1,tp=1", "device": "cpu", "backend": "gloo",
+    "dataStrategy": "ddp", "commExposedFraction": 0.3,
+    "scaling": {"perStep": {"stepS": 0.01, "dataS": 0.001, "computeS": 0.006, "commExposedS": 0.003,
+                            "commBusyS": 0.004, "idleS": 0.0, "steps": 10},
+                "batchPerReplica": 32, "parameters": 1000, "parameterBytes": 4000, "gradientBytes": 4000,
+                "buckets": 1, "compression": {"kind": "none"}, "link": {"alphaS": 1e-5, "betaBytesPerS": 1e8, "worldSize": 2},
+                "host": {"cores": 2, "ranksOnHost": 2, "threadsPerRank": 1}},
+}  # fmt: skip
+
+
 def exported_series() -> set[str]:
     """Names of every series a trainer rank exposes, from a real registry after one step."""
     m = Metrics(job="job1", rank=0, mode="data", port=0, run_dir=None, namespace="ns1", target_steps=100)
     observe_single_step(m, step=1, loss=1.0, lr=0.1, samples=8, t0=0.0, t1=0.1, t2=0.3, end=0.4,
                                         comm_s=0.1, comm_bytes=10)
     m.observe_checkpoint(1, 0.5, 100)
+    m.observe_forecast(FORECAST_INPUTS)
     text = generate_latest(m.registry).decode()
     m.close()
     return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")}
@@ -86,7 +99,8 @@ def test_restart_panel_uses_the_scrape_target_label() -> None:
 def test_panels_cover_the_story() -> None:
     titles = " | ".join(p["title"].lower() for p in dashboard.panels(DASH))
     for needed in ("step time", "samples / s", "where step time goes", "communication fraction", "loss",
-                   "restarts", "checkpoint", "progress", "eta", "federated rounds", "federated clients"):
+                   "restarts", "checkpoint", "progress", "eta", "forecast scaling efficiency", "federated rounds",
+                   "federated clients"):
         assert needed in titles, needed
     legends = " | ".join(t["legendFormat"] for p in dashboard.panels(DASH) for t in p["targets"])
     for part in ("compute", "communication", "data", "idle"):

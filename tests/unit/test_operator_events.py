@@ -15,11 +15,14 @@ from typing import Any
 
 import pytest
 from disttrain_api import constants as c
+from disttrain_api import metric_names as names
 from disttrain_api.model import PLURAL
 from disttrain_api.progress import PROGRESS_INTERVAL_S
+from disttrain_api.scaling.hint import Proposal
 from disttrain_operator.cache import JobCache
 from disttrain_operator.kube import Conflict, Kube
 from disttrain_operator.observe import pod_view, slim_pod
+from disttrain_operator.progress import FORECAST
 from disttrain_operator.reconcile import Reconciler
 from disttrain_operator.scraper import Endpoint, ProgressScraper
 from disttrain_operator.settings import OperatorSettings
@@ -411,6 +414,60 @@ def test_progress_alone_waits_the_progress_interval_not_the_poll_interval() -> N
     one_done[1]["status"]["phase"] = "Succeeded"
     again = rec(KEY, one_done)
     assert api.count("patch") == writes and again is not None and 9.0 < again <= 10.0
+
+
+class AdvancingScraper(ProgressScraper):
+    """Rank 0 one step further at every reading, and waiting on the link for 36-38% of its step
+    with a forecast that names PowerSGD: the progress and the hint the reconciles see."""
+
+    def __init__(self) -> None:
+        super().__init__(lambda ip, port: None, lambda key: None, interval_s=1.0)
+        self.step = 0
+        self.proposal = Proposal(world_size=32, efficiency=0.5, change="dp32 powersgd", current="dp32", gain=0.4)
+
+    def latest(self, key: Any) -> dict[str, Any] | None:
+        if not len(self):
+            return None
+        self.step += 1
+        return {names.STEP: float(self.step), names.COMM_EXPOSED_FRACTION: 0.38 - 0.01 * (self.step % 3),
+                FORECAST: self.proposal}  # fmt: skip
+
+    def taken_at(self, key: Any) -> float | None:
+        return time.time()
+
+
+def test_progress_from_a_32_worker_gang_is_written_at_most_once_per_interval_and_the_hint_once() -> None:
+    """Every pod event of a 32-worker gang reconciles the job, and every reconcile reads a new
+    step: the status PATCHes stay within one progress write per interval (plus the transitions),
+    and the hint, a transition, is written and announced once."""
+    interval = 0.2
+    api = FakeApi(new_job(32))
+    jobs = JobCache()
+    jobs.put(KEY, copy.deepcopy(api.job))
+    reasons: list[str] = []
+    scraper = AdvancingScraper()
+    rec = Reconciler(api, OperatorSettings(poll_interval_s=interval, progress_interval_s=interval), jobs, scraper,
+                     lambda job, type_, reason, message: reasons.append(reason))  # fmt: skip
+    api.delay = 0.0
+    rec(KEY, [])
+    running = api.pods("Running")
+    rec(KEY, running)  # Running (a transition): scraping starts
+    assert api.job["status"]["phase"] == "Running"
+    writes, start = api.count("patch"), time.monotonic()
+    reconciles = 0
+    while time.monotonic() - start < 5 * interval:
+        for _ in range(32):  # each worker's pod event
+            rec(KEY, running)
+            reconciles += 1
+    elapsed = time.monotonic() - start
+    progress_writes = api.count("patch") - writes - 1  # less the hint's own write
+    assert reconciles >= 32 and scraper.step >= 32  # far more readings than writes
+    # One write per interval at most (the first an interval after the Running write).
+    assert 1 <= progress_writes <= elapsed / interval + 1, (progress_writes, elapsed)
+    assert api.job["status"]["progress"]["completed"] >= progress_writes
+    # The first reading's figure (step 1: 37%), kept while later ones move between 36 and 38%.
+    assert api.job["status"]["hint"] == "exposed communication 37% of the step: dp32 powersgd forecast +40% samples/s over dp32"
+    assert reasons.count("ScalingHint") == 1
 
 
 def test_pods_finishing_within_an_interval_get_no_count_write_of_their_own() -> None:

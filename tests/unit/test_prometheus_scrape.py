@@ -37,6 +37,18 @@ import k8s_http_sd  # noqa: E402
 SCRAPE_JOB = "disttrain-workers"  # the job_name of the README's scrape config
 
 
+# Forecast inputs as a data-parallel rank 0 publishes them: 2 ranks waiting on the link 30% of a step.
+FORECAST_INPUTS = {
+    "mode": "data", "worldSize": 2, "layout": "dp=2,pp=1,tp=1", "device": "cpu", "backend": "gloo",
+    "dataStrategy": "ddp", "commExposedFraction": 0.3,
+    "scaling": {"perStep": {"stepS": 0.01, "dataS": 0.001, "computeS": 0.006, "commExposedS": 0.003,
+                            "commBusyS": 0.004, "idleS": 0.0, "steps": 10},
+                "batchPerReplica": 32, "parameters": 1000, "parameterBytes": 4000, "gradientBytes": 4000,
+                "buckets": 1, "compression": {"kind": "none"}, "link": {"alphaS": 1e-5, "betaBytesPerS": 1e8, "worldSize": 2},
+                "host": {"cores": 2, "ranksOnHost": 2, "threadsPerRank": 1}},
+}  # fmt: skip
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -116,6 +128,8 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prom]:
             if step % 20 == 0:
                 ranks[0].observe_checkpoint(step, 0.2, 1000)
 
+    # Rank 0 after its first steady interval: its forecast inputs, and the forecast gauges on them.
+    ranks[0].observe_forecast(FORECAST_INPUTS)
     threading.Thread(target=train, daemon=True).start()
     sd = k8s_http_sd.serve(lambda: worker_pods(base))
     config = tmp / "prometheus.yml"

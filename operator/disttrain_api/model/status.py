@@ -102,8 +102,9 @@ class JobStatus:
     )
     hint: str | None = fld(
         None,
-        desc="When the finished job's step waited on communication for a quarter or more: the layout change "
-        "the scaling forecast (`disttrain explain`) predicts helps most at its size, and by how much.",
+        desc="When the job's step waits on communication for a quarter or more (rank 0's last log interval "
+        "while it runs, the whole run once it finished): the change the scaling forecast (`disttrain explain`) "
+        "predicts helps most at its size, and by how much; gone once the share falls below a fifth.",
     )
     start_time: Time | None = fld(None, desc="When the first gang was created.")
     completion_time: Time | None = fld(None, desc="When the job succeeded or failed.")

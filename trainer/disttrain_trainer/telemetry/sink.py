@@ -10,26 +10,47 @@ and workers (paramserver_series.py). All of them export the time categories thro
 from __future__ import annotations
 
 import json
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from socketserver import ThreadingMixIn
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from disttrain_api import metric_names as names
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
+# Paths a process may publish a document at (`MetricsSink.publish`): 404 until it does.
+DOCUMENT_PATHS = (names.FORECAST_INPUTS_PATH,)
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True  # a hung scraper never holds the process at exit
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        """No access log: a scrape every few seconds is not news."""
+
+
 class MetricsSink:
-    """Registry, optional /metrics server and optional JSON-lines log of one process."""
+    """Registry, optional /metrics server and optional JSON-lines log of one process.
+
+    The server also answers the paths `publish` was given (JSON documents the operator reads
+    beside the metrics, e.g. the forecast inputs); every other path is prometheus-client's."""
 
     def __init__(self, *, labels: dict[str, str], port: int, log_path: Path | None):
         self.registry = CollectorRegistry()
         self.labels = labels
         self._server: Any = None
+        self._documents: dict[str, bytes] = {}
+        self._doc_lock = threading.Lock()
         if port:
-            self._server, _ = start_http_server(port, registry=self.registry)
+            self._server = make_server("0.0.0.0", port, self._app(make_wsgi_app(self.registry)), _Server,  # noqa: S104 - pods are scraped on their IP
+                                       handler_class=_Quiet)  # fmt: skip
+            threading.Thread(target=self._server.serve_forever, name="metrics-server", daemon=True).start()
         self._log = None
         if log_path is not None:
             log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -40,6 +61,26 @@ class MetricsSink:
 
     def counter(self, name: str, doc: str) -> Any:
         return Counter(name, doc, tuple(self.labels), registry=self.registry).labels(**self.labels)
+
+    def _app(self, metrics: Callable[..., Iterable[bytes]]) -> Callable[..., Iterable[bytes]]:
+        def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+            with self._doc_lock:
+                doc = self._documents.get(environ.get("PATH_INFO", ""))
+            if doc is None and environ.get("PATH_INFO") in DOCUMENT_PATHS:
+                start_response("404 Not Found", [("Content-Type", "text/plain"), ("Content-Length", "0")])
+                return [b""]  # not published yet (or not by this process): never the metrics instead
+            if doc is None:
+                return metrics(environ, start_response)
+            start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(doc)))])
+            return [doc]
+
+        return app
+
+    def publish(self, path: str, document: dict[str, Any]) -> None:
+        """Serve `document` as JSON at `path` from now on (replacing what was there)."""
+        body = json.dumps(document, sort_keys=True).encode()
+        with self._doc_lock:
+            self._documents[path] = body
 
     def write(self, record: dict[str, Any]) -> None:
         if self._log is not None:

@@ -11,14 +11,19 @@ share a process in tests without clashing.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from disttrain_api import constants as C
 from disttrain_api import metric_names as names
+from disttrain_api.scaling.hint import propose
 
 from .sink import MetricsSink, StepTimeSeries, time_fractions
+
+# Rank 0 republishes its forecast inputs (and the forecast gauges) at most this often.
+FORECAST_PUBLISH_S = 10.0
 
 
 def ends_interval(step: int, *, log_every: int, steps: int) -> bool:
@@ -173,6 +178,9 @@ class Metrics(MetricsSink):
         self.idle_fraction = gauge(n.IDLE_FRACTION, "Idle / step time, last log interval.")
         self.samples_per_s = gauge(n.SAMPLES_PER_SECOND, "Samples per second of this rank, last log interval.")
         self.mfu: Any = None  # registered at the first known figure: an unset gauge would read 0
+        self.forecast_efficiency: Any = None
+        self.forecast_gain: Any = None
+        self._forecast_next = float("-inf")
         self.loss = gauge(n.LOSS, "Mean training loss on this rank over the last log interval.")
         self.lr = gauge(n.LEARNING_RATE, "Learning rate of the last step.")
         self.step = gauge(n.STEP, "Optimizer steps completed.")
@@ -224,6 +232,38 @@ class Metrics(MetricsSink):
             rec["mfu"] = mfu
         self.write({"step": step, "loss": loss, "lr": lr, **rec, "gradient_bytes": gradient_bytes,
                     **(extra or {})})  # fmt: skip
+
+    def forecast_due(self) -> bool:
+        """Whether rank 0 should measure and publish its forecast inputs now: at the first steady
+        interval, then at most every FORECAST_PUBLISH_S (the operator reads them every few
+        seconds; building them each interval of a short-interval run would add to rank 0's
+        step, which the other ranks would wait for)."""
+        now = time.monotonic()
+        if not self.enabled or now < self._forecast_next:
+            return False
+        self._forecast_next = now + FORECAST_PUBLISH_S
+        return True
+
+    def observe_forecast(self, inputs: dict[str, Any]) -> None:
+        """Rank 0's forecast inputs as measured so far (summary-shaped: mode, layout, worldSize, ...,
+        scaling): served beside /metrics for the operator's hint, and the forecast at the run's own
+        size as two gauges for the dashboard. About a millisecond per log interval."""
+        if not self.enabled:
+            return
+        self.publish(names.FORECAST_INPUTS_PATH, inputs)
+        p = propose(inputs)
+        if p is None:
+            return
+        if self.forecast_efficiency is None:  # registered at the first figure: an unset gauge would read 0
+            self.forecast_efficiency = self.gauge(
+                names.FORECAST_EFFICIENCY,
+                "Scaling efficiency the forecast (disttrain explain) gives this run's layout at its size: "
+                "samples/s over world size x one worker's.")  # fmt: skip
+            self.forecast_gain = self.gauge(
+                names.FORECAST_GAIN,
+                "Samples/s gain the forecast gives the change the operator's hint names (0: none worth one).")
+        self.forecast_efficiency.set(p.efficiency)
+        self.forecast_gain.set(p.gain)
 
     def observe_checkpoint_stall(self, step: int, seconds: float) -> None:
         if not self.enabled:

@@ -173,6 +173,8 @@ def train(run: Run) -> Summary | None:
                     _log_interval(run, interval, losses, grad_bytes, dp)
                     run.totals.merge(interval)
                     run.scaling.interval(interval)
+                    if ctx.is_main and run.scaling.steady.steps and metrics.forecast_due():
+                        run.metrics.observe_forecast(_forecast_inputs(run, layout, interval))
                     interval, losses = Tally(), []
                 loop_gc.after_step(run.step)
                 if stop is not None and run.step < tr.steps and stop.should_stop(run.step):
@@ -220,6 +222,16 @@ def train(run: Run) -> Summary | None:
         summary[SUMMARY_EVAL_KEY[eval_result[0]]] = eval_result[1]
     summary["scaling"] = _scaling_block(run, layout)
     return summary
+
+
+def _forecast_inputs(run: Run, layout: Layout, interval: Tally) -> dict[str, Any]:
+    """What a summary gives the forecast, as measured so far (steady state: the first interval
+    left out), for the operator's hint on the running job and the forecast gauges."""
+    spec, ctx = run.cfg.spec, run.ctx
+    return {"mode": spec.mode, "worldSize": ctx.world_size, "layout": layout.describe(),
+            "dataStrategy": spec.parallelism.data_strategy, "device": ctx.device.type, "backend": ctx.backend,
+            "commExposedFraction": interval.record()["comm_exposed_fraction"],
+            "scaling": _scaling_block(run, layout)}  # fmt: skip
 
 
 def _scaling_block(run: Run, layout: Layout) -> dict[str, Any]:
