@@ -15,13 +15,15 @@ WORDS = (
 ).split()
 
 
-def save_gpt2(folder: Path, *, seed: int = 0, vocab: int = VOCAB) -> Path:
+def save_gpt2(folder: Path, *, seed: int = 0, vocab: int = VOCAB, dropout: float = 0.0) -> Path:
+    """Without dropout by default: runs at different world sizes draw different dropout masks."""
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(seed)
     config = GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=vocab, n_positions=POSITIONS,
-                        bos_token_id=0, eos_token_id=1)  # fmt: skip
+                        bos_token_id=0, eos_token_id=1, resid_pdrop=dropout, embd_pdrop=dropout,
+                        attn_pdrop=dropout)  # fmt: skip
     GPT2LMHeadModel(config).save_pretrained(str(folder))
     return folder
 

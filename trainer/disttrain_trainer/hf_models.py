@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 from disttrain_api.model import JobSpec, ModelSpec
+from safetensors import SafetensorError
 from torch import nn
 
 from .process.config import ConfigError
@@ -104,7 +105,7 @@ def load(spec: JobSpec) -> nn.Module:
         )  # fmt: skip
     except ValueError as e:  # an architecture AutoModelForCausalLM does not know, a damaged file
         raise ConfigError(f"model.name {name}: transformers cannot load a causal LM from {d}: {_first_line(e)}") from None
-    except (OSError, RuntimeError) as e:  # truncated or unreadable weights, shapes that do not fit
+    except (OSError, RuntimeError, SafetensorError) as e:  # truncated or unreadable weights, shapes that do not fit
         raise ConfigError(f"model.name {name}: the weights in {d} do not load: {_first_line(e)}") from None
     problems = []
     for kind in ("missing", "unexpected", "mismatched"):
