@@ -206,12 +206,16 @@ def hf_model(spec: JobSpec, c: Checker) -> None:
     """What an hf: model can be trained with. A Hugging Face model's forward is one call (no chain
     of one-tensor blocks a pipeline could cut), and its layers are whatever the architecture
     defines (no tensor-parallel plan that fits them all), so tensor and pipeline parallelism are
-    refused; the data dimension (DDP, FSDP2 per transformer block), federated and parameter-server
-    training take any module."""
+    refused; the data dimension (DDP, FSDP2 per transformer block) and parameter-server training
+    take any module. Federated clients train classifiers only, so federated is refused too."""
     m, par = spec.model, spec.parallelism
     if not m.hf_dir or not m.hf_dir.strip():
         c.add("spec.model.name", "hf: needs a directory, e.g. hf:/models/my-gpt2")
         return
+    if c.ok("spec.mode") and spec.mode == "federated":
+        c.add("spec.mode", f"federated cannot train model {m.name}: federated clients train classifiers (their "
+              "local loss takes one label per sample, not a language model's next tokens); use mode data or "
+              "paramserver")
     if c.ok("spec.mode") and spec.mode == "pipeline":
         c.add("spec.mode", f"pipeline cannot train model {m.name}: a Hugging Face model is not a chain of "
               "one-tensor blocks a pipeline can cut; use mode data (ddp or fsdp)")

@@ -209,6 +209,8 @@ def test_validation_refuses_what_an_hf_model_cannot_train_with() -> None:
                                                                        "parallelism": {"pipeline": 2}})  # fmt: skip
     assert "no tensor-parallel plan for Hugging Face models" in errors_of({"mode": "tensor", **base,
                                                                           "parallelism": {"tensor": 2}})  # fmt: skip
+    assert "federated cannot train model hf:/models/gpt2" in errors_of({"mode": "federated", **base})
+    assert errors_of({"mode": "paramserver", **base}) == ""
     assert "reads token ids of its own tokenizer" in errors_of({"mode": "data", **base, "data": {"name": "pytext"}})
     assert "activationCheckpointing" in errors_of({"mode": "data", **base, "training": {"activationCheckpointing": "sqrt"}})
     text = {"path": "t.parquet", "format": "parquet", "textColumn": "text"}

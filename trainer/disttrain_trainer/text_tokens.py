@@ -67,14 +67,14 @@ def _texts(d: DataSpec, path: Path) -> list[str]:
     assert col is not None
     try:
         if d.format == "parquet":
-            import pyarrow.parquet as pq  # noqa: PLC0415
+            import pyarrow.parquet as pq  # noqa: PLC0415 - pyarrow
 
             names = pq.read_schema(path).names if path.is_file() else pq.ParquetDataset(path).schema.names
             if col not in names:
                 raise ConfigError(f"spec.data.textColumn: {path} has no column {col!r} (it has {', '.join(names) or 'none'})")
             column = pq.read_table(path, columns=[col]).column(col)
         else:
-            import pyarrow.json as pj  # noqa: PLC0415
+            import pyarrow.json as pj  # noqa: PLC0415 - pyarrow
 
             table = pj.read_json(path)
             if col not in table.column_names:

@@ -16,6 +16,7 @@ import torch
 from disttrain_api.model import JobSpec
 
 from ..process.config import ConfigError
+from ..text_tokens import load_tokenizer
 
 INDEX_FILE = "model.safetensors.index.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -40,8 +41,6 @@ def write(out: Path, tensors: dict[str, torch.Tensor], *, spec: JobSpec) -> str:
     model.tie_weights()
     model.save_pretrained(str(out), safe_serialization=True)
     if spec.data.tokenizer:
-        from ..text_tokens import load_tokenizer  # noqa: PLC0415
-
         try:
             load_tokenizer(spec.data).save_pretrained(str(out))
         except ConfigError as e:  # it tokenized the data at the start; gone since
