@@ -221,3 +221,20 @@ def test_validation_refuses_what_an_hf_model_cannot_train_with() -> None:
     assert "not both" in errors_of({"mode": "data", "data": {**text, "tokenizer": "tok", "featureColumns": ["a"]}})
     assert "a text column does not fit model mlp" in errors_of({"mode": "data", "data": {**text, "tokenizer": "tok"}})
     assert errors_of({"mode": "data", "model": {"name": "gpt"}, "data": {**text, "tokenizer": "tok"}}) == ""
+
+
+def test_disttrain_local_resolves_the_model_and_tokenizer_dirs_against_the_manifest_folder(tmp_path: Path) -> None:
+    import yaml
+    from disttrain_cli.local_cmd import load_manifest
+
+    job = {"apiVersion": "disttrain.dev/v1alpha1", "kind": "DistTrainJob", "metadata": {"name": "hf"},
+           "spec": {"mode": "data", "model": {"name": "hf:models/gpt2"},
+                    "data": {"path": "t.parquet", "format": "parquet", "textColumn": "text", "tokenizer": "tok"}}}  # fmt: skip
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    parsed, problems = load_manifest(str(tmp_path / "job.yaml"))
+    assert problems == []
+    assert parsed.spec.model.name == f"hf:{tmp_path / 'models' / 'gpt2'}"
+    assert parsed.spec.data.tokenizer == str(tmp_path / "tok")
+    job["spec"]["model"]["name"] = "hf:/abs/gpt2"
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    assert load_manifest(str(tmp_path / "job.yaml"))[0].spec.model.name == "hf:/abs/gpt2"
