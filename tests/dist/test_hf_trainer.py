@@ -2,17 +2,21 @@
 real trainer processes on gloo: 2 ranks DDP on a token file and 2 ranks FSDP2 on a tokenized
 parquet text column; each export is a Hugging Face directory that from_pretrained loads, equal to
 the final checkpoint's parameters; a run resumed at another world size ends where the
-uninterrupted one does; a pipeline job is refused with exit 2 before training."""
+uninterrupted one does; parameter-server workers train one (disttrain local); a pipeline job is
+refused with exit 2 before training."""
 
 from __future__ import annotations
 
+import json
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 import torch
 from disttrain_api import exitcodes
 from disttrain_trainer.checkpoints import whole as ckpt
@@ -92,3 +96,37 @@ def test_a_pipeline_of_an_hf_model_is_refused_with_exit_2(trainer, tmp_path: Pat
     bad = trainer.run(spec, world=2, job="pp", expect_ok=False)
     assert set(bad.returncodes) == {exitcodes.CONFIG}, bad.returncodes
     assert "pipeline cannot train model hf:" in "\n".join(bad.outputs)
+
+
+PARAMSERVER = """\
+apiVersion: disttrain.dev/v1alpha1
+kind: DistTrainJob
+metadata: {name: hf-ps}
+spec:
+  mode: paramserver
+  workers: {replicas: 2}
+  model: {name: "hf:gpt2", blockSize: 16}
+  data: {path: corpus, format: tokens, batchSize: 8, seed: 1}
+  optimizer: {name: sgd, lr: 0.05, momentum: 0.9, scaleLR: none, decay: none}
+  training: {steps: 4}
+  paramServer: {maxStaleness: 2, shards: 1}
+  checkpoint: {intervalSteps: 10, keep: 2}
+"""
+
+
+@pytest.mark.slow
+def test_parameter_server_workers_train_an_hf_model_beside_the_manifest(tmp_path: Path) -> None:
+    """disttrain local: the model directory and the corpus resolve beside the manifest; worker 0's
+    export (the servers' final parameters) is a Hugging Face directory."""
+    hf_tiny.save_gpt2(tmp_path / "gpt2")
+    hf_tiny.write_tokens(tmp_path / "corpus")
+    (tmp_path / "job.yaml").write_text(PARAMSERVER)
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "disttrain_cli", "local", str(tmp_path / "job.yaml"), "--run-dir", str(run_dir),
+           "--no-progress", "--metrics-port", "0"]  # fmt: skip
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=400, cwd=Path(__file__).resolve().parents[2])
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    model = AutoModelForCausalLM.from_pretrained(summary["export"]["path"], local_files_only=True)
+    start = AutoModelForCausalLM.from_pretrained(str(tmp_path / "gpt2"), local_files_only=True)
+    assert not torch.equal(model.transformer.h[0].attn.c_attn.weight, start.transformer.h[0].attn.c_attn.weight)
