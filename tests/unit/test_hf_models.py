@@ -238,3 +238,15 @@ def test_disttrain_local_resolves_the_model_and_tokenizer_dirs_against_the_manif
     job["spec"]["model"]["name"] = "hf:/abs/gpt2"
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
     assert load_manifest(str(tmp_path / "job.yaml"))[0].spec.model.name == "hf:/abs/gpt2"
+
+
+def test_the_builtin_gpt_trains_on_a_tokenized_text_column_with_the_tokenizers_vocabulary(art: Path, tmp_path: Path) -> None:
+    spec = parse_spec({"mode": "data", "model": {"name": "gpt", "hidden": 16, "layers": 1, "heads": 2, "blockSize": 8},
+                       "data": {"path": str(art / "text.parquet"), "format": "parquet", "textColumn": "text",
+                                "tokenizer": str(art / "tok"), "batchSize": 4}})  # fmt: skip
+    ds = load_dataset(spec, tmp_path)
+    from transformers import AutoTokenizer
+
+    assert ds.num_classes == len(AutoTokenizer.from_pretrained(str(art / "tok")))
+    x, _ = ds.batch(np.arange(2))
+    assert build_model(spec, ds)(torch.from_numpy(x)).shape == (2, 8, ds.num_classes)
