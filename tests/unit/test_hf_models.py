@@ -250,3 +250,15 @@ def test_the_builtin_gpt_trains_on_a_tokenized_text_column_with_the_tokenizers_v
     assert ds.num_classes == len(AutoTokenizer.from_pretrained(str(art / "tok")))
     x, _ = ds.batch(np.arange(2))
     assert build_model(spec, ds)(torch.from_numpy(x)).shape == (2, 8, ds.num_classes)
+
+
+def test_a_directory_of_parquet_files_is_streamed_and_empty_texts_are_refused(art: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "parts"
+    folder.mkdir()
+    pq.write_table(pa.table({"text": hf_tiny.sentences(30)}), folder / "a.parquet")
+    pq.write_table(pa.table({"text": hf_tiny.sentences(30, seed=2)}), folder / "b.parquet")
+    data = {"path": str(folder), "format": "parquet", "textColumn": "text", "tokenizer": str(art / "tok")}
+    assert load_dataset(spec_of(str(art / "gpt2"), data), tmp_path / "c").num_train > 100
+    pq.write_table(pa.table({"text": ["the dog", None]}), folder / "c.parquet")
+    with pytest.raises(ConfigError, match="column 'text' of .*parts has empty values"):
+        load_dataset(spec_of(str(art / "gpt2"), data), tmp_path / "c")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,47 +61,55 @@ def _fingerprint_dir(path: Path) -> list[Any]:
     return [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in sorted(path.iterdir()) if f.is_file()]
 
 
-def _texts(d: DataSpec, path: Path) -> list[str]:
+def _column_batches(d: DataSpec, path: Path) -> Iterator[Any]:
+    """The text column in record batches of BATCH_ROWS: parquet is streamed (a file or a directory
+    of files, never whole in memory); a JSON-lines file is read whole, as pyarrow.json does."""
     import pyarrow as pa  # noqa: PLC0415 - pyarrow, only for parquet and jsonl data
 
     col = d.text_column
     assert col is not None
     try:
         if d.format == "parquet":
-            import pyarrow.parquet as pq  # noqa: PLC0415 - pyarrow
+            import pyarrow.dataset as pds  # noqa: PLC0415 - pyarrow
 
-            names = pq.read_schema(path).names if path.is_file() else pq.ParquetDataset(path).schema.names
-            if col not in names:
-                raise ConfigError(f"spec.data.textColumn: {path} has no column {col!r} (it has {', '.join(names) or 'none'})")
-            column = pq.read_table(path, columns=[col]).column(col)
+            source = pds.dataset(path, format="parquet")
+            schema = source.schema
         else:
             import pyarrow.json as pj  # noqa: PLC0415 - pyarrow
 
-            table = pj.read_json(path)
-            if col not in table.column_names:
-                raise ConfigError(f"spec.data.textColumn: {path} has no column {col!r} "
-                                  f"(it has {', '.join(table.column_names) or 'none'})")  # fmt: skip
-            column = table.column(col)
+            source = pj.read_json(path)
+            schema = source.schema
+        if col not in schema.names:
+            raise ConfigError(f"spec.data.textColumn: {path} has no column {col!r} "
+                              f"(it has {', '.join(schema.names) or 'none'})")  # fmt: skip
+        kind = schema.field(col).type
+        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+            raise ConfigError(f"spec.data.textColumn: column {col!r} of {path} is {kind}, not text")
+        if d.format == "parquet":
+            batches = source.to_batches(columns=[col], batch_size=BATCH_ROWS)
+        else:
+            batches = source.select([col]).to_batches(max_chunksize=BATCH_ROWS)
+        for batch in batches:
+            column = batch.column(0)
+            if column.null_count:
+                raise ConfigError(f"spec.data.textColumn: column {col!r} of {path} has empty values")
+            yield column
     except (pa.ArrowException, OSError) as e:
         raise ConfigError(f"spec.data.path: {path} is not readable as {d.format} ({e})") from None
-    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
-        raise ConfigError(f"spec.data.textColumn: column {col!r} of {path} is {column.type}, not text")
-    if column.null_count:
-        raise ConfigError(f"spec.data.textColumn: column {col!r} of {path} has {column.null_count} empty values")
-    return column.to_pylist()
 
 
-def _write_stream(tok: Any, texts: list[str], out: Path, dtype: str) -> int:
+def _write_stream(tok: Any, d: DataSpec, path: Path, out: Path, dtype: str) -> tuple[int, int]:
+    """(tokens, rows) written to `out`."""
     eos = tok.eos_token_id
-    written = 0
+    tokens = rows = 0
     with open(out, "wb") as f:
-        for start in range(0, len(texts), BATCH_ROWS):
-            ids = tok(texts[start : start + BATCH_ROWS], add_special_tokens=False)["input_ids"]
+        for column in _column_batches(d, path):
+            ids = tok(column.to_pylist(), add_special_tokens=False)["input_ids"]
             flat = [t for row in ids for t in ([*row, eos] if eos is not None else row)]
             arr = np.asarray(flat, dtype=dtype)
             arr.tofile(f)
-            written += len(arr)
-    return written
+            tokens, rows = tokens + len(arr), rows + len(column)
+    return tokens, rows
 
 
 def tokenize(d: DataSpec, path: Path, cache: Path, source: list[Any]) -> TokenStream:
@@ -114,11 +123,10 @@ def tokenize(d: DataSpec, path: Path, cache: Path, source: list[Any]) -> TokenSt
     target = cache / f"text-{digest}"
 
     def build(tmp: Path) -> None:
-        texts = _texts(d, path)
-        n = _write_stream(tok, texts, tmp / TOKENS_FILE, dtype)
+        n, rows = _write_stream(tok, d, path, tmp / TOKENS_FILE, dtype)
         if n == 0:
             raise ConfigError(f"spec.data.textColumn: column {d.text_column!r} of {path} gives no tokens")
-        (tmp / INFO_FILE).write_text(json.dumps({"tokens": n, "rows": len(texts), "dtype": dtype, "vocab": vocab}))
+        (tmp / INFO_FILE).write_text(json.dumps({"tokens": n, "rows": rows, "dtype": dtype, "vocab": vocab}))
 
     build_once(target, build, done=INFO_FILE)
     return TokenStream(path=target / TOKENS_FILE, dtype=dtype, vocab=vocab)
