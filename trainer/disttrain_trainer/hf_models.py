@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from disttrain_api.model import JobSpec, ModelSpec
+from disttrain_api.model import JobSpec
 from safetensors import SafetensorError
 from torch import nn
 
@@ -166,7 +166,3 @@ def factory(spec: JobSpec, ds: Any) -> nn.Module:
         raise ConfigError(f"model.blockSize {spec.model.block_size} exceeds the {limit} positions of model "
                           f"{spec.model.name} (config.json max_position_embeddings)")  # fmt: skip
     return HFCausalLM(hf, name=spec.model.name)
-
-
-def is_hf(model: ModelSpec) -> bool:
-    return model.hf_dir is not None
