@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 from disttrain_api.dataparse import Object
 from disttrain_api.exitcodes import CONFIG as EXIT_INVALID
+from disttrain_api.model import HF_MODEL_PREFIX
 from disttrain_api.validation import load_job
 
 from . import validate_cmd
@@ -87,12 +88,19 @@ def with_local_data(job: Any, manifest: Path) -> Any:
     """A relative spec.data.path names a file beside the manifest here (in a pod: under the data
     volume's mount), so the same manifest runs on a laptop and in the cluster. No volume is
     mounted here: the files are read where they lie."""
-    data = job.spec.data
-    if not data.path:
-        return job
-    path = data.path if Path(data.path).is_absolute() else str((manifest.parent / data.path).resolve())
-    local = dataclasses.replace(data, path=path, volume=Object())
-    return dataclasses.replace(job, spec=dataclasses.replace(job.spec, data=local))
+    data, model = job.spec.data, job.spec.model
+
+    def here(p: str) -> str:
+        return p if Path(p).is_absolute() else str((manifest.parent / p).resolve())
+
+    # An hf: model's directory and data.tokenizer resolve the same way (in a pod: under mountPath).
+    if model.hf_dir:
+        model = dataclasses.replace(model, name=HF_MODEL_PREFIX + here(model.hf_dir))
+    if data.tokenizer:
+        data = dataclasses.replace(data, tokenizer=here(data.tokenizer))
+    if data.path:
+        data = dataclasses.replace(data, path=here(data.path), volume=Object())
+    return dataclasses.replace(job, spec=dataclasses.replace(job.spec, data=data, model=model))
 
 
 def run(args: argparse.Namespace) -> int:

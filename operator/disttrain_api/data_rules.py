@@ -42,15 +42,36 @@ def source(spec: JobSpec, c: Checker) -> None:
             c.add("spec.data.factory", "required with format module: 'package.module:factory'")
         if fmt != "module" and d.factory:
             c.add("spec.data.factory", f"only read with format module, not {fmt}")
-    if c.ok("spec.data.featureColumns"):
-        if fmt in COLUMN_FORMATS and not d.feature_columns:
-            c.add("spec.data.featureColumns", f"required with format {fmt}: the numeric columns forming the features")
+    if c.ok("spec.data.featureColumns", "spec.data.textColumn"):
+        if fmt in COLUMN_FORMATS and not d.feature_columns and d.text_column is None:
+            c.add("spec.data.featureColumns", f"required with format {fmt}: the numeric columns forming the features "
+                  "(or textColumn and tokenizer: text for a language model)")
         if fmt not in COLUMN_FORMATS and d.feature_columns:
             c.add("spec.data.featureColumns", f"only read with format parquet or jsonl, not {fmt}")
+        if d.feature_columns and d.text_column is not None:
+            c.add("spec.data.textColumn", "give featureColumns (classification rows) or textColumn (text for a "
+                  "language model), not both")
+    _text(spec, c)
     if c.ok("spec.data.vocabSize") and d.vocab_size and fmt != "tokens":
         c.add("spec.data.vocabSize", f"only read with format tokens, not {fmt} (classification data has classes)")
     if c.ok("spec.data.classes") and d.classes and fmt == "tokens":
         c.add("spec.data.classes", "not read with format tokens (a language model's outputs are vocabSize)")
+
+
+def _text(spec: JobSpec, c: Checker) -> None:
+    """textColumn + tokenizer: a text column of parquet or jsonl tokenized into a token stream."""
+    d = spec.data
+    if not c.ok("spec.data.textColumn", "spec.data.tokenizer"):
+        return
+    if d.text_column is not None and d.format not in COLUMN_FORMATS:
+        c.add("spec.data.textColumn", f"only read with format parquet or jsonl, not {d.format}")
+    elif d.text_column is not None and not (d.tokenizer or "").strip():
+        c.add("spec.data.tokenizer", "required with textColumn: a Hugging Face tokenizer directory "
+              "(tokenizer.json, tokenizer_config.json)")
+    if d.tokenizer is not None and d.text_column is None:
+        c.add("spec.data.tokenizer", "only read with textColumn (the text column it tokenizes)")
+    if d.text_column is not None and c.ok("spec.data.classes") and d.classes:
+        c.add("spec.data.classes", "not read with textColumn (a language model's outputs are its vocabulary)")
 
 
 def fits_model(spec: JobSpec, c: Checker) -> None:
@@ -59,6 +80,12 @@ def fits_model(spec: JobSpec, c: Checker) -> None:
     if not c.ok("spec.model.name", "spec.data.name", "spec.data.format"):
         return
     builtin = d.builtin
+    if m.hf_dir is not None:
+        if builtin is not None or not d.language:
+            c.add("spec.data.format" if builtin is None else "spec.data.name",
+                  f"model {m.name} (a Hugging Face language model) reads token ids of its own tokenizer: give "
+                  "data.path with format tokens, or format parquet/jsonl with textColumn and tokenizer")
+        return
     if builtin is not None:
         if m.name == "gpt" and builtin not in LANGUAGE_DATA:
             c.add("spec.data.name", f"{builtin} does not fit model gpt (a language model); use pytext or synthetic")
@@ -68,11 +95,13 @@ def fits_model(spec: JobSpec, c: Checker) -> None:
                 f"{builtin} does not fit model {m.name} (an image classifier); use digits or synthetic",
             )
         return
-    if m.name == "gpt" and d.format not in (None, "tokens"):
-        c.add("spec.data.format", f"{d.format} does not fit model gpt (a language model); use format tokens")
-    if m.name in ("mlp", "cnn") and d.format == "tokens":
-        c.add("spec.data.format", f"tokens does not fit model {m.name} (a classifier); use npy, npz, parquet, "
-              "jsonl or module")
+    if m.name == "gpt" and d.format is not None and not d.language:
+        c.add("spec.data.format", f"{d.format} does not fit model gpt (a language model); use format tokens, or "
+              "parquet/jsonl with textColumn")
+    if m.name in ("mlp", "cnn") and d.language:
+        what = "tokens" if d.format == "tokens" else "a text column"
+        c.add("spec.data.format", f"{what} does not fit model {m.name} (a classifier); use npy, npz, parquet, "
+              "jsonl or module with featureColumns")
 
 
 def volume(spec: JobSpec, c: Checker) -> None:

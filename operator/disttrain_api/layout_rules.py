@@ -186,6 +186,9 @@ def model(spec: JobSpec, c: Checker) -> None:
         c.add("spec.model.init", "is empty; name a safetensors file, an export directory or a checkpoint, or leave it out")
     if not c.ok("spec.model.name"):
         return
+    if m.hf_dir is not None:
+        hf_model(spec, c)
+        return
     if m.name != "gpt":
         return
     if c.ok("spec.model.hidden", "spec.model.heads") and m.hidden % m.heads:
@@ -197,3 +200,32 @@ def model(spec: JobSpec, c: Checker) -> None:
             c.add("spec.model.heads", f"{m.heads} is not divisible by parallelism.tensor {tp}")
         if c.ok("spec.model.hidden") and m.hidden % tp:
             c.add("spec.model.hidden", f"{m.hidden} is not divisible by parallelism.tensor {tp}")
+
+
+def hf_model(spec: JobSpec, c: Checker) -> None:
+    """What an hf: model can be trained with. A Hugging Face model's forward is one call (no chain
+    of one-tensor blocks a pipeline could cut), and its layers are whatever the architecture
+    defines (no tensor-parallel plan that fits them all), so tensor and pipeline parallelism are
+    refused; the data dimension (DDP, FSDP2 per transformer block) and parameter-server training
+    take any module. Federated clients train classifiers only, so federated is refused too."""
+    m, par = spec.model, spec.parallelism
+    if not m.hf_dir or not m.hf_dir.strip():
+        c.add("spec.model.name", "hf: needs a directory, e.g. hf:/models/my-gpt2")
+        return
+    if c.ok("spec.mode") and spec.mode == "federated":
+        c.add("spec.mode", f"federated cannot train model {m.name}: federated clients train classifiers (their "
+              "local loss takes one label per sample, not a language model's next tokens); use mode data or "
+              "paramserver")
+    if c.ok("spec.mode") and spec.mode == "pipeline":
+        c.add("spec.mode", f"pipeline cannot train model {m.name}: a Hugging Face model is not a chain of "
+              "one-tensor blocks a pipeline can cut; use mode data (ddp or fsdp)")
+    elif c.ok("spec.parallelism.pipeline") and par.pipeline > 1:
+        c.add("spec.parallelism.pipeline", f"{par.pipeline} cannot split model {m.name}: a Hugging Face model is "
+              "not a chain of one-tensor blocks a pipeline can cut; use 1 (data ddp or fsdp)")
+    if c.ok("spec.parallelism.tensor") and par.tensor > 1:
+        c.add("spec.parallelism.tensor", f"{par.tensor} cannot shard model {m.name} in mode {spec.mode}: no "
+              "tensor-parallel plan for Hugging Face models; use 1 and mode data with dataStrategy fsdp to "
+              "shard its parameters")
+    if c.ok("spec.training.activationCheckpointing") and spec.training.activation_checkpointing != "none":
+        c.add("spec.training.activationCheckpointing", f"{spec.training.activation_checkpointing} is not applied to "
+              f"model {m.name} (its blocks run inside the Hugging Face forward); use none")

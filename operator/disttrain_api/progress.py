@@ -46,7 +46,7 @@ def basis_for(spec: JobSpec) -> Basis:
                      summary_is_job_wide=False)  # fmt: skip
     # Every other mode's step consumes one global batch (a parameter-server iteration: one
     # slice of it per worker, worker 0's count standing for all).
-    tokens = spec.model.block_size if spec.model.name == "gpt" else None
+    tokens = spec.model.block_size if spec.model.name == "gpt" or spec.model.hf_dir is not None else None
     return Basis(unit="steps", total=spec.training.steps, samples_per_unit=spec.data.batch_size,
                  tokens_per_sample=tokens, summary_is_job_wide=spec.mode != "paramserver")  # fmt: skip
 

@@ -139,24 +139,56 @@ def _token_map(path: Path, dtype: str, what: str) -> np.ndarray:
     return np.memmap(path, dtype=dtype, mode="r")
 
 
+def _model_vocab(spec: JobSpec) -> int | None:
+    """An hf: model's vocabulary, which the token ids must fit (None: the data sets the vocabulary)."""
+    if spec.model.hf_dir is None:
+        return None
+    from . import hf_models  # noqa: PLC0415 - transformers only for hf: models
+
+    vocab = hf_models.vocab_size(spec)
+    if spec.data.vocab_size and spec.data.vocab_size != vocab:
+        raise ConfigError(f"spec.data.vocabSize: {spec.data.vocab_size} differs from the vocabulary of model "
+                          f"{spec.model.name} ({vocab}); leave it 0")  # fmt: skip
+    return vocab
+
+
 def _tokens(spec: JobSpec, path: Path, cache: Path) -> FileData:
-    d, block = spec.data, spec.model.block_size
+    d = spec.data
     if path.is_dir():
         train_path, val_path = path / d.train_file, path / d.validation_file
         if not val_path.is_file():
             val_path = None
     else:
         train_path, val_path = path, None
-    train = _token_map(train_path, d.token_dtype, "the training token file")
-    val = _token_map(val_path, d.token_dtype, "the validation token file") if val_path else None
+    return _token_data(spec, train_path, val_path, d.token_dtype, cache, name=str(path), default_vocab=0)
+
+
+def _text(spec: JobSpec, path: Path, cache: Path) -> FileData:
+    """A text column tokenized once into the cache (text_tokens.py), then read as a token file."""
+    from . import text_tokens  # noqa: PLC0415 - transformers only for tokenized text
+
+    stream = text_tokens.tokenize(spec.data, path, cache, fingerprint(path))
+    return _token_data(spec, stream.path, None, stream.dtype, cache, name=str(path), default_vocab=stream.vocab,
+                       source=f"{path} (column {spec.data.text_column!r} tokenized by {spec.data.tokenizer})")  # fmt: skip
+
+
+def _token_data(spec: JobSpec, train_path: Path, val_path: Path | None, dtype: str, cache: Path, *, name: str,
+                default_vocab: int, source: str | None = None) -> FileData:  # fmt: skip
+    d, block = spec.data, spec.model.block_size
+    train = _token_map(train_path, dtype, "the training token file")
+    val = _token_map(val_path, dtype, "the validation token file") if val_path else None
     files = [p for p in (train_path, val_path) if p is not None]
-    lo_hi = _cached_json(cache, {"v": FILE_FORMAT_VERSION, "scan": "tokens", "dtype": d.token_dtype,
+    lo_hi = _cached_json(cache, {"v": FILE_FORMAT_VERSION, "scan": "tokens", "dtype": dtype,
                                  "files": [fingerprint(p) for p in files]},
-                         lambda: [_min_max(np.memmap(p, dtype=d.token_dtype, mode="r")) for p in files])  # fmt: skip
+                         lambda: [_min_max(np.memmap(p, dtype=dtype, mode="r")) for p in files])  # fmt: skip
     top = max(hi for _, hi in lo_hi)
-    vocab = d.vocab_size or top + 1
+    model_vocab = _model_vocab(spec)
+    vocab = model_vocab or d.vocab_size or default_vocab or top + 1
     if top >= vocab:
-        where = files[[hi for _, hi in lo_hi].index(top)]
+        where = source or files[[hi for _, hi in lo_hi].index(top)]
+        if model_vocab:
+            raise ConfigError(f"spec.data.path: {where} holds token id {top}, outside the vocabulary of model "
+                              f"{spec.model.name} ({vocab}); tokenize with the model's own tokenizer")  # fmt: skip
         raise ConfigError(
             f"spec.data.vocabSize: {where} holds token id {top}, outside the vocabulary of {vocab}; "
             f"raise vocabSize to at least {top + 1} (or leave it 0 to take the largest id + 1)"
@@ -168,14 +200,14 @@ def _tokens(spec: JobSpec, path: Path, cache: Path) -> FileData:
     for what, n, p in (("training", train_tokens, train_path), ("validation", len(val), val_path)):
         if n < block + 2:
             raise ConfigError(
-                f"spec.data.path: {p} has {n} {what} tokens, fewer than one window of model.blockSize "
+                f"spec.data.path: {source or p} has {n} {what} tokens, fewer than one window of model.blockSize "
                 f"{block} + 2; give more tokens or a smaller blockSize"
             )
     starts = np.linspace(0, len(val) - block - 2, EVAL_WINDOWS).astype(np.int64)
     test_x = np.stack([np.asarray(val[s : s + block + 1]) for s in starts]).astype(np.int64)
     windows = train_tokens - block - 1
-    src = TokenFile(path=train_path, dtype=d.token_dtype, start=start, windows=windows, block_size=block)
-    return FileData(name=str(path), kind="lm", num_train=windows, num_classes=vocab, input_dim=block,
+    src = TokenFile(path=train_path, dtype=dtype, start=start, windows=windows, block_size=block)
+    return FileData(name=name, kind="lm", num_train=windows, num_classes=vocab, input_dim=block,
                     train_x=src, train_y=None, test_x=test_x, test_y=None)  # fmt: skip
 
 
@@ -272,6 +304,8 @@ def load_file_data(spec: JobSpec, cache: Path) -> FileData:
         raise ConfigError(f"spec.data.path: {path} does not exist{hint}")
     if d.format == "tokens":
         return _tokens(spec, path, cache)
+    if d.text_column is not None:
+        return _text(spec, path, cache)
     if d.format == "npy":
         x_path, y_path = _npy_files(d, path)
         return _rows(spec, x_path, y_path, cache, str(path))

@@ -4,7 +4,7 @@ Every model keeps its repeated layers in `self.blocks` (an nn.Sequential) so
 activation checkpointing can cut it, and lists its ordered pipeline blocks in
 `pipeline_blocks()` (see parallel/blocks.py for the contract). A factory takes
 (spec, dataset) and returns the module; "package.module:factory" names a user
-factory with the same signature.
+factory with the same signature; "hf:<dir>" a Hugging Face causal LM (hf_models.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 import torch.nn.functional as F
-from disttrain_api.model import JobSpec
+from disttrain_api.model import HF_MODEL_PREFIX, JobSpec
 from torch import nn
 
 from .datasets import Dataset
@@ -228,9 +228,17 @@ def _classifier_data(model: str, ds: Dataset) -> None:
 MODELS: dict[str, Factory] = {"mlp": _mlp, "cnn": _cnn, "gpt": _gpt}
 
 
+def _hf(spec: JobSpec, ds: Dataset) -> nn.Module:
+    from . import hf_models  # noqa: PLC0415 - transformers is imported only for hf: models
+
+    return hf_models.factory(spec, ds)
+
+
 def resolve(name: str) -> Factory:
     if name in MODELS:
         return MODELS[name]
+    if name.startswith(HF_MODEL_PREFIX):
+        return _hf
     if ":" not in name:
         raise ConfigError(
             f"model.name {name!r}: not one of {', '.join(MODELS)} and not 'package.module:factory'"

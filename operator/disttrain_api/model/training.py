@@ -9,6 +9,7 @@ from .vocabulary import (
     ACT_CKPT_PATTERN,
     DATA_MODULE_PATTERN,
     FILE_NAME_PATTERN,
+    HF_MODEL_PREFIX,
     MODEL_NAME_PATTERN,
     NAME_PATTERN,
     Compression,
@@ -60,7 +61,13 @@ class Parallelism:
 
 @dataclass(frozen=True, kw_only=True)
 class ModelSpec:
-    name: str = fld("mlp", pattern=MODEL_NAME_PATTERN, desc="Built-in model (mlp, cnn, gpt) or 'module:factory'.")
+    name: str = fld(
+        "mlp",
+        pattern=MODEL_NAME_PATTERN,
+        desc="Built-in model (mlp, cnn, gpt), 'module:factory', or 'hf:<directory>': a Hugging Face causal LM "
+        "saved with save_pretrained (config.json and safetensors weights; a relative directory resolves under "
+        "data.mountPath). Nothing is downloaded.",
+    )
     hidden: int = fld(128, minimum=1, desc="Hidden width (MLP units, CNN channels, GPT embedding).")
     layers: int = fld(2, minimum=1, desc="Hidden layers (MLP) or transformer blocks (GPT).")
     heads: int = fld(4, minimum=1, desc="Attention heads (GPT).")
@@ -71,13 +78,19 @@ class ModelSpec:
         desc="Weights to start from, a path every worker can read: a safetensors file, a directory holding "
         "model.safetensors (what a run exports), or a disttrain checkpoint (one step-N directory, or a "
         "checkpoint directory: its newest complete one). Loaded before the model is wrapped, in every mode; "
-        "a resume from the job's own checkpoint takes precedence.",
+        "a resume from the job's own checkpoint takes precedence. With an hf: model also a Hugging Face "
+        "directory (model.safetensors or its sharded index).",
     )
     init_strict: bool = fld(
         True,
         desc="With init: every parameter and buffer must be found with its shape, and nothing else may be "
         "there. false: load the names that match, leave the rest as initialised.",
     )
+
+    @property
+    def hf_dir(self) -> str | None:
+        """The directory of an hf: model, as written (None for other models)."""
+        return self.name[len(HF_MODEL_PREFIX):] if self.name.startswith(HF_MODEL_PREFIX) else None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,6 +127,17 @@ class DataSpec:
         factory=tuple, pattern=NAME_PATTERN, desc="format parquet or jsonl: numeric columns that form the features, in order (required)."
     )
     label_column: str = fld("label", pattern=NAME_PATTERN, desc="format parquet or jsonl: the integer class label column.")
+    text_column: str | None = fld(
+        None,
+        pattern=NAME_PATTERN,
+        desc="format parquet or jsonl: a text column, tokenized once with tokenizer into a token stream for a "
+        "language model (instead of featureColumns and labelColumn).",
+    )
+    tokenizer: str | None = fld(
+        None,
+        desc="With textColumn: a Hugging Face tokenizer directory (save_pretrained: tokenizer.json, "
+        "tokenizer_config.json), absolute or relative to mountPath. Nothing is downloaded.",
+    )
     factory: str | None = fld(
         None,
         pattern=DATA_MODULE_PATTERN,
@@ -149,6 +173,11 @@ class DataSpec:
     seed: int = fld(0, minimum=0, desc="Seed for the split, the sampler and model initialisation.")
     shards: int = fld(4, minimum=1, maximum=4096, desc="Shard files the dataset is packed into.")
     synthetic_samples: int = fld(8192, minimum=1, desc="Samples of the synthetic dataset.")
+
+    @property
+    def language(self) -> bool:
+        """Whether this data is token ids for a language model (a token file or a tokenized text column)."""
+        return self.format == "tokens" or self.text_column is not None
 
     @property
     def builtin(self) -> DataName | None:

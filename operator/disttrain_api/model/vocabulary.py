@@ -38,8 +38,11 @@ Phase = Literal["Pending", "Running", "Restarting", "Succeeded", "Failed", "Susp
 ConditionStatus = Literal["True", "False", "Unknown"]
 
 BUILTIN_MODELS = ("mlp", "cnn", "gpt")
-# A built-in name, or an import path "package.module:factory".
-MODEL_NAME_PATTERN = r"^(mlp|cnn|gpt|[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*)$"
+# model.name "hf:<directory>": a Hugging Face causal LM saved with save_pretrained. The prefix is
+# reserved: "hf:x" is always a directory, never the attribute x of a module named hf.
+HF_MODEL_PREFIX = "hf:"
+# A built-in name, a Hugging Face directory, or an import path "package.module:factory".
+MODEL_NAME_PATTERN = r"^(mlp|cnn|gpt|hf:.+|[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*)$"
 # format module's dataset factory: "package.module:factory".
 DATA_MODULE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$"
 # A file inside spec.data.path (no folders: it must stay inside), and a column, key or array name.

@@ -19,11 +19,18 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 
 
-def shard(model: nn.Module, dp_mesh: DeviceMesh) -> nn.Module:
+def units(model: nn.Module) -> list[nn.Module]:
+    """The modules sharded as units of their own: the model's `fsdp_units()` (a Hugging Face
+    model's transformer blocks, hf_models.py), else the children of its `blocks` Sequential."""
+    if callable(getattr(model, "fsdp_units", None)):
+        return list(model.fsdp_units())
     blocks = getattr(model, "blocks", None)
-    if isinstance(blocks, nn.Sequential):
-        for block in blocks:
-            fully_shard(block, mesh=dp_mesh)
+    return list(blocks) if isinstance(blocks, nn.Sequential) else []
+
+
+def shard(model: nn.Module, dp_mesh: DeviceMesh) -> nn.Module:
+    for unit in units(model):
+        fully_shard(unit, mesh=dp_mesh)
     fully_shard(model, mesh=dp_mesh)
     return model
 

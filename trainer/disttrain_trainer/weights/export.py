@@ -8,6 +8,9 @@ previous export is renamed aside first and removed only once the new one is in p
 leaves a complete export under `export/` or, at worst for one instant, under `export.old-*`.
 A writer fenced off the checkpoint directory (a replaced gang) publishes nothing.
 
+An hf: model's export is a Hugging Face directory (weights/hf_export.py: config.json,
+model.safetensors, the tokenizer), with model.json beside it.
+
 `model.init` accepts the export directory as it is (weights/initial.py).
 """
 
@@ -30,6 +33,7 @@ from safetensors.torch import save_file
 
 from ..checkpoints import directory as cdir
 from ..checkpoints import fence
+from . import hf_export
 
 TMP_PREFIX = ".export-tmp-"
 OLD_PREFIX = C.EXPORT_DIRNAME + ".old-"
@@ -55,7 +59,11 @@ def write_export(checkpoint_dir: Path, state: dict[str, Any], *, spec: JobSpec, 
     tensors = _tensors(state)
     tmp = Path(tempfile.mkdtemp(prefix=TMP_PREFIX, dir=checkpoint_dir))
     try:
-        save_file(tensors, str(tmp / C.EXPORT_WEIGHTS_FILENAME), metadata={"format": "pt"})
+        weights = C.EXPORT_WEIGHTS_FILENAME
+        if spec.model.hf_dir is not None:
+            weights = hf_export.write(tmp, tensors, spec=spec)
+        else:
+            save_file(tensors, str(tmp / weights), metadata={"format": "pt"})
         info = {"format": FORMAT, "step": step, "mode": spec.mode, "time": time.time(),
                 "model": to_json(spec.model), "tensors": len(tensors),
                 "parameters": sum(t.numel() for t in tensors.values())}  # fmt: skip
@@ -68,8 +76,8 @@ def write_export(checkpoint_dir: Path, state: dict[str, Any], *, spec: JobSpec, 
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return {"path": str(final), "weights": C.EXPORT_WEIGHTS_FILENAME, "step": step,
-            "bytes": (final / C.EXPORT_WEIGHTS_FILENAME).stat().st_size}  # fmt: skip
+    return {"path": str(final), "weights": weights, "step": step,
+            "bytes": sum(f.stat().st_size for f in final.glob("*.safetensors"))}  # fmt: skip
 
 
 def _swap_in(tmp: Path, final: Path) -> None:

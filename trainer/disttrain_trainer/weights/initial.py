@@ -6,7 +6,8 @@ job's own checkpoint loads afterwards and so takes precedence.
 
 Sources, by what the path is:
   - a file: safetensors (read with the `safetensors` library; only the chosen names are read);
-  - a directory holding model.safetensors: an export (weights/export.py) or any such folder;
+  - a directory holding model.safetensors: an export (weights/export.py), a Hugging Face
+    directory (save_pretrained), or any such folder; or model.safetensors.index.json and its shards;
   - a disttrain checkpoint: one `step-N/` directory (whole `state.pt`, or sharded DCP, read
     without a process group), or a checkpoint directory, whose newest complete one is taken.
     Pipeline checkpoints key their blocks by block index; those names are mapped back to the
@@ -14,11 +15,14 @@ Sources, by what the path is:
 
 Strict (model.initStrict, the default): every name of the model's state_dict must be there with
 its shape, and nothing else; a mismatch is a ConfigError listing the missing, unexpected and
-misshapen names. Not strict: the names that fit are loaded, the rest keep their initialisation.
+misshapen names (a tied name, one tensor under two names, is found through either). Not
+strict: the names that fit are loaded, the rest keep their initialisation.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -41,7 +45,8 @@ from ..parallel.blocks import split_blocks
 from ..process.config import ConfigError
 
 MAX_NAMES = 6  # names listed per kind of mismatch; the count says how many there are
-DCP_MODEL_PREFIX = "model."  # checkpoints/sharded.py saves {"model": ..., "optimizer": ...}
+DCP_MODEL_PREFIX = "model."
+SHARD_INDEX = "model.safetensors.index.json"  # a Hugging Face directory with its weights in shards  # checkpoints/sharded.py saves {"model": ..., "optimizer": ...}
 
 Shape = tuple[int, ...]
 
@@ -97,7 +102,7 @@ def load_initial(model: nn.Module, spec: ModelSpec) -> Fit:
     assert spec.init is not None
     source = open_source(Path(spec.init), model)
     own = {n: tuple(t.shape) for n, t in model.state_dict().items() if isinstance(t, torch.Tensor)}
-    fit = compare(own, source.shapes)
+    fit = _tied_found(compare(own, source.shapes), _aliases(model))
     where = f"model.init {source.path}"
     if spec.init_strict and not fit.exact:
         raise ConfigError(f"{where} does not fit model {spec.name}: {fit.describe()}; set model.initStrict: false "
@@ -111,6 +116,23 @@ def load_initial(model: nn.Module, spec: ModelSpec) -> Fit:
     return fit
 
 
+def _aliases(model: nn.Module) -> dict[str, set[str]]:
+    """Names of one tensor under several names (tied weights: a language model's head is its
+    token embedding), each name -> the others."""
+    by_tensor: dict[int, set[str]] = {}
+    for n, t in model.state_dict(keep_vars=True).items():
+        if isinstance(t, torch.Tensor):
+            by_tensor.setdefault(id(t), set()).add(n)
+    return {n: names - {n} for names in by_tensor.values() if len(names) > 1 for n in names}
+
+
+def _tied_found(fit: Fit, aliases: dict[str, set[str]]) -> Fit:
+    """A tied name the source lacks is loaded through a name it shares its tensor with (a Hugging
+    Face file stores tied weights once)."""
+    found = {n for n in fit.missing if aliases.get(n, set()) & set(fit.matching)}
+    return dataclasses.replace(fit, missing=[n for n in fit.missing if n not in found])
+
+
 def open_source(path: Path, model: nn.Module) -> Source:
     if not path.exists():
         raise ConfigError(f"model.init {path}: no such file or directory (is the volume mounted in every worker?)")
@@ -118,6 +140,8 @@ def open_source(path: Path, model: nn.Module) -> Source:
         return safetensors_source(path)
     if (path / C.EXPORT_WEIGHTS_FILENAME).is_file():
         return safetensors_source(path / C.EXPORT_WEIGHTS_FILENAME)
+    if (path / SHARD_INDEX).is_file():
+        return sharded_safetensors_source(path / SHARD_INDEX)
     if _is_checkpoint(path):
         return checkpoint_source(path, model)
     for _, step_dir in reversed(sharded_ckpt.list_checkpoints(path)):
@@ -154,6 +178,25 @@ def safetensors_source(path: Path) -> Source:
             raise ConfigError(f"model.init {path}: cannot read its tensors ({e})") from None
 
     return Source(path=path, shapes=shapes, read=read)
+
+
+def sharded_safetensors_source(index: Path) -> Source:
+    """A Hugging Face directory's weights in several safetensors files, named by its index."""
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+        files = {index.parent / f for f in weight_map.values()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ConfigError(f"model.init {index}: not a readable safetensors index ({type(e).__name__}: {e})") from None
+    parts = [safetensors_source(f) for f in sorted(files)]
+    owner = {n: part for part in parts for n in part.shapes}
+
+    def read(names: Sequence[str]) -> dict[str, torch.Tensor]:
+        out: dict[str, torch.Tensor] = {}
+        for part in parts:
+            out |= part.read([n for n in names if owner[n] is part])
+        return out
+
+    return Source(path=index.parent, shapes={n: s for part in parts for n, s in part.shapes.items()}, read=read)
 
 
 def checkpoint_source(path: Path, model: nn.Module) -> Source:

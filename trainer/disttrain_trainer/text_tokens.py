@@ -1,0 +1,132 @@
+"""data.textColumn + data.tokenizer: a text column of parquet or jsonl, tokenized once into a
+token stream in the data cache, then read like format tokens (file_datasets.py).
+
+The tokenizer is a Hugging Face tokenizer directory (what `save_pretrained` writes), loaded with
+AutoTokenizer offline: nothing is downloaded and no code from the directory runs. Each row's text
+is tokenized without special tokens and followed by the tokenizer's end-of-sequence token (when
+it has one), so documents stay apart in the stream, as nanoGPT's prepare scripts do. The stream
+is uint16 when every id of the tokenizer fits, else uint32. The cache entry is keyed by the
+source file and the tokenizer's files (path, size, mtime): a change of either tokenizes again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from disttrain_api.model import DataSpec
+
+from .data_cache import build_once
+from .process.config import ConfigError
+
+FORMAT_VERSION = 1
+TOKENS_FILE = "tokens.bin"
+INFO_FILE = "tokens.json"
+BATCH_ROWS = 1024  # rows tokenized per call: the fast tokenizer batches them in Rust
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenStream:
+    path: Path
+    dtype: str
+    vocab: int  # the tokenizer's vocabulary, added tokens included
+
+
+def tokenizer_dir(d: DataSpec) -> Path:
+    """data.tokenizer as the trainer reads it: relative paths lie under the data volume's mount."""
+    p = Path(d.tokenizer or "")
+    return p if p.is_absolute() else Path(d.mount_path) / p
+
+
+def load_tokenizer(d: DataSpec) -> Any:
+    path = tokenizer_dir(d)
+    if not path.is_dir():
+        raise ConfigError(f"spec.data.tokenizer: {path} is not a directory (a tokenizer saved with save_pretrained)")
+    from .hf_models import transformers_offline  # noqa: PLC0415 - transformers only for tokenized text
+
+    try:
+        return transformers_offline().AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
+    except Exception as e:  # noqa: BLE001 - transformers raises many kinds for an unreadable directory
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"spec.data.tokenizer: {path} is not a readable Hugging Face tokenizer "
+                          f"({type(e).__name__}: {first})") from None  # fmt: skip
+
+
+def _fingerprint_dir(path: Path) -> list[Any]:
+    return [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in sorted(path.iterdir()) if f.is_file()]
+
+
+def _column_batches(d: DataSpec, path: Path) -> Iterator[Any]:
+    """The text column in record batches of BATCH_ROWS: parquet is streamed (a file or a directory
+    of files, never whole in memory); a JSON-lines file is read whole, as pyarrow.json does."""
+    import pyarrow as pa  # noqa: PLC0415 - pyarrow, only for parquet and jsonl data
+
+    col = d.text_column
+    assert col is not None
+    try:
+        if d.format == "parquet":
+            import pyarrow.dataset as pds  # noqa: PLC0415 - pyarrow
+
+            source = pds.dataset(path, format="parquet")
+            schema = source.schema
+        else:
+            import pyarrow.json as pj  # noqa: PLC0415 - pyarrow
+
+            source = pj.read_json(path)
+            schema = source.schema
+        if col not in schema.names:
+            raise ConfigError(f"spec.data.textColumn: {path} has no column {col!r} "
+                              f"(it has {', '.join(schema.names) or 'none'})")  # fmt: skip
+        kind = schema.field(col).type
+        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+            raise ConfigError(f"spec.data.textColumn: column {col!r} of {path} is {kind}, not text")
+        if d.format == "parquet":
+            batches = source.to_batches(columns=[col], batch_size=BATCH_ROWS)
+        else:
+            batches = source.select([col]).to_batches(max_chunksize=BATCH_ROWS)
+        for batch in batches:
+            column = batch.column(0)
+            if column.null_count:
+                raise ConfigError(f"spec.data.textColumn: column {col!r} of {path} has empty values")
+            yield column
+    except (pa.ArrowException, OSError) as e:
+        raise ConfigError(f"spec.data.path: {path} is not readable as {d.format} ({e})") from None
+
+
+def _write_stream(tok: Any, d: DataSpec, path: Path, out: Path, dtype: str) -> tuple[int, int]:
+    """(tokens, rows) written to `out`."""
+    eos = tok.eos_token_id
+    tokens = rows = 0
+    with open(out, "wb") as f:
+        for column in _column_batches(d, path):
+            ids = tok(column.to_pylist(), add_special_tokens=False)["input_ids"]
+            flat = [t for row in ids for t in ([*row, eos] if eos is not None else row)]
+            arr = np.asarray(flat, dtype=dtype)
+            arr.tofile(f)
+            tokens, rows = tokens + len(arr), rows + len(column)
+    return tokens, rows
+
+
+def tokenize(d: DataSpec, path: Path, cache: Path, source: list[Any]) -> TokenStream:
+    """The token stream of `path`'s text column, built once in `cache`; `source`: the file's fingerprint."""
+    tok = load_tokenizer(d)
+    vocab = len(tok)
+    dtype = "uint16" if vocab <= 1 << 16 else "uint32"
+    key = {"v": FORMAT_VERSION, "format": d.format, "source": source, "column": d.text_column,
+           "tokenizer": [str(tokenizer_dir(d)), _fingerprint_dir(tokenizer_dir(d))], "dtype": dtype}  # fmt: skip
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    target = cache / f"text-{digest}"
+
+    def build(tmp: Path) -> None:
+        n, rows = _write_stream(tok, d, path, tmp / TOKENS_FILE, dtype)
+        if n == 0:
+            raise ConfigError(f"spec.data.textColumn: column {d.text_column!r} of {path} gives no tokens")
+        (tmp / INFO_FILE).write_text(json.dumps({"tokens": n, "rows": rows, "dtype": dtype, "vocab": vocab}))
+
+    build_once(target, build, done=INFO_FILE)
+    return TokenStream(path=target / TOKENS_FILE, dtype=dtype, vocab=vocab)
