@@ -31,10 +31,12 @@ from .process.config import ConfigError
 
 __all__ = ["StoreUnreachable", "Store", "check_bucket", "is_uri", "split", "stage", "store_for"]
 
-# Connection attempts before "unreachable": a missing endpoint fails in seconds, not minutes.
+# Attempts before "unreachable": a missing endpoint fails in seconds, not minutes. botocore retries
+# each request (with backoff); s3fs retries the call on top, for errors botocore passes through.
 CONNECT_TIMEOUT_S = 5
 READ_TIMEOUT_S = 60
 MAX_ATTEMPTS = 3
+S3FS_ATTEMPTS = 2
 
 
 class StoreUnreachable(RuntimeError):
@@ -85,7 +87,7 @@ def _new_filesystem(store: Store) -> Any:
         use_listings_cache=False,
         skip_instance_cache=True,
     )
-    fs.retries = MAX_ATTEMPTS  # s3fs's own retries on top of botocore's (default 5, with backoff)
+    fs.retries = S3FS_ATTEMPTS  # s3fs's default is 5, each with a growing sleep
     return fs
 
 
