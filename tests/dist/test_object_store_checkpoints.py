@@ -107,3 +107,25 @@ def test_a_missing_bucket_is_exit_2_and_an_unreachable_store_exit_1(trainer: Any
     res = trainer.run(spec, world=1, job="closed", env=s3_server.env(), expect_ok=False)
     assert res.returncodes == [exitcodes.FAILED]
     assert "not reachable" in res.outputs[0]
+
+
+def test_sharded_checkpoints_from_ranks_on_separate_disks_commit_and_resume(
+    trainer: Any, s3_server: Any, tmp_path: Path
+) -> None:
+    """FSDP2 (DCP): each rank stages on a disk of its own, as pods do; every rank uploads its own
+    shards, rank 0 commits, and a fresh gang downloads the whole checkpoint onto every disk."""
+    write_corpus(tmp_path / "corpus")
+    bucket = s3_server.bucket("dcp")
+    spec = {**gpt_spec(str(tmp_path / "corpus"), uri=f"s3://{bucket}/runs", endpoint=s3_server.url),
+            "parallelism": {"dataStrategy": "fsdp"}}  # fmt: skip
+    disks = [{C.ENV_CHECKPOINT_DIR: str(tmp_path / f"pod-{r}")} for r in range(2)]
+    first = trainer.run(spec, world=2, job="gpt", env=s3_server.env(), rank_env=disks)
+    objects = keys(s3_server, bucket)
+    shards = [k for k in objects if k.startswith("runs/gpt/step-00000012/") and k.endswith(".distcp")]
+    assert len(shards) == 2, objects  # one per rank, each uploaded from its own disk
+    assert not (tmp_path / "pod-1" / "gpt" / "step-00000012").exists()  # rank 1 never had the whole checkpoint
+    s3_server.client().delete_object(Bucket=bucket, Key="runs/gpt/step-00000012.committed")
+    fresh = [{C.ENV_CHECKPOINT_DIR: str(tmp_path / f"new-pod-{r}")} for r in range(2)]
+    again = trainer.run(spec, world=2, job="gpt", env=s3_server.env(), rank_env=fresh)
+    assert again.summary["resumedFromStep"] == 8
+    assert first.summary["valLoss"] == again.summary["valLoss"]  # the same parameters, evaluated
