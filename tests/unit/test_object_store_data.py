@@ -130,3 +130,15 @@ def test_an_endpoint_that_does_not_answer_is_transient_not_a_config_error(aws_en
     with pytest.raises(object_store.StoreUnreachable) as err:
         load_dataset(spec({"path": "s3://corpus/train.bin", "format": "tokens"}, closed), tmp_path)
     assert not isinstance(err.value, ConfigError) and "not reachable" in str(err.value) and closed in str(err.value)
+
+
+def test_peeking_ahead_names_the_next_batches_and_does_not_move_the_sampler() -> None:
+    sampler = GlobalBatchSampler(50, 16, seed=1, rank=1, world=2)  # 3 batches an epoch: peeks cross epochs
+    for _ in range(5):
+        state = sampler.state_dict()
+        ahead = sampler.peek_indices(4)
+        assert sampler.state_dict() == state
+        for expected in ahead:
+            np.testing.assert_array_equal(sampler.next_indices(), expected)
+        sampler.load_state_dict(state)
+        sampler.next_indices()
