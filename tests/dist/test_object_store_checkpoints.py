@@ -69,6 +69,9 @@ def test_a_2_rank_run_on_s3_resumes_from_the_newest_committed_checkpoint_exactly
         "runs/gpt/step-00000008.committed", "runs/gpt/step-00000012.committed"]
     assert not any(k.startswith("runs/gpt/step-00000004") for k in objects)
     assert "runs/gpt/step-00000012/state.pt" in objects
+    # The exported model lies beside the checkpoints, and the summary (status.result) names it there.
+    assert first.summary["export"]["path"] == f"s3://{bucket}/runs/gpt/export"
+    assert {"runs/gpt/export/model.safetensors", "runs/gpt/export/model.json"} <= set(objects)
     # The newest one's objects are all there, but its marker is not: uploaded, never committed.
     s3_server.client().delete_object(Bucket=bucket, Key="runs/gpt/step-00000012.committed")
     fresh = tmp_path / "other-pod"  # a new gang's empty staging: only the bucket remembers

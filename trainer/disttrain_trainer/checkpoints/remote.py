@@ -207,6 +207,23 @@ def publish(root: Path, final: Path, keep: int) -> None:
     commit(root, final.name, upload(root, final, final.name, files), keep)
 
 
+def upload_export(root: Path, folder: Path) -> str | None:
+    """The exported model (weights/export.py) copied to <uri>/<job>/export/: its URI, None when the
+    checkpoints are not mirrored. The weights go first, model.json (what names them) last."""
+    remote = remote_for(root)
+    if remote is None:
+        return None
+    fs = remote.store.filesystem()
+    target = remote.of(folder.name)
+    files = sorted((f for f in folder.iterdir() if f.is_file()), key=lambda f: (f.suffix == ".json", f.name))
+    try:
+        for f in files:
+            fs.put_file(str(f), f"{target}/{f.name}")
+    except Exception as e:  # noqa: BLE001
+        raise _fail(e, remote, target) from None
+    return target
+
+
 def attach_spec(spec: Any, job: str, root: Path) -> None:
     """spec.checkpoint.uri: `root` (the job's checkpoint directory) becomes staging for
     <uri>/<job>; the bucket and the credentials are checked now, before anything trains."""
