@@ -26,7 +26,7 @@ from disttrain_api.model import JobSpec
 from .data_cache import build_once
 from .file_datasets import Rows, TokenFile, load_file_data
 from .process.config import ConfigError
-from .remote_tokens import RemoteTokenFile
+from .remote_tokens import PREFETCH_BATCHES, RemoteTokenFile
 
 FORMAT_VERSION = 1
 TEST_FRACTION = 0.2
@@ -354,3 +354,11 @@ class GlobalBatchSampler:
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.epoch, self.offset, self._perm = int(state["epoch"]), int(state["offset"]), None
+
+
+def next_batch(ds: Dataset, sampler: GlobalBatchSampler) -> tuple[np.ndarray, np.ndarray]:
+    """This rank's next batch; from object storage the batches after it are read meanwhile."""
+    rows = sampler.next_indices()
+    if ds.prefetches:
+        ds.prefetch(sampler.peek_indices(PREFETCH_BATCHES))
+    return ds.batch(rows)
