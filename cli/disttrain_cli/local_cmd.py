@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from disttrain_api import constants as C
 from disttrain_api.dataparse import Object
 from disttrain_api.exitcodes import CONFIG as EXIT_INVALID
 from disttrain_api.model import HF_MODEL_PREFIX
@@ -98,7 +99,7 @@ def with_local_data(job: Any, manifest: Path) -> Any:
         model = dataclasses.replace(model, name=HF_MODEL_PREFIX + here(model.hf_dir))
     if data.tokenizer:
         data = dataclasses.replace(data, tokenizer=here(data.tokenizer))
-    if data.path:
+    if data.path and not data.path.startswith(C.OBJECT_STORE_SCHEME):  # an s3:// URI reads the same anywhere
         data = dataclasses.replace(data, path=here(data.path), volume=Object())
     return dataclasses.replace(job, spec=dataclasses.replace(job.spec, data=data, model=model))
 

@@ -32,7 +32,7 @@ from disttrain_api.model import JobSpec, to_json
 from safetensors.torch import save_file
 
 from ..checkpoints import directory as cdir
-from ..checkpoints import fence
+from ..checkpoints import fence, remote
 from . import hf_export
 
 TMP_PREFIX = ".export-tmp-"
@@ -76,7 +76,8 @@ def write_export(checkpoint_dir: Path, state: dict[str, Any], *, spec: JobSpec, 
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return {"path": str(final), "weights": weights, "step": step,
+    uri = remote.upload_export(checkpoint_dir, final)  # spec.checkpoint.uri: beside the checkpoints there
+    return {"path": uri or str(final), "weights": weights, "step": step,
             "bytes": sum(f.stat().st_size for f in final.glob("*.safetensors"))}  # fmt: skip
 
 
@@ -106,7 +107,7 @@ def export_on_rank0(state_of: Callable[[], dict[str, Any] | None], *, checkpoint
             outcome = [write_export(checkpoint_dir, state, spec=spec, step=step), ""]
         except fence.Fenced as e:
             outcome = [None, f"fenced: {e}"]
-        except OSError as e:
+        except (OSError, RuntimeError, ValueError) as e:  # a disk, or the object store (checkpoints/remote.py)
             outcome = [None, f"{type(e).__name__}: {e}"]
     if dist.is_initialized():
         dist.broadcast_object_list(outcome, src=0)

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor.parallel import loss_parallel
 
-from ...datasets import Dataset
+from ...datasets import Dataset, next_batch
 from ...parallel import ddp, hybrid
 from ...parallel.comm_profile import ProfiledComm
 from ...parallel.ddp import CommClock, CommTimes
@@ -47,7 +47,7 @@ CPU_COMM_SAMPLE_EVERY = 10
 
 
 def _batch(run: Run) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    x, y = run.ds.batch(run.sampler.next_indices())
+    x, y = next_batch(run.ds, run.sampler)
     dev = run.ctx.device
     xt, yt = torch.from_numpy(np.asarray(x)), torch.from_numpy(np.asarray(y))
     if dev.type != "cpu":  # from pinned memory the copy is queued and the host goes on

@@ -22,7 +22,7 @@ import torch
 from disttrain_api.model import JobSpec
 from torch import nn
 
-from ...datasets import Dataset, GlobalBatchSampler
+from ...datasets import Dataset, GlobalBatchSampler, next_batch
 from ...process import stop_request
 from ...process.precision import make_amp
 from ...telemetry.paramserver_series import WorkerMetrics, WorkerTally
@@ -182,7 +182,7 @@ class Worker:
             self.step = k
             self._seek(k)
             t1 = time.perf_counter()
-            x, y = self.ds.batch(self.sampler.next_indices())
+            x, y = next_batch(self.ds, self.sampler)
             xt, yt = torch.from_numpy(np.asarray(x)), torch.from_numpy(np.asarray(y))
             t2 = time.perf_counter()
             self.model.zero_grad(set_to_none=True)

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from ...datasets import next_batch
 from ...parallel.blocks import load_block_state
 from ...parallel.mesh import layout_for
 from ...process import stop_request
@@ -128,7 +129,7 @@ def loop(run: PipeRun, amp: Amp) -> dict[str, Any] | None:
     with LoopGC() as loop_gc:
         while run.step < tr.steps:
             t0 = time.perf_counter()
-            xb, yb = run.ds.batch(run.sampler.next_indices())
+            xb, yb = next_batch(run.ds, run.sampler)
             x = torch.from_numpy(np.asarray(xb)).to(ctx.device)
             y = torch.from_numpy(np.asarray(yb)).to(ctx.device)
             t1 = time.perf_counter()
