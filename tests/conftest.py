@@ -49,7 +49,7 @@ CLUSTER_LANES = ("cluster-lane-1", "cluster-lane-2")
 SECOND_LANE = frozenset({
     "test_network.py", "test_node_loss.py", "test_pods.py", "test_scheduling.py", "test_operator.py",
     "test_ownership.py", "test_paramserver.py", "test_federated.py", "test_identity.py",
-    "test_recovery.py", "test_disruptions.py", "test_zz_incluster.py",
+    "test_recovery.py", "test_disruptions.py", "test_zz_incluster.py", "test_user_image.py",
 })
 TESTS_ROOT = Path(__file__).resolve().parent
 CLUSTER_TURN_LOCK = Path(tempfile.gettempdir()) / "disttrain-cluster-tests.lock"
