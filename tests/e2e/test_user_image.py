@@ -45,7 +45,7 @@ CORPUS_CLAIM = "corpus"
 VOCAB, BLOCK, HIDDEN, LAYERS = 96, 32, 32, 2
 # One kill after the first checkpoint at or past KILL_AFTER; STEPS leaves training after it
 # (a kill that meets a finished trainer fails by name), INTERVAL keeps the replay short.
-STEPS, INTERVAL, KILL_AFTER = 300, 20, 40
+STEPS, INTERVAL, KILL_AFTER = 600, 20, 40
 
 
 def write_corpus(folder: Path) -> None:
