@@ -8,9 +8,17 @@ never has a GPU).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
+import json
 import os
+import socket
+import subprocess
+import sys
 import tempfile
+import time
+import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -123,7 +131,6 @@ def cluster_turn(request: pytest.FixtureRequest) -> Iterator[None]:
 # already up (bringing its images up to date), else starts one and stops it at session end.
 # `kubeconfig`: $KUBECONFIG when set (any cluster, e.g. kind), else the local cluster's.
 # Under CI=true a cluster that cannot come up FAILS the test, naming the step and its log.
-import sys  # noqa: E402
 
 _HACK = Path(__file__).resolve().parents[1] / "hack"
 
@@ -173,3 +180,68 @@ def kubeconfig(request: pytest.FixtureRequest) -> Path:
 
 
 # ---- end of local cluster fixtures ---------------------------------------------------------
+
+
+# ------------------------------------------------------------ a real S3-compatible server
+
+
+@dataclasses.dataclass(frozen=True)
+class S3Server:
+    """moto in server mode on loopback, requests signed and checked (IAM auth on): wrong keys are refused."""
+
+    url: str
+    key_id: str
+    secret: str
+
+    def env(self, **overrides: str) -> dict[str, str]:
+        """What a trainer process needs: the AWS credential chain's variables."""
+        return {"AWS_ACCESS_KEY_ID": self.key_id, "AWS_SECRET_ACCESS_KEY": self.secret,
+                "AWS_DEFAULT_REGION": "us-east-1", **overrides}  # fmt: skip
+
+    def client(self) -> object:
+        import boto3  # noqa: PLC0415 - boto3, only for the object-store tests
+
+        return boto3.client("s3", endpoint_url=self.url, region_name="us-east-1",
+                            aws_access_key_id=self.key_id, aws_secret_access_key=self.secret)  # fmt: skip
+
+    def bucket(self, name: str) -> str:
+        """A fresh bucket (names are per test: the server is shared by the session)."""
+        bucket = f"{name}-{uuid.uuid4().hex[:8]}"
+        self.client().create_bucket(Bucket=bucket)  # type: ignore[attr-defined]
+        return bucket
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+
+    import boto3  # noqa: PLC0415 - boto3, only for the object-store tests
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # The first 3 requests (the IAM user, its policy, its key) go unchecked; every later one must be
+    # signed with that key, as a real store would insist.
+    env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "3"}
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/moto-api/", timeout=2).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"moto server did not start on {url}") from None
+                time.sleep(0.05)
+        iam = boto3.client("iam", endpoint_url=url, region_name="us-east-1", aws_access_key_id="setup",
+                           aws_secret_access_key="setup")  # fmt: skip
+        iam.create_user(UserName="disttrain")
+        policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
+        iam.put_user_policy(UserName="disttrain", PolicyName="all", PolicyDocument=json.dumps(policy))
+        key = iam.create_access_key(UserName="disttrain")["AccessKey"]
+        yield S3Server(url=url, key_id=key["AccessKeyId"], secret=key["SecretAccessKey"])
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from disttrain_api import constants as C
 from disttrain_api.dataparse import Object
 from disttrain_api.exitcodes import CONFIG as EXIT_INVALID
 from disttrain_api.validation import load_job
@@ -88,7 +89,7 @@ def with_local_data(job: Any, manifest: Path) -> Any:
     volume's mount), so the same manifest runs on a laptop and in the cluster. No volume is
     mounted here: the files are read where they lie."""
     data = job.spec.data
-    if not data.path:
+    if not data.path or data.path.startswith(C.OBJECT_STORE_SCHEME):  # an s3:// URI reads the same anywhere
         return job
     path = data.path if Path(data.path).is_absolute() else str((manifest.parent / data.path).resolve())
     local = dataclasses.replace(data, path=path, volume=Object())

@@ -89,6 +89,16 @@ LABEL_MODE = "disttrain.dev/mode"
 # Mesh layout of a gang, for humans (kubectl describe): "dp=2,pp=2,tp=1".
 ANNOTATION_MESH = "disttrain.dev/mesh"
 
+# --- object storage (spec.objectStore): the names boto3 / s3fs read ------------
+# From the Secret spec.objectStore.credentialsSecret (secretKeyRef: the operator never reads it).
+ENV_AWS_ACCESS_KEY_ID = "AWS_ACCESS_KEY_ID"
+ENV_AWS_SECRET_ACCESS_KEY = "AWS_SECRET_ACCESS_KEY"
+OBJECT_STORE_SECRET_KEYS = (ENV_AWS_ACCESS_KEY_ID, ENV_AWS_SECRET_ACCESS_KEY)
+ENV_AWS_ENDPOINT_URL = "AWS_ENDPOINT_URL"  # spec.objectStore.endpoint
+ENV_AWS_REGION = "AWS_REGION"  # spec.objectStore.region (AWS_DEFAULT_REGION too, for older clients)
+ENV_AWS_DEFAULT_REGION = "AWS_DEFAULT_REGION"
+OBJECT_STORE_SCHEME = "s3://"
+
 # --- trainer test hooks (fault injection; never set in production) ------------
 # Step number: rank 0 hard-kills itself (SIGKILL) halfway through writing that step's checkpoint.
 ENV_FAULT_KILL_IN_CHECKPOINT = "DISTTRAIN_FAULT_KILL_IN_CHECKPOINT"

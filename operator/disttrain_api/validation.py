@@ -19,7 +19,7 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
-from disttrain_api import data_rules, layout_rules, mode_block_rules, pod_rules
+from disttrain_api import data_rules, layout_rules, mode_block_rules, object_store_rules, pod_rules
 from disttrain_api.model import DistTrainJob, FieldError, JobSpec, SpecError, parse_job_partial
 from disttrain_api.rule_checker import Checker
 
@@ -101,6 +101,7 @@ def validate_spec(spec: JobSpec, *, skip: Iterable[FieldError] = ()) -> list[Fie
     _elastic(spec, c)
     layout_rules.devices(spec, c)
     data_rules.data(spec, c)
+    object_store_rules.object_store(spec, c)
     layout_rules.model(spec, c)
     _elastic_sizes(spec, c)
     _pod(spec, c)

@@ -61,13 +61,17 @@ class TrainerLauncher:
         world: int,
         job: str,
         env: dict[str, str] | None = None,
+        rank_env: list[dict[str, str]] | None = None,
         expect_ok: bool = True,
         timeout: float = RANK_TIMEOUT_S,
     ) -> RunResult:
-        return self.start(spec, world=world, job=job, env=env).wait(expect_ok=expect_ok, timeout=timeout)
+        return self.start(spec, world=world, job=job, env=env, rank_env=rank_env).wait(expect_ok=expect_ok,
+                                                                                    timeout=timeout)  # fmt: skip
 
-    def start(self, spec: dict[str, Any], *, world: int, job: str, env: dict[str, str] | None = None) -> Started:
-        """The job's ranks started and not waited for (`Started.wait` collects them)."""
+    def start(self, spec: dict[str, Any], *, world: int, job: str, env: dict[str, str] | None = None,
+              rank_env: list[dict[str, str]] | None = None) -> Started:  # fmt: skip
+        """The job's ranks started and not waited for (`Started.wait` collects them); `rank_env`:
+        each rank's own additions (e.g. a checkpoint folder per rank, as on pods of their own)."""
         config = self.spec_file(spec, job)
         run_dir = Path((env or {}).get(C.ENV_RUN_DIR) or self.tmp / "runs" / job)
         port = free_port()
@@ -91,6 +95,7 @@ class TrainerLauncher:
                 C.ENV_DATA_CACHE: str(self.data_cache),
                 "OMP_NUM_THREADS": "1",
                 **(env or {}),
+                **(rank_env[rank] if rank_env else {}),
             }
             procs.append(
                 subprocess.Popen(

@@ -21,6 +21,7 @@ from disttrain_api.exitcodes import INTERRUPTED as EXIT_INTERRUPTED
 from disttrain_api.exitcodes import OK as EXIT_OK
 from disttrain_api.exitcodes import STOPPED as EXIT_STOPPED
 
+from .checkpoints import remote as remote_checkpoints
 from .checkpoints.fence import Fenced
 from .modes import entry_for
 from .process import stop_request
@@ -50,6 +51,7 @@ def main() -> int:
 def _main() -> int:
     try:
         cfg = load_config()
+        remote_checkpoints.attach_spec(cfg.spec, cfg.job, cfg.checkpoint_dir)
         try:
             # The mode's package only: a federated client never loads the data loop's modules.
             entry = entry_for(cfg.spec)

@@ -26,6 +26,7 @@ from disttrain_api.model import JobSpec
 from .data_cache import build_once
 from .file_datasets import Rows, TokenFile, load_file_data
 from .process.config import ConfigError
+from .remote_tokens import RemoteTokenFile
 
 FORMAT_VERSION = 1
 TEST_FRACTION = 0.2
@@ -104,10 +105,20 @@ class Dataset:
     num_train: int
     num_classes: int  # classes, or vocabulary size for "lm"
     input_dim: int  # features per sample (classify) or block size (lm)
-    train_x: Shards | TokenWindows | TokenFile | Rows
+    train_x: Shards | TokenWindows | TokenFile | Rows | RemoteTokenFile
     train_y: Shards | Rows | None  # None for lm: targets are the inputs shifted by one
     test_x: np.ndarray  # classify: test features; lm: validation windows (block+1 tokens)
     test_y: np.ndarray | None
+
+    @property
+    def prefetches(self) -> bool:
+        """The training rows are read from a store that is worth reading ahead (remote_tokens.py)."""
+        return hasattr(self.train_x, "prefetch")
+
+    def prefetch(self, batches: list[np.ndarray]) -> None:
+        """Start reading these coming batches' rows in the background (where the source can)."""
+        if self.prefetches:
+            self.train_x.prefetch(batches)  # type: ignore[union-attr]
 
     def batch(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if self.kind == "lm":
@@ -324,6 +335,14 @@ class GlobalBatchSampler:
         """This rank's slice of the next global batch."""
         per = self.batch // self.world
         return self.next_global()[self.rank * per : (self.rank + 1) * per]
+
+    def peek_indices(self, ahead: int) -> list[np.ndarray]:
+        """What the next `ahead` calls of next_indices will return, without moving the sampler."""
+        saved = (self.epoch, self.offset, self._perm)
+        try:
+            return [self.next_indices() for _ in range(ahead)]
+        finally:
+            self.epoch, self.offset, self._perm = saved
 
     def state_dict(self) -> dict[str, int]:
         return {

@@ -22,7 +22,7 @@ from typing import Any, Literal
 import numpy as np
 from disttrain_api.model import DataSpec, JobSpec
 
-from . import file_converters
+from . import file_converters, object_store, remote_tokens
 from .data_cache import build_once
 from .process.config import ConfigError
 
@@ -81,7 +81,7 @@ class FileData:
     num_train: int
     num_classes: int
     input_dim: int
-    train_x: TokenFile | Rows
+    train_x: TokenFile | Rows | remote_tokens.RemoteTokenFile
     train_y: Rows | None
     test_x: np.ndarray
     test_y: np.ndarray | None
@@ -264,8 +264,31 @@ def _converted(spec: JobSpec, path: Path, cache: Path) -> FileData:
     return _rows(spec, target / "x.npy", target / "y.npy", cache, str(path) if d.path else str(d.factory))
 
 
+def _remote_tokens(spec: JobSpec, cache: Path) -> FileData:
+    """format tokens at an s3:// URI: windows read by ranged GETs where the object lies (remote_tokens.py)."""
+    block = spec.model.block_size
+    r = remote_tokens.remote_tokens(spec, cache)
+    window = lambda uri, start, n: remote_tokens.RemoteTokenFile(  # noqa: E731
+        store=r["store"], uri=uri, dtype=spec.data.token_dtype, start=start, windows=n, block_size=block)
+    starts = np.linspace(0, r["val_len"] - block - 2, EVAL_WINDOWS).astype(np.int64)
+    test_x = window(r["val_uri"], r["val_start"], r["val_len"] - block - 1).fetch(starts).astype(np.int64)
+    windows = r["train_tokens"] - block - 1
+    return FileData(name=str(spec.data.path), kind="lm", num_train=windows, num_classes=r["vocab"], input_dim=block,
+                    train_x=window(r["train_uri"], 0, windows), train_y=None, test_x=test_x, test_y=None)  # fmt: skip
+
+
 def load_file_data(spec: JobSpec, cache: Path) -> FileData:
     d = spec.data
+    if object_store.is_uri(d.path):
+        # tokens are read in place, window by window; the other formats are read whole anyway:
+        # staged once per pod into the cache, then read like a local file.
+        if d.format == "tokens":
+            return _remote_tokens(spec, cache)
+        path = object_store.stage(spec, cache)
+        if d.format == "npy":
+            x_path, y_path = _npy_files(d, path)
+            return _rows(spec, x_path, y_path, cache, str(d.path))
+        return _converted(spec, path, cache)
     path = resolve_path(d)
     if d.path and not path.exists():
         hint = "" if Path(d.path).is_absolute() else f" (relative paths resolve under spec.data.mountPath {d.mount_path})"

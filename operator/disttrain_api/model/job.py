@@ -9,6 +9,7 @@ from typing import Any
 
 from ..dataparse import FieldError, SpecError, describe, fld, parse_dataclass
 from .federated import FederatedSpec
+from .object_store import ObjectStoreSpec
 from .paramserver import ParamServerSpec
 from .run_policy import RunPolicy
 from .training import (
@@ -43,6 +44,9 @@ class JobSpec:
     optimizer: OptimizerSpec = fld(factory=OptimizerSpec, desc="Optimizer and learning-rate schedule.")
     training: TrainingSpec = fld(factory=TrainingSpec, desc="Steps, precision, memory and communication savers.")
     checkpoint: CheckpointSpec = fld(factory=CheckpointSpec, desc="Where and how often to checkpoint.")
+    object_store: ObjectStoreSpec | None = fld(
+        None, desc="Endpoint, region and credentials for s3:// URIs in spec.data.path and spec.checkpoint.uri."
+    )
     elastic: ElasticSpec | None = fld(None, desc="Shrink a gang that cannot be scheduled at full size.")
     federated: FederatedSpec | None = fld(None, desc="Only in federated mode.")
     param_server: ParamServerSpec | None = fld(None, json="paramServer", desc="Only in paramserver mode.")

@@ -90,7 +90,8 @@ class DataSpec:
     path: str | None = fld(
         None,
         desc="Your own data: a file or directory, absolute or relative to mountPath (disttrain local: relative to "
-        "the manifest's folder). Not together with name.",
+        "the manifest's folder), or an object-store URI s3://bucket/key (a file) or s3://bucket/prefix (a "
+        "directory), read with spec.objectStore. Not together with name.",
     )
     format: DataFormat | None = fld(
         None,
@@ -197,6 +198,12 @@ class CheckpointSpec:
         factory=Object,
         desc="A Kubernetes volume source for checkpoints (e.g. persistentVolumeClaim: {claimName: x}; no hostPath: "
         "worker pods are restricted); empty means an emptyDir, which does not survive a gang restart onto other pods.",
+    )
+    uri: str | None = fld(
+        None,
+        desc="Checkpoints on object storage instead of a volume: s3://bucket/prefix (read with spec.objectStore). "
+        "Each one is published by a commit marker after all its objects; resume picks the newest committed one. "
+        "path is then local staging (an emptyDir). Not together with volume.",
     )
 
 

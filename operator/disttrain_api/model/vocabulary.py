@@ -47,6 +47,9 @@ FILE_NAME_PATTERN = r"^[^/]+$"
 NAME_PATTERN = r"^.+$"
 ACT_CKPT_PATTERN = r"^(none|sqrt|every:[1-9][0-9]*)$"
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+# A Secret's name (RFC 1123 subdomain) and an object store's endpoint URL.
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+ENDPOINT_PATTERN = r"^https?://[^/\s]+/?$"
 # A job's name is its headless Service's name, so it must be a DNS-1035 label (a Service
 # name starts with a letter), short enough that every derived name stays a 63-character
 # label: pods and hostnames "<job>-worker-<index>" / "<job>-client-<index>" (index < 1024),

@@ -18,6 +18,7 @@ from disttrain_api import pod_rules
 from disttrain_api.model import API_VERSION, KIND, JobSpec, to_json
 
 from ..settings import GpuPods
+from .object_store_env import object_store_env
 
 CONTAINER = "trainer"
 RUN_DIR = c.RUN_MOUNT_DIR
@@ -311,6 +312,8 @@ def build_pod(
             break
     user_env = list(template.pop("env", []) or []) + list(user_container.pop("env", []) or [])
     container["env"] = _merge_env({**WRITABLE_ENV, **env}, user_env)
+    taken = {e.get("name") for e in container["env"]}
+    container["env"] += [e for e in object_store_env(spec) if e["name"] not in taken]  # the user's own env wins
     user_mounts = list(template.pop("volumeMounts", []) or []) + list(user_container.pop("volumeMounts", []) or [])
     container["volumeMounts"] = _merge_named(volume_mounts, user_mounts)
     user_container.pop("name", None)

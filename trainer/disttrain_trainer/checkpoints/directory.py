@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import fence
+from . import fence, remote
 
 META_FILE = fence.META_FILE
 TMP_PREFIX = ".tmp-"
@@ -199,6 +199,7 @@ def clean_partial(root: Path) -> list[Path]:
 def take_over(root: Path, writer: fence.Writer) -> fence.Claim:
     """What a writer does before it reads anything: claim the directory, finish interrupted
     replacements, remove partial writes."""
+    remote.sync_down(root)  # spec.checkpoint.uri: the committed checkpoints, before the claim counts them
     mine = fence.claim(root, writer)
     clean_partial(root)
     return mine

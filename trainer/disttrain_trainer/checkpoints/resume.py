@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from ..process.dist_env import DistContext
 from . import directory as cdir
-from . import fence
+from . import fence, remote
 from . import sharded as sharded_ckpt
 from . import whole as ckpt
 
@@ -52,6 +52,8 @@ def agree_on_checkpoint(
     if choice[0] is None:
         return None
     step, is_dcp = choice[0]
+    if not ctx.is_main:  # spec.checkpoint.uri: a pod of its own downloads what rank 0 picked
+        remote.ensure_local(root, ckpt.name_for(step))
     if is_dcp:
         return step, root / ckpt.name_for(step)
     if loaded is None:

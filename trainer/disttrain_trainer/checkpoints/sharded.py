@@ -21,6 +21,7 @@ DP 2 x TP 2, and back.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
 from pathlib import Path
@@ -39,7 +40,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from . import directory as cdir
-from . import fence
+from . import fence, remote
 from . import whole as ckpt
 
 FORMAT = "dcp"
@@ -135,6 +136,9 @@ def save(
     tmp_name, outcome = _from_rank0((tmp_name, outcome))
     _raise(outcome)
     tmp = root / tmp_name
+    mirrored = remote.remote_for(root) is not None
+    if mirrored:  # each pod stages its own shards: rank 0's temp dir is not on this pod's disk
+        tmp.mkdir(parents=True, exist_ok=True)
     model_sd, optim_sd = get_state_dict(model, optimizer)
     dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=tmp)
     final = root / ckpt.name_for(step)
@@ -152,7 +156,43 @@ def save(
     if failed is not None:
         raise failed  # rank 0: its own error, with its traceback
     _raise(outcome)
-    return ckpt.SaveResult(path=final, bytes=_dir_bytes(final), seconds=time.perf_counter() - start)
+    if mirrored:
+        _publish_remote(root, tmp, final, keep)
+    nbytes = _dir_bytes(final) if final.is_dir() else 0
+    return ckpt.SaveResult(path=final, bytes=nbytes, seconds=time.perf_counter() - start)
+
+
+def _publish_remote(root: Path, tmp: Path, final: Path, keep: int) -> None:
+    """Collective, after the local publish: every rank uploads the shard files it wrote (rank 0 the
+    rest too), and once every upload has finished rank 0 writes the commit marker (remote.py)."""
+    rank, name = _rank(), final.name
+    source = tmp if tmp.is_dir() else final  # another pod's rank: its shards stayed in its temp dir
+    mine = re.compile(rf"^__{rank}_\d+\.distcp$")
+    others = re.compile(r"^__\d+_\d+\.distcp$")
+    files = sorted(f.name for f in source.iterdir() if f.is_file()
+                   and (mine.match(f.name) or (rank == 0 and not others.match(f.name))))  # fmt: skip
+    sizes: dict[str, int] = {}
+    problem = ""
+    try:
+        sizes = remote.upload(root, source, name, files)
+    except Exception as e:  # noqa: BLE001 - every rank must hear of it, not wait forever
+        problem = f"rank {rank}: {type(e).__name__}: {e}"
+    if rank != 0 and source == tmp:
+        shutil.rmtree(tmp, ignore_errors=True)
+    parts: list[Any] = [(sizes, problem)]
+    if dist.is_initialized():
+        parts = [None] * dist.get_world_size()
+        dist.all_gather_object(parts, (sizes, problem))
+    outcome: tuple[str, str] | None = None
+    problems = [p for _, p in parts if p]
+    if problems:
+        outcome = ("error", "; ".join(problems))
+    elif rank == 0:
+        try:
+            remote.commit(root, name, {k: v for s, _ in parts for k, v in s.items()}, keep)
+        except Exception as e:  # noqa: BLE001
+            outcome = ("error", f"{type(e).__name__}: {e}")
+    _raise(_from_rank0(outcome))
 
 
 def _raise(outcome: tuple[str, str] | None) -> None:

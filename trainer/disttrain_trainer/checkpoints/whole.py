@@ -32,7 +32,7 @@ import torch
 from disttrain_api import constants as C
 
 from . import directory as cdir
-from . import fence
+from . import fence, remote
 from .directory import META_FILE, TMP_PREFIX, clean_partial, name_for, prune
 
 __all__ = ["META_FILE", "STATE_FILE", "TMP_PREFIX", "AsyncSaver", "SaveResult", "clean_partial", "list_checkpoints",
@@ -109,6 +109,7 @@ def save(root: Path, state: dict[str, Any], step: int, *, keep: int, world_size:
             fence.check(root, f"write {name_for(step)}")
         raise
     prune(root, keep, protect=final)
+    remote.publish(root, final, keep)  # spec.checkpoint.uri: upload, then the commit marker
     return SaveResult(path=final, bytes=nbytes, seconds=time.perf_counter() - start)
 
 

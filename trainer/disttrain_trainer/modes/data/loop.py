@@ -35,6 +35,7 @@ from ...parallel.mesh import Layout
 from ...process import stop_request
 from ...process.loop_gc import LoopGC
 from ...process.precision import Amp
+from ...remote_tokens import PREFETCH_BATCHES
 from ...run_common import SUMMARY_EVAL_KEY, Summary, evaluate, loss_fn_for
 from ...telemetry import scaling_record
 from ...telemetry.model_flops import throughput_fields
@@ -47,7 +48,10 @@ CPU_COMM_SAMPLE_EVERY = 10
 
 
 def _batch(run: Run) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    x, y = run.ds.batch(run.sampler.next_indices())
+    rows = run.sampler.next_indices()
+    if run.ds.prefetches:  # object storage: the next batches are read while this one trains
+        run.ds.prefetch(run.sampler.peek_indices(PREFETCH_BATCHES))
+    x, y = run.ds.batch(rows)
     dev = run.ctx.device
     xt, yt = torch.from_numpy(np.asarray(x)), torch.from_numpy(np.asarray(y))
     if dev.type != "cpu":  # from pinned memory the copy is queued and the host goes on

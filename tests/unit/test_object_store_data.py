@@ -1,0 +1,132 @@
+"""Data on a real S3-compatible server (moto in server mode on loopback, keys checked): token
+windows read by ranged GETs give exactly the batches of the same local file, other formats are
+staged once, and every bad store (missing bucket, refused keys, missing object, closed port) is
+refused before training with the URI and what is wrong."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from disttrain_api.model import parse_spec
+from disttrain_trainer import object_store
+from disttrain_trainer.datasets import GlobalBatchSampler, load_dataset
+from disttrain_trainer.process.config import ConfigError
+from disttrain_trainer.remote_tokens import RemoteTokenFile
+
+BLOCK = 8
+GPT = {"name": "gpt", "hidden": 16, "layers": 1, "heads": 2, "blockSize": BLOCK}
+
+
+@pytest.fixture
+def aws_env(s3_server: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    for k, v in s3_server.env().items():
+        monkeypatch.setenv(k, v)
+    return s3_server
+
+
+def spec(data: dict[str, Any], endpoint: str, model: dict[str, Any] | None = None) -> Any:
+    return parse_spec({"model": model or GPT, "data": {"batchSize": 8, **data}, "objectStore": {"endpoint": endpoint}})
+
+
+def write_tokens(folder: Path, n: int = 3000, vocab: int = 300) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    tokens = np.random.default_rng(0).integers(0, vocab, n).astype("uint16")
+    tokens.tofile(folder / "train.bin")
+    tokens[: n // 4].tofile(folder / "val.bin")
+
+
+def upload(server: Any, bucket: str, folder: Path, prefix: str) -> None:
+    client = server.client()
+    for f in sorted(folder.iterdir()):
+        client.upload_file(str(f), bucket, f"{prefix}/{f.name}")
+
+
+def batches(ds: Any, rank: int, world: int, n: int = 6) -> list[tuple[np.ndarray, np.ndarray]]:
+    sampler = GlobalBatchSampler(ds.num_train, 8, seed=3, rank=rank, world=world)
+    out = []
+    for _ in range(n):
+        rows = sampler.next_indices()
+        ds.prefetch(sampler.peek_indices(2))
+        out.append(ds.batch(rows))
+    return out
+
+
+@pytest.mark.parametrize("layout", ["prefix", "object"])
+def test_tokens_from_s3_are_the_batches_of_the_same_local_file(aws_env: Any, tmp_path: Path, layout: str) -> None:
+    write_tokens(tmp_path / "corpus")
+    bucket = aws_env.bucket("tokens")
+    upload(aws_env, bucket, tmp_path / "corpus", "corpus")
+    local_path, uri = tmp_path / "corpus", f"s3://{bucket}/corpus"
+    if layout == "object":
+        local_path, uri = local_path / "train.bin", f"{uri}/train.bin"
+    local = load_dataset(spec({"path": str(local_path), "format": "tokens"}, aws_env.url), tmp_path / "c1")
+    remote = load_dataset(spec({"path": uri, "format": "tokens"}, aws_env.url), tmp_path / "c2")
+    assert isinstance(remote.train_x, RemoteTokenFile) and remote.prefetches
+    assert (remote.num_train, remote.num_classes) == (local.num_train, local.num_classes)
+    np.testing.assert_array_equal(remote.test_x, local.test_x)
+    for rank in range(2):  # each rank reads its own slice of every global batch
+        for (rx, ry), (lx, ly) in zip(batches(remote, rank, 2), batches(local, rank, 2), strict=True):
+            np.testing.assert_array_equal(rx, lx)
+            np.testing.assert_array_equal(ry, ly)
+
+
+def test_npy_arrays_under_a_prefix_are_staged_once_and_read_like_local_ones(aws_env: Any, tmp_path: Path) -> None:
+    folder = tmp_path / "rows"
+    folder.mkdir()
+    rng = np.random.default_rng(1)
+    np.save(folder / "x.npy", rng.standard_normal((60, 5)).astype(np.float32))
+    np.save(folder / "y.npy", rng.integers(0, 3, 60).astype(np.int64))
+    bucket = aws_env.bucket("rows")
+    upload(aws_env, bucket, folder, "data/rows")
+    mlp = {"name": "mlp"}
+    local = load_dataset(spec({"path": str(folder), "format": "npy"}, aws_env.url, mlp), tmp_path / "c1")
+    remote = load_dataset(spec({"path": f"s3://{bucket}/data/rows", "format": "npy"}, aws_env.url, mlp), tmp_path / "c2")
+    rows = np.arange(10)
+    for a, b in zip(remote.batch(rows), local.batch(rows), strict=True):
+        np.testing.assert_array_equal(a, b)
+    staged = [p for p in (tmp_path / "c2").iterdir() if p.name.startswith("s3-")]
+    assert len(staged) == 1
+    load_dataset(spec({"path": f"s3://{bucket}/data/rows", "format": "npy"}, aws_env.url, mlp), tmp_path / "c2")
+    assert [p for p in (tmp_path / "c2").iterdir() if p.name.startswith("s3-")] == staged  # not staged again
+
+
+def _refused(s: Any, cache: Path) -> str:
+    with pytest.raises(ConfigError) as err:
+        load_dataset(s, cache)
+    return str(err.value)
+
+
+def test_a_missing_bucket_a_missing_object_and_a_truncated_one_are_config_errors(aws_env: Any, tmp_path: Path) -> None:
+    msg = _refused(spec({"path": "s3://no-such-bucket-x/corpus", "format": "tokens"}, aws_env.url), tmp_path)
+    assert "spec.data.path" in msg and "'no-such-bucket-x'" in msg and "does not exist" in msg
+    bucket = aws_env.bucket("miss")
+    msg = _refused(spec({"path": f"s3://{bucket}/nothing", "format": "tokens"}, aws_env.url), tmp_path)
+    assert f"s3://{bucket}/nothing" in msg and "train.bin" in msg
+    aws_env.client().put_object(Bucket=bucket, Key="odd.bin", Body=b"\x01\x02\x03")  # 3 bytes: not uint16s
+    msg = _refused(spec({"path": f"s3://{bucket}/odd.bin", "format": "tokens"}, aws_env.url), tmp_path)
+    assert "truncated" in msg and "3 bytes" in msg
+    msg = _refused(spec({"path": f"s3://{bucket}/rows", "format": "npy"}, aws_env.url, {"name": "mlp"}), tmp_path)
+    assert f"s3://{bucket}/rows does not exist" in msg
+
+
+def test_refused_credentials_are_a_config_error(aws_env: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bucket = aws_env.bucket("keys")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+    # Another region: a client of its own (one is kept per endpoint and region in each process).
+    s = parse_spec({"model": GPT, "data": {"path": f"s3://{bucket}/corpus", "format": "tokens"},
+                    "objectStore": {"endpoint": aws_env.url, "region": "eu-west-3"}})  # fmt: skip
+    msg = _refused(s, tmp_path)
+    assert "refused access" in msg and f"s3://{bucket}/corpus" in msg and "credentialsSecret" in msg
+
+
+def test_an_endpoint_that_does_not_answer_is_transient_not_a_config_error(aws_env: Any, tmp_path: Path) -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    with pytest.raises(object_store.StoreUnreachable) as err:
+        load_dataset(spec({"path": "s3://corpus/train.bin", "format": "tokens"}, closed), tmp_path)
+    assert not isinstance(err.value, ConfigError) and "not reachable" in str(err.value) and closed in str(err.value)
