@@ -27,7 +27,7 @@ from .test_user_image import user_job, write_corpus  # type: ignore[import-not-f
 
 pytestmark = pytest.mark.timeout(600)
 SECRET = "s3-credentials"
-STEPS, INTERVAL, KILL_AFTER = 600, 20, 40
+STEPS, INTERVAL, KILL_AFTER = 300, 20, 40
 MARKER = re.compile(r"/step-(\d{8,})\.committed$")
 
 
