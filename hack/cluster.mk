@@ -20,7 +20,7 @@ cluster-down: $(STAMP) ## stop the local cluster and remove its state (caches st
 cluster-status: $(STAMP) ## exit 0 when the local cluster is up
 	$(LOCALCLUSTER) status
 
-images: cluster-prereqs ## build the pause, test, trainer and operator images when their inputs changed
+images: cluster-prereqs ## build the pause, test, trainer, operator and example user (my-model) images when their inputs changed
 
 wheelhouse: $(STAMP) ## build/wheels: dependency wheels (torch pinned) + the project wheel, for the Dockerfile
 	PYTHONPATH=hack $(PY) -c 'from localcluster import images; images.wheelhouse()'

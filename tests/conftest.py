@@ -19,7 +19,7 @@ import tempfile
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -57,7 +57,8 @@ CLUSTER_LANES = ("cluster-lane-1", "cluster-lane-2")
 SECOND_LANE = frozenset({
     "test_network.py", "test_node_loss.py", "test_pods.py", "test_scheduling.py", "test_operator.py",
     "test_ownership.py", "test_paramserver.py", "test_federated.py", "test_identity.py",
-    "test_recovery.py", "test_disruptions.py", "test_zz_incluster.py",
+    "test_recovery.py", "test_disruptions.py", "test_zz_incluster.py", "test_user_image.py",
+    "test_object_store.py",
 })
 TESTS_ROOT = Path(__file__).resolve().parent
 CLUSTER_TURN_LOCK = Path(tempfile.gettempdir()) / "disttrain-cluster-tests.lock"
@@ -215,20 +216,21 @@ class S3Server:
         return bucket
 
 
-@pytest.fixture(scope="session")
-def s3_server() -> Iterator[S3Server]:
-
+@contextlib.contextmanager
+def moto_server(host: str) -> Iterator[S3Server]:
+    """moto's server on `host` (loopback for host-side tests; the cluster's node bridge address for
+    pods: tests/e2e), with one IAM user whose key every request must be signed with."""
     import boto3  # noqa: PLC0415 - boto3, only for the object-store tests
 
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         port = s.getsockname()[1]
     # The first 3 requests (the IAM user, its policy, its key) go unchecked; every later one must be
     # signed with that key, as a real store would insist.
     env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "3"}
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", host, "-p", str(port)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
+    url = f"http://{host}:{port}"
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -249,3 +251,22 @@ def s3_server() -> Iterator[S3Server]:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def s3_servers() -> Iterator[Callable[[str], S3Server]]:
+    """One moto server per listening address, started on first use, stopped at session end."""
+    with contextlib.ExitStack() as stack:
+        started: dict[str, S3Server] = {}
+
+        def on(host: str) -> S3Server:
+            if host not in started:
+                started[host] = stack.enter_context(moto_server(host))
+            return started[host]
+
+        yield on
+
+
+@pytest.fixture(scope="session")
+def s3_server(s3_servers: Callable[[str], S3Server]) -> S3Server:
+    return s3_servers("127.0.0.1")

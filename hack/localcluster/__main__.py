@@ -18,7 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--gpus", default=None, help="nvidia.com/gpu per node: '2=2,1=0' (default: last node 2)")
     sub.add_parser("down", help="stop everything and remove its state (caches stay)")
     sub.add_parser("status", help="exit 0 when the cluster is up")
-    sub.add_parser("images", help="build changed images (pause, test, trainer, operator)")
+    sub.add_parser("images", help="build changed images (pause, test, trainer, operator, my-model)")
     sub.add_parser("kubeconfig", help="print the kubeconfig path")
     for name in ("stop-node", "start-node"):
         sub.add_parser(name).add_argument("node")

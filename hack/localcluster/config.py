@@ -24,6 +24,8 @@ PAUSE_IMAGE = "k8s.gcr.io/pause:3.2"
 TEST_IMAGE = "docker.io/library/disttrain-test:dev"
 TRAINER_IMAGE = "docker.io/library/disttrain-trainer:dev"
 OPERATOR_IMAGE = "docker.io/library/disttrain-operator:dev"
+# The example user image (examples/my_model: the trainer image with a user's model package).
+USER_IMAGE = "docker.io/library/disttrain-my-model:dev"
 CHECKPOINT_DIR = Path("/var/lib/disttrain/checkpoints")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -56,3 +56,26 @@ def test_factory_meets_the_data_and_pipeline_contracts(tmp_path: Path, monkeypat
     text = parse_spec({"model": {"name": "my_model.model:factory"}, "data": {"name": "pytext", "batchSize": 8}})
     with pytest.raises(ConfigError, match="classifies; data pytext"):
         build_model(text, load_dataset(text, tmp_path))
+
+
+def test_language_model_factory_meets_the_data_and_pipeline_contracts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(EXAMPLE))
+    importlib.invalidate_caches()
+    spec = parse_spec({"model": {"name": "my_model.lm:factory", "hidden": 16, "layers": 2, "blockSize": 8},
+                       "data": {"name": "pytext", "batchSize": 8}})  # fmt: skip
+    ds = load_dataset(spec, tmp_path)
+    model = build_model(spec, ds)
+    x = torch.from_numpy(ds.batch(torch.arange(3).numpy())[0])
+    out = x
+    for block in split_blocks(model, name=spec.model.name):
+        out = block(out)
+    assert torch.equal(out, model(x)) and out.shape == (3, 8, ds.num_classes)
+    # Causal: a change at the last position leaves every earlier prediction as it was.
+    changed = x.clone()
+    changed[:, -1] = (changed[:, -1] + 1) % ds.num_classes
+    assert torch.equal(model(changed)[:, :-1], out[:, :-1])
+    digits = parse_spec({"model": {"name": "my_model.lm:factory"}, "data": {"name": "digits", "batchSize": 8}})
+    with pytest.raises(ConfigError, match="predicts tokens; data digits"):
+        build_model(digits, load_dataset(digits, tmp_path))
