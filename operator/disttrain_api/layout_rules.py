@@ -189,6 +189,14 @@ def model(spec: JobSpec, c: Checker) -> None:
     if m.hf_dir is not None:
         hf_model(spec, c)
         return
+    language = m.name == "gpt" or spec.data.language or spec.data.builtin == "pytext"
+    if language and spec.mode == "federated" and c.ok("spec.mode", "spec.data.name", "spec.data.format"):
+        # A client's local loss and the aggregator's test accuracy are a classifier's (one label
+        # per sample); next-token targets would crash every client in its first round.
+        c.add("spec.mode", "federated trains classifiers: its clients' loss takes one label per sample, not a "
+              "language model's next tokens (model gpt, data pytext or tokens, a text column); use mode data or "
+              "paramserver")
+        return
     if m.name != "gpt":
         return
     if c.ok("spec.model.hidden", "spec.model.heads") and m.hidden % m.heads:

@@ -118,3 +118,18 @@ def test_each_bad_input_is_refused_with_a_reason_and_counted() -> None:
                       "bad_samples": 1}  # fmt: skip
     # Only the two good updates moved the model: FedAvg of one client, server lr 1.
     assert torch.allclose(agg.model["w"], torch.full((4, 3), 0.2)) and agg.round == 2
+
+
+@pytest.mark.parametrize("model, data", [
+    ("gpt", {"name": "pytext"}),
+    ("mlp", {"name": "pytext"}),
+    ("gpt", {"path": "/data/corpus", "format": "tokens"}),
+])  # fmt: skip
+def test_language_model_training_is_refused_before_any_client_starts(model: str, data: dict) -> None:
+    """Clients train classifiers: next-token targets would crash every client in its first round."""
+    from disttrain_api.validation import validate_spec  # noqa: PLC0415
+
+    spec = parse_spec({"mode": "federated", "model": {"name": model}, "data": data,
+                       "federated": {"clients": 2, "clientsPerRound": 2, "rounds": 1}})  # fmt: skip
+    errors = [str(e) for e in validate_spec(spec)]
+    assert any("spec.mode" in e and "federated trains classifiers" in e for e in errors), errors
