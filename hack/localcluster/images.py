@@ -88,6 +88,16 @@ def _done(name: str, digest: str) -> None:
     (images_dir() / f"{name}.hash").write_text(digest)
 
 
+def _archive(name: str, ref: str, layout: Path, work: Path, digest: str, t0: float) -> Archive:
+    """The OCI layout packed as images/<name>.tar, its build folder removed, the digest recorded."""
+    out = images_dir() / f"{name}.tar"
+    run(["tar", "-C", layout, "-cf", out, "."], step="image " + name, log=log_path())
+    shutil.rmtree(work, ignore_errors=True)
+    _done(name, digest)
+    say(f"image {ref} built in {time.monotonic() - t0:.1f}s")
+    return Archive(ref=ref, path=out, digest=digest)
+
+
 def _umoci_image(name: str, ref: str, digest: str, files: dict[str, Path], links: dict[str, str],
                  config: list[str]) -> Archive:
     """A one-layer image from a few host files, with umoci (no daemon, no registry)."""
@@ -113,12 +123,7 @@ def _umoci_image(name: str, ref: str, digest: str, files: dict[str, Path], links
     run(["umoci", "repack", "--image", f"{layout}:{tag}", bundle], step=step, log=log)
     run(["umoci", "config", "--image", f"{layout}:{tag}", *config], step=step, log=log)
     run(["umoci", "gc", "--layout", layout], step=step, log=log)
-    out = images_dir() / f"{name}.tar"
-    run(["tar", "-C", layout, "-cf", out, "."], step=step, log=log)
-    shutil.rmtree(work, ignore_errors=True)
-    _done(name, digest)
-    say(f"image {ref} built in {time.monotonic() - t0:.1f}s")
-    return Archive(ref=ref, path=out, digest=digest)
+    return _archive(name, ref, layout, work, digest, t0)
 
 
 def pause_image(bins: Path) -> Archive:
@@ -278,12 +283,7 @@ def user_image(trainer: Archive) -> Archive:
          TRAINER_SITE_PACKAGES], step=step, log=log)
     if trainer_tag != tag:
         run(["umoci", "rm", "--image", f"{layout}:{trainer_tag}"], step=step, log=log)
-    out = images_dir() / f"{name}.tar"
-    run(["tar", "-C", layout, "-cf", out, "."], step=step, log=log)
-    shutil.rmtree(work, ignore_errors=True)
-    _done(name, digest)
-    say(f"image {USER_IMAGE} built in {time.monotonic() - t0:.1f}s")
-    return Archive(ref=USER_IMAGE, path=out, digest=digest)
+    return _archive(name, USER_IMAGE, layout, work, digest, t0)
 
 
 def ensure_all(bins: Path) -> dict[str, Archive]:

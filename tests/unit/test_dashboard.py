@@ -6,6 +6,7 @@ Prometheus scraping a real job is tests/e2e/test_prometheus.py."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -26,16 +27,9 @@ DASH = dashboard.load()
 QUERIES = dashboard.queries(DASH, namespace="ns1", job="job1")
 
 
-# Forecast inputs as a data-parallel rank 0 publishes them (the forecast gauges appear with the first).
-FORECAST_INPUTS = {
-    "mode": "data", "worldSize": 2, "layout": "dp=2,pp=1,tp=1", "device": "cpu", "backend": "gloo",
-    "dataStrategy": "ddp", "commExposedFraction": 0.3,
-    "scaling": {"perStep": {"stepS": 0.01, "dataS": 0.001, "computeS": 0.006, "commExposedS": 0.003,
-                            "commBusyS": 0.004, "idleS": 0.0, "steps": 10},
-                "batchPerReplica": 32, "parameters": 1000, "parameterBytes": 4000, "gradientBytes": 4000,
-                "buckets": 1, "compression": {"kind": "none"}, "link": {"alphaS": 1e-5, "betaBytesPerS": 1e8, "worldSize": 2},
-                "host": {"cores": 2, "ranksOnHost": 2, "threadsPerRank": 1}},
-}  # fmt: skip
+# Forecast inputs as a data-parallel rank 0 publishes them: 2 ranks waiting on the link 30% of a step
+# (the forecast gauges appear with the first).
+FORECAST_INPUTS = json.loads((Path(__file__).parents[1] / "forecast_inputs.json").read_text())
 
 
 def exported_series() -> set[str]:
