@@ -106,3 +106,8 @@ def test_token_data_and_checkpoints_on_s3_resume_exactly_after_a_kill(
     print(f"resumed from step {resumed} (from s3://{bucket}/runs); max |killed - reference| over {len(ref)} "
           f"tensors: {worst:.3g}")
     assert worst <= 1e-6
+    # The final model is exported beside the checkpoints in the bucket, weights first, model.json last.
+    export = done[killed]["status"]["result"]["export"]
+    assert export["path"] == f"s3://{bucket}/runs/{killed}/export" and export["step"] == STEPS, export
+    for name in (export["weights"], "model.json"):
+        store.client().head_object(Bucket=bucket, Key=f"runs/{killed}/export/{name}")
