@@ -71,3 +71,9 @@ def test_staging_is_made_to_match_the_bucket_and_a_short_object_is_skipped(
     assert sorted(p.name for p in fresh.iterdir() if p.name.startswith("step-")) == ["step-00000010"]
     assert (fresh / "step-00000010" / "state.pt").read_bytes() == (root / "step-00000010" / "state.pt").read_bytes()
     assert "state.pt has 5 bytes" in capsys.readouterr().out
+
+
+def test_the_export_is_uploaded_with_model_json_last() -> None:
+    names = ["tokenizer_config.json", "model.json", "config.json", "model.safetensors", "tokenizer.json"]
+    order = remote.export_upload_order(names)
+    assert order[-1] == "model.json" and sorted(order) == sorted(names)

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from disttrain_api import constants as C
+
 from ..object_store import Store, check_bucket, explain, store_for
 
 MARKER_SUFFIX = ".committed"
@@ -207,6 +209,12 @@ def publish(root: Path, final: Path, keep: int) -> None:
     commit(root, final.name, upload(root, final, final.name, files), keep)
 
 
+def export_upload_order(names: list[str]) -> list[str]:
+    """model.json last: it names the weights, so a reader that finds it finds a whole export
+    (a Hugging Face directory also holds config and tokenizer .json files that sort after it)."""
+    return sorted(names, key=lambda n: (n == C.EXPORT_SPEC_FILENAME, n))
+
+
 def upload_export(root: Path, folder: Path) -> str | None:
     """The exported model (weights/export.py) copied to <uri>/<job>/export/: its URI, None when the
     checkpoints are not mirrored. The weights go first, model.json (what names them) last."""
@@ -215,7 +223,7 @@ def upload_export(root: Path, folder: Path) -> str | None:
         return None
     fs = remote.store.filesystem()
     target = remote.of(folder.name)
-    files = sorted((f for f in folder.iterdir() if f.is_file()), key=lambda f: (f.suffix == ".json", f.name))
+    files = [folder / n for n in export_upload_order([f.name for f in folder.iterdir() if f.is_file()])]
     try:
         for f in files:
             fs.put_file(str(f), f"{target}/{f.name}")
