@@ -237,7 +237,7 @@ PLANTED = {
     "a longer cycle through a deferred import": (
         "trainer/disttrain_trainer/process/config.py",
         "def _late() -> None:\n    from ..datasets import Dataset  # noqa: PLC0415 - numpy\n",
-        "import cycle: disttrain_trainer.datasets <-> ",
+        "disttrain_trainer.datasets <-> ",  # one member of the cycle (the members are listed sorted)
     ),
     "a deferred import without its reason": (
         "operator/disttrain_operator/observe.py",

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 from disttrain_api import constants as C
-from disttrain_trainer.process import serve_until_stopped
+from disttrain_trainer.process import serve_until_stopped, stop_request
 
 PROGRAM = {
     "block": "from disttrain_trainer.process import serve_until_stopped as s; s.block(); print('stopped', flush=True)",
@@ -47,4 +47,7 @@ def test_wait_is_cancellable() -> None:
         with pytest.raises(asyncio.CancelledError):
             await task
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    finally:
+        stop_request.uninstall()  # wait() installed the trainer's SIGTERM handler in this process
