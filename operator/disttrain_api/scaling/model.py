@@ -10,7 +10,7 @@ slow down alike. The run's own measurements are brought to full speed by dividin
 run's c.
 
   step = c(N) x [ data + compute + exposed communication ]     (pp = 1)
-  step = c(N) x [ data + pipeline makespan + dp all-reduce ]     (pp > 1)
+  step = c(N) x [ data + dp all-reduce ] + max(span, c(N) x busy)     (pp > 1)
 
 A link measured on this host at the forecast's own ring size (`Topology.measured`, from
 `disttrain explain --probe-host`) already holds the contention: its collectives are not
@@ -41,9 +41,12 @@ stretched again.
   two point-to-point messages (activation forward, gradient back) per micro-batch, each
   stage a per-slot overhead fitted at the run (schedule bookkeeping the formula does not
   see). Replicas then all-reduce the largest stage's gradients, nothing overlapping it. On a
-  shared CPU host the whole makespan stretches by c(N): in 1F1B's steady state every stage
-  computes, so the stage on the critical path shares its core like the others (measured:
-  4 stages on 2 cores took 2.0 x the makespan of the uncontended split).
+  shared CPU host a stage that waits in the bubble leaves its core to another one: the
+  makespan is the longer of the span at full speed and c(N) x busy, busy being one stage's own
+  work (its compute and the bookkeeping of its m slots) — the work and span bounds of a
+  time-shared schedule (measured, benchmarks/forecast_validation.py: 4 stages of the GPT
+  example on 2 cores took 2.08 x one stage's compute, where stretching the whole makespan by
+  c = 2 had predicted 2.5 x).
 """
 
 from __future__ import annotations
@@ -296,8 +299,14 @@ def step_time(cal: Calibrated, lay: Layout, topo: Topology, placement: Placement
                      tp_per_block=per_block)  # fmt: skip
     allreduce = _dp_allreduce(lay, topo, m.gradient_bytes / lay.tp)
     own = compute / lay.pp + tp_base / lay.pp  # this rank's own work inside the makespan
-    return Breakdown(step_s=c * (cal.data_s + span + allreduce), data_s=c * cal.data_s, compute_s=c * compute / lay.pp,
-                     exposed_s=c * (allreduce + tp_base / lay.pp), bubble_s=c * max(0.0, span - own))  # fmt: skip
+    busy = own + micro * cal.slot_overhead_s  # ... with the bookkeeping of its own micro-batch slots
+    # With more runnable ranks than cores (c > 1) a stage waiting in the bubble leaves its core to
+    # another stage: the makespan is bound by the cores' total work (c x busy) and by the schedule's
+    # critical path at full speed (span), whichever is longer (the work and span bounds of a
+    # time-shared schedule). With a core per rank (c = 1) that is the span.
+    makespan = max(span, c * busy)
+    return Breakdown(step_s=c * (cal.data_s + allreduce) + makespan, data_s=c * cal.data_s, compute_s=c * compute / lay.pp,
+                     exposed_s=c * (allreduce + tp_base / lay.pp), bubble_s=max(0.0, makespan - c * own))  # fmt: skip
 
 
 def _data_exposed(cal: Calibrated, lay: Layout, topo: Topology, compute: float, c: float) -> float:
