@@ -154,7 +154,6 @@ def train(run: Run) -> Summary | None:
                               scheduler=run.scheduler, amp=run.amp)  # fmt: skip
                 if cuda and (measured or last_of_interval(step + 1) or evaluate_now or checkpoint_now):
                     torch.cuda.synchronize(ctx.device)
-                t2 = time.perf_counter()
                 c = no_comm if comm is None else comm.take() if measured else None
                 exposed, busy = (c.exposed_s, c.busy_s) if c is not None else (None, None)
                 run.step = step
@@ -166,8 +165,11 @@ def train(run: Run) -> Summary | None:
                     eval_result = _between_steps(run, evaluate_now=evaluate_now, checkpoint_now=checkpoint_now) or eval_result
                     idle = time.perf_counter() - ti
                 end = time.perf_counter()
+                # The work span ends where the idle span begins: the step's own bookkeeping (the
+                # communication figures, the loss) is its compute, so data + work + idle is the
+                # step's wall time exactly, also when the OS preempts the rank between two clocks.
                 # A CPU step's wall time is its own, measured or not; a GPU step's only when it waited.
-                record((t0, t1, t2, end, exposed, busy, idle, res.samples, measured or not cuda))
+                record((t0, t1, end - idle, end, exposed, busy, idle, res.samples, measured or not cuda))
                 if last_of_interval(run.step):
                     fold_steps(steps, interval, metrics)
                     _log_interval(run, interval, losses, grad_bytes, dp)
