@@ -16,7 +16,16 @@ from pathlib import Path
 
 from . import controlplane, images, network, node, probes
 from .config import APISERVER_PORT, BRIDGE_IP, CHECKPOINT_DIR, REPO_ROOT, ClusterConfig, NodeConfig
-from .proc import ClusterError, kill_cgroup, locked, remove_cgroups, run, say, wait_for
+from .proc import (
+    ClusterError,
+    ensure_cgroup,
+    kill_cgroup,
+    locked,
+    remove_cgroups,
+    run,
+    say,
+    wait_for,
+)
 
 
 def bin_dir() -> Path:
@@ -75,6 +84,7 @@ class LocalCluster:
         """Reuse a running cluster (bringing its images up to date) or start one; True if started."""
         with self.lock():
             if self.is_up():
+                ensure_cgroup("")  # a cluster started by an older version keeps its CPU weight up to date
                 self.refresh_images()
                 return False
             self._up()

@@ -18,6 +18,13 @@ CGROUP_FS = Path("/sys/fs/cgroup")
 # Hierarchies a daemon joins before exec, so that stopping a node can find every process of it
 # (daemons, containerd shims, containers) by reading cgroup.procs of the node's pids cgroup.
 JOIN_HIERARCHIES = ("pids", "freezer", "systemd")
+# cpu.shares of the cluster's parent cgroup. In cgroup v1 a process of the root cgroup weighs
+# as much as a whole child cgroup (1024 each), so with the default the entire cluster (API
+# server, kubelets, every pod) got the CPU of one host process: a test suite running six busy
+# processes beside it left the pods a seventh of the machine, and pods that start in seconds
+# on an idle machine missed their tests' minutes-long deadlines. Eight processes' worth keeps
+# the cluster responsive beside a busy host; the pods' own CPU limits still bound what it takes.
+CLUSTER_CPU_SHARES = 8 * 1024
 
 
 class ClusterError(RuntimeError):
@@ -103,6 +110,8 @@ def ensure_cgroup(rel: str) -> None:
         for part in Path(CGROUP_PARENT, rel).parts:
             cur = cur / part
             cur.mkdir(exist_ok=True)
+            if "cpu" in controllers(h) and cur.parent == h:
+                (cur / "cpu.shares").write_text(str(CLUSTER_CPU_SHARES))
             if "cpuset" in controllers(h):
                 for f in ("cpuset.cpus", "cpuset.mems"):
                     if not (cur / f).read_text().strip():

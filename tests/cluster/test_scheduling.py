@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from kubernetes import client
 
 
@@ -29,3 +31,14 @@ def test_gpu_requests_are_scheduled_by_capacity(kube, namespace, local_cluster):
     kube.wait(failed_scheduling, timeout=30, what="a FailedScheduling event naming nvidia.com/gpu")
     p = kube.core.read_namespaced_pod("too-many", namespace)
     assert p.status.phase == "Pending" and not p.spec.node_name
+
+
+def test_the_cluster_weighs_more_than_one_busy_host_process_for_cpu(local_cluster):
+    """The whole cluster is one cgroup beside the host's processes (cgroup v1: each root
+    process weighs as much as it): at the default weight a busy host starves every pod."""
+    from localcluster.config import CGROUP_PARENT
+    from localcluster.proc import CLUSTER_CPU_SHARES
+
+    shares = Path("/sys/fs/cgroup/cpu") / CGROUP_PARENT / "cpu.shares"
+    assert shares.exists(), "the local cluster runs under cgroup v1's cpu controller"
+    assert int(shares.read_text()) == CLUSTER_CPU_SHARES > 1024
