@@ -49,13 +49,16 @@ class Kube:
             labels: dict[str, str] | None = None, container: dict[str, Any] | None = None,
             **spec: Any) -> client.V1Pod:
         spec.setdefault("restart_policy", "Never")
+        # Burstable, not best-effort: a best-effort container (cpu.shares 2) starves beside the
+        # other lane's busy pods on a loaded machine.
+        container = {"resources": client.V1ResourceRequirements(requests={"cpu": "50m"}), **(container or {})}
         return client.V1Pod(
             metadata=client.V1ObjectMeta(name=name, labels=labels or {}),
             spec=client.V1PodSpec(
                 node_selector={"kubernetes.io/hostname": node} if node else None,
                 termination_grace_period_seconds=1,
                 containers=[client.V1Container(name="main", image=image, image_pull_policy="Never",
-                                               command=command, **(container or {}))],
+                                               command=command, **container)],
                 **spec,
             ),
         )
