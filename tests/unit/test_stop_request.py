@@ -25,8 +25,10 @@ if sys.argv[1] == "blocked":
     # The main thread cannot run Python's handler (as when it waits in C++ for a rendezvous):
     # the signal goes to another thread, and sleep is not interrupted.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-print("ready", flush=True)
 try:
+    # Inside the try: the handler raises at the next bytecode after the signal, which may still
+    # be this print's once the parent has read the line.
+    print("ready", flush=True)
     time.sleep(120)
 except stop_request.StopRequested:
     sys.exit(3)
