@@ -7,8 +7,8 @@ from kubernetes import client
 
 def test_trainer_image_imports_torch_and_logs_come_back(kube, namespace):
     code = "import torch, disttrain_trainer; print('trainer-image-ok', torch.__version__)"
-    # A CPU request: a best-effort pod (cpu.shares 2) beside the other lane's busy pods took
-    # minutes to import torch on a loaded 2-core machine.
+    # More than the pod helper's default request: importing torch takes a few CPU-seconds, and
+    # beside the other lane's busy pods a small share stretches that to minutes.
     requests = client.V1ResourceRequirements(requests={"cpu": "250m", "memory": "256Mi"})
     kube.core.create_namespaced_pod(namespace, kube.pod(
         "trainer", image=kube.trainer_image, command=["python", "-c", code], container={"resources": requests},
