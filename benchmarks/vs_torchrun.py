@@ -34,6 +34,7 @@ PER_STEP_TARGETS.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -48,9 +49,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loop_ablation import FEATURES
 from proc_stats import children, cpu_seconds
 
 TARGET = 0.97
+ABLATION = Path(__file__).with_name("loop_ablation.py")
 WORLD = 2
 
 
@@ -61,6 +64,7 @@ class Case:
     layers: int
     steps: int
     warmup: int  # also the log interval of both sides
+    world: int = WORLD  # processes of each side (`--world 1`: the loops' host cost with no peer to wait for)
 
 
 CASES = (
@@ -188,9 +192,9 @@ class CpuSampler:
     """Samples the CPU time of the ranks every 0.25 s while a run goes on: (wall time, seconds).
     `ranks` returns the rank pids (torchrun's children are found once they exist)."""
 
-    def __init__(self, ranks: Any) -> None:
+    def __init__(self, ranks: Any, expect: int) -> None:
         self.samples: list[tuple[float, float]] = []
-        self._ranks, self._stop = ranks, threading.Event()
+        self._ranks, self.expect, self._stop = ranks, expect, threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def __enter__(self) -> CpuSampler:
@@ -204,19 +208,19 @@ class CpuSampler:
     def _run(self) -> None:
         while not self._stop.wait(0.25):
             pids = self._ranks()
-            if len(pids) == WORLD:
+            if len(pids) == self.expect:
                 self.samples.append((time.time(), sum(_cpu_seconds(p) for p in pids)))
 
 
 def run_plain(case: Case, work: Path, *, fused: bool = False) -> Measured:
     out = work / "plain.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={WORLD}",
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={case.world}",
            f"--master-port={_free_port()}", __file__, "--plain", str(case.hidden), str(case.layers),
            str(case.steps), str(case.warmup), str(out), *(["--fused"] if fused else [])]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     out.unlink(missing_ok=True)
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    with CpuSampler(lambda: children(proc.pid)) as cpu:
+    with CpuSampler(lambda: children(proc.pid), case.world) as cpu:
         stdout, stderr = proc.communicate()
     done = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
     # The plain script may abort in destroy_process_group (gloo, "terminate called without an
@@ -235,7 +239,7 @@ def run_plain(case: Case, work: Path, *, fused: bool = False) -> Measured:
 def _spec(case: Case) -> dict[str, Any]:
     return {
         "mode": "data",
-        "workers": {"replicas": WORLD},
+        "workers": {"replicas": case.world},
         "model": {"name": "mlp", "hidden": case.hidden, "layers": case.layers, "dropout": 0.0},
         "data": {"name": "digits", "batchSize": BATCH, "seed": 0},
         "optimizer": {"name": "sgd", "lr": LR, "momentum": MOMENTUM, "weightDecay": WEIGHT_DECAY,
@@ -247,6 +251,15 @@ def _spec(case: Case) -> dict[str, Any]:
 
 
 def run_disttrain(case: Case, work: Path, tag: str) -> Measured:
+    run_dir, cpu = run_ranks(case, work, tag)
+    recs = [json.loads(x) for x in (run_dir / "metrics-rank0.jsonl").read_text().splitlines()]
+    marks = {int(r["step"]): float(r["time"]) for r in recs if "event" not in r}
+    return _window(marks, case, cpu)
+
+
+def run_ranks(case: Case, work: Path, tag: str, *, off: str | None = None) -> tuple[Path, list[tuple[float, float]]]:
+    """Both ranks as `disttrain local` starts them -> the run dir and the CPU samples; `off`: a
+    feature of the loop switched off (loop_ablation.py)."""
     from disttrain_api import constants as C
     from disttrain_api.model import parse_spec, to_json
 
@@ -256,21 +269,23 @@ def run_disttrain(case: Case, work: Path, tag: str) -> Measured:
     run_dir = work / "runs" / job
     port = _free_port()
     procs: list[subprocess.Popen[bytes]] = []
-    logs = [work / f"{job}-rank{rank}.log" for rank in range(WORLD)]
-    for rank in range(WORLD):
+    world = case.world
+    logs = [work / f"{job}-rank{rank}.log" for rank in range(world)]
+    for rank in range(world):
         env = {
             **os.environ,
-            C.ENV_CONFIG: str(config), C.ENV_WORLD_SIZE: str(WORLD), C.ENV_RANK: str(rank),
-            C.ENV_LOCAL_RANK: str(rank), C.ENV_NODE_RANK: "0", C.ENV_NPROC_PER_NODE: str(WORLD),
+            C.ENV_CONFIG: str(config), C.ENV_WORLD_SIZE: str(world), C.ENV_RANK: str(rank),
+            C.ENV_LOCAL_RANK: str(rank), C.ENV_NODE_RANK: "0", C.ENV_NPROC_PER_NODE: str(world),
             C.ENV_MASTER_ADDR: "127.0.0.1", C.ENV_MASTER_PORT: str(port), C.ENV_JOB: job,
             C.ENV_CHECKPOINT_DIR: str(work / "ckpt"), C.ENV_RUN_DIR: str(run_dir), C.ENV_METRICS_PORT: "0",
             C.ENV_DATA_CACHE: str(work / "data"), "OMP_NUM_THREADS": "1",
         }  # fmt: skip
         with logs[rank].open("wb") as log:  # as launcher/gang.py starts a rank
-            procs.append(subprocess.Popen([sys.executable, "-m", "disttrain_trainer"], env=env, stdin=subprocess.DEVNULL,
+            argv = [sys.executable, "-m", "disttrain_trainer"] if off is None else [sys.executable, str(ABLATION), off]
+            procs.append(subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
                                           stdout=log, stderr=subprocess.STDOUT, start_new_session=True))  # fmt: skip
     try:
-        with CpuSampler(lambda: [p.pid for p in procs]) as cpu:
+        with CpuSampler(lambda: [p.pid for p in procs], world) as cpu:
             for p in procs:
                 p.wait()
     finally:  # in their own sessions the ranks do not get the benchmark's Ctrl-C
@@ -280,9 +295,7 @@ def run_disttrain(case: Case, work: Path, tag: str) -> Measured:
                 p.wait()
     if any(p.returncode for p in procs):
         raise RuntimeError("disttrain trainer failed:\n" + "\n".join(x.read_text()[-2000:] for x in logs))
-    recs = [json.loads(x) for x in (run_dir / "metrics-rank0.jsonl").read_text().splitlines()]
-    marks = {int(r["step"]): float(r["time"]) for r in recs if "event" not in r}
-    return _window(marks, case, cpu.samples)
+    return run_dir, cpu.samples
 
 
 # The two-run-length method: each side trains N1 and N2 steps; per-step time = (T(N2) - T(N1)) /
@@ -298,32 +311,60 @@ def plain_loop_s(case: Case, work: Path, *, fused: bool) -> float:
     return marks[case.steps] - marks[0]
 
 
-def disttrain_loop_s(case: Case, work: Path, tag: str) -> float:
+def disttrain_loop_s(case: Case, work: Path, tag: str, *, off: str | None = None) -> float:
     from disttrain_api.constants import SUMMARY_FILENAME
 
-    run_disttrain(case, work, tag)
-    return float(json.loads((work / "runs" / f"bench-{tag}" / SUMMARY_FILENAME).read_text())["trainS"])
+    run_dir, _ = run_ranks(case, work, tag, off=off)
+    return float(json.loads((run_dir / SUMMARY_FILENAME).read_text())["trainS"])
 
 
-def per_step_rounds(case: Case, work: Path, rounds: int, *, fused: bool) -> list[dict[str, float]]:
-    """Per-step seconds of both sides from two run lengths, sides alternating per round."""
+def per_step_rounds(case: Case, work: Path, rounds: int, *, fused: bool,
+                    ablate: tuple[str, ...] = ()) -> list[dict[str, float]]:  # fmt: skip
+    """Per-step seconds of both sides from two run lengths, the sides' order rotating per round;
+    `ablate`: also the trainer with each of these loop features off (key "off:FEATURE")."""
     n1, n2 = LENGTHS[case.name.split()[0]]
+    sides = ["plain", "disttrain", *(f"off:{f}" for f in ablate)]
     rows = []
     for r in range(rounds):
-        order = ("plain", "disttrain") if r % 2 == 0 else ("disttrain", "plain")
+        k = r % len(sides)
+        order = sides[k:] + sides[:k] if ablate else sides if r % 2 == 0 else sides[::-1]
         got: dict[str, float] = {}
         for side in order:
             t = {}
             for n in (n1, n2):
-                c = Case(name=case.name, hidden=case.hidden, layers=case.layers, steps=n, warmup=case.warmup)
-                t[n] = (plain_loop_s(c, work, fused=fused) if side == "plain"
-                        else disttrain_loop_s(c, work, f"{case.hidden}x{case.layers}-{r}-{n}"))  # fmt: skip
+                c = dataclasses.replace(case, steps=n)
+                if side == "plain":
+                    t[n] = plain_loop_s(c, work, fused=fused)
+                else:
+                    off = side.removeprefix("off:") if side.startswith("off:") else None
+                    tag = f"{case.hidden}x{case.layers}-{r}-{n}-{off or 'full'}"
+                    t[n] = disttrain_loop_s(c, work, tag, off=off)
             got[side] = (t[n2] - t[n1]) / (n2 - n1)
         rows.append({**got, "ratio": got["plain"] / got["disttrain"], "load": os.getloadavg()[0]})
+        offs = "".join(f", {s} {got[s] * 1e6:.0f} us" for s in sides[2:])
         print(f"{case.name} round {r + 1} (N = {n1} / {n2}): per step plain {got['plain'] * 1e6:.0f} us, "
-              f"disttrain {got['disttrain'] * 1e6:.0f} us, plain / disttrain {rows[-1]['ratio']:.3f} "
+              f"disttrain {got['disttrain'] * 1e6:.0f} us{offs}, plain / disttrain {rows[-1]['ratio']:.3f} "
               f"(load {rows[-1]['load']:.1f})", flush=True)  # fmt: skip
     return rows
+
+
+def print_ablation(results: dict[str, list[dict[str, float]]], ablate: tuple[str, ...]) -> None:
+    """Per feature: the trainer's per-step time with it off, what switching it off saved (medians of
+    the per-round differences, each round's sides measured minutes apart at most), and that saving's
+    share of the gap to the plain loop (median disttrain - plain; none when the trainer is not slower)."""
+    print("| model | feature off | us per step (median) | saved us per step (median; rounds) | share of the gap |")
+    print("| --- | --- | --- | --- | --- |")
+    for name, rows in results.items():
+        full = statistics.median(r["disttrain"] for r in rows) * 1e6
+        gap = statistics.median(r["disttrain"] - r["plain"] for r in rows) * 1e6
+        print(f"| {name} | (none: the trainer) | {full:.0f} | | gap to plain {gap:+.0f} us |")
+        print(f"| {name} | (the plain loop) | {statistics.median(r['plain'] for r in rows) * 1e6:.0f} | | |")
+        for f in ablate:
+            saved = [(r["disttrain"] - r[f"off:{f}"]) * 1e6 for r in rows]
+            med = statistics.median(saved)
+            share = f"{med / gap:.0%}" if gap > 0 else "n/a (no gap)"
+            print(f"| {name} | {f} | {statistics.median(r[f'off:{f}'] for r in rows) * 1e6:.0f} | {med:+.0f} "
+                  f"({', '.join(f'{v:+.0f}' for v in saved)}) | {share} |")  # fmt: skip
 
 
 def print_per_step(results: dict[str, list[dict[str, float]]], targets: dict[str, float]) -> None:
@@ -363,24 +404,38 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--per-step", action="store_true",
                    help="per-step time of both sides from two run lengths (fixed costs cancel) instead of "
                         "the throughput over one run's window")
+    p.add_argument("--world", type=int, default=WORLD,
+                   help="processes per side (with --per-step; 1: each loop's host cost, no peer to wait for)")
+    p.add_argument("--ablate", nargs="*", choices=FEATURES, default=None, metavar="FEATURE",
+                   help="with --per-step: also the trainer with each loop feature off, one at a time "
+                        f"(loop_ablation.py; none given: all of {', '.join(FEATURES)})")
     ns = p.parse_args(argv)
+    ablate = () if ns.ablate is None else tuple(ns.ablate) or FEATURES
+    if ablate and not ns.per_step:
+        p.error("--ablate needs --per-step")
+    if ns.world != WORLD and not ns.per_step:
+        p.error("--world needs --per-step")
+    cases = [dataclasses.replace(c, world=ns.world) for c in CASES if not ns.case or c.name.split()[0] in ns.case]
     results: dict[str, Any] = {"load_before": os.getloadavg(), "plain_optimizer": ns.plain_optimizer, "cases": {}}
     with tempfile.TemporaryDirectory(prefix="disttrain-vs-torchrun-") as tmp:
         work = Path(tmp)
         # Pack the digits shards once, outside the timed runs.
         run_disttrain(Case(name="warm", hidden=8, layers=1, steps=4, warmup=1), work, "warm")
         if ns.per_step:
-            for case in [c for c in CASES if not ns.case or c.name.split()[0] in ns.case]:
+            for case in cases:
                 results["cases"][case.name] = per_step_rounds(case, work, ns.rounds,
-                                                              fused=ns.plain_optimizer == "fused")
-            print(f"\nper-step time from two run lengths; global batch {BATCH}; {WORLD} gloo processes, 1 thread "
+                                                              fused=ns.plain_optimizer == "fused", ablate=ablate)
+            print(f"\nper-step time from two run lengths; global batch {BATCH}; {ns.world} gloo processes, 1 thread "
                   f"each; load average before {results['load_before'][0]:.1f}, after {os.getloadavg()[0]:.1f}; "
                   f"the plain script's SGD: {ns.plain_optimizer}\n")  # fmt: skip
             print_per_step(results["cases"], PER_STEP_TARGETS)
+            if ablate:
+                print()
+                print_ablation(results["cases"], ablate)
             if ns.json:
                 Path(ns.json).write_text(json.dumps(results, indent=2) + "\n")
             return 0
-        for case in [c for c in CASES if not ns.case or c.name.split()[0] in ns.case]:
+        for case in cases:
             rows = []
             for r in range(ns.rounds):
                 order = ("plain", "disttrain") if r % 2 == 0 else ("disttrain", "plain")

@@ -93,6 +93,33 @@ def test_powersgd_hook_that_holds_up_backward() -> None:
     assert predict(run, Layout(dp=4, compression="powersgd"), own_cores=True) == pytest.approx(10.06 * MS)
 
 
+POWERSGD = {"kind": "powersgd", "rank": 2, "wireBytes": 100_000, "calls": 3, "blocksBackward": True}
+
+
+def test_a_single_rank_run_splits_the_hooks_own_work_from_the_wait_for_peers() -> None:
+    # The run above (3 ms busy, link model 0.1 ms) and one rank of the same hook: 1 ms busy with no
+    # peer = R. The other 1.9 ms waited for the peer over 2 x (2 - 1) x 3 = 6 ring steps: H = 1.9 / 6 ms.
+    # N = 4, own cores: busy = 1 + 2 x 3 x 3 x H + 0.15 = 6.85 ms, all exposed; compute 10 - 2.99 ms
+    run = summary(step=10.01 * MS, compute=10 * MS, busy=3 * MS, exposed=0.01 * MS, device="cpu", backend="gloo",
+                  buckets=1, compression=POWERSGD)  # fmt: skip
+    one = summary(world=1, step=5 * MS, compute=5 * MS, busy=1 * MS, device="cpu", backend="gloo", buckets=1,
+                  compression=POWERSGD, link=None)  # fmt: skip
+    lay = Layout(dp=4, compression="powersgd")
+    assert predict(run, lay, single=one, own_cores=True) == pytest.approx(13.86 * MS)
+    assert predict(run, lay, own_cores=True) == pytest.approx(10.06 * MS)  # no single run: all 2.9 ms are R
+    # The single run of another compression says nothing of this hook's own work: as without it.
+    plain_one = summary(world=1, step=5 * MS, compute=5 * MS, busy=1 * MS, device="cpu", backend="gloo", link=None)
+    assert predict(run, lay, single=plain_one, own_cores=True) == pytest.approx(10.06 * MS)
+    # On the run's 2 cores (c = 2) with the ring probed under that contention (not stretched again):
+    # a ring step takes the longer of the probe's latency and c x (the run's 0 + H) = 0.633 ms.
+    # 1 ms probed: the probe's; busy = 2 x 1 + 18 x 1 + 0.15 = 20.15 ms; step = 2 x 7.01 + 20.15
+    host = {4: Link(alpha_s=1 * MS, beta_bytes_per_s=1e9, source="host", contended=True)}
+    assert predict(run, lay, single=one, host_links=host) == pytest.approx(34.17 * MS)
+    # 0.5 ms probed: each of the 18 steps waits 0.133 ms more: busy = 2 + 2.4 + 9.15 ms
+    host = {4: Link(alpha_s=0.5 * MS, beta_bytes_per_s=1e9, source="host", contended=True)}
+    assert predict(run, lay, single=one, host_links=host) == pytest.approx(27.57 * MS)
+
+
 def test_fsdp_from_a_data_parallel_run() -> None:
     # 1 GB of parameters, 5 blocks -> 4 FSDP units, 10 GB/s; N = 8: all-gather 7/8 x 100 ms, twice,
     # reduce-scatter 87.5 ms: 262.5 ms, hidden under 100 ms of compute but for the rest: 162.5 ms

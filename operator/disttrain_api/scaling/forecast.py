@@ -239,6 +239,13 @@ def notes(m: Measured, cal: Calibrated, place: Placement, topo: Topology, single
     if m.compression in ("fp16", "powersgd") and m.wire_bytes:
         out.append(f"{m.compression}: measured wire bytes {cal.wire_ratio[m.compression]:.1%} of the gradients, "
                    f"compression work {cal.residual_s.get(m.compression, 0.0) * 1e3:.3g} ms/step")  # fmt: skip
+    if cal.hop_wait_s:
+        out.append(f"data parallel: the single-rank run's buckets took {cal.residual_s.get(m.compression, 0.0) * 1e3:.3g} "
+                   f"ms/step with no peer; the rest beyond the link model, {cal.hop_wait_s * 1e6:.3g} us per ring step, "
+                   "was waiting for peers and grows with the ring's steps")  # fmt: skip
+    elif m.dp > 1 and m.pp == 1 and m.tp == 1 and m.data_strategy == "ddp" and single is None:
+        out.append("data parallel: communication beyond the link model taken as fixed work (no single-rank run of "
+                   "the same compression to tell the buckets' own work from waiting for peers)")  # fmt: skip
     if m.tensor_comm and m.tensor_comm[2] != "measured":
         out.append("tensor-parallel collectives from Megatron's count for this model (not measured: the run had tensor 1)")
     if m.tp > 1 and single is None:

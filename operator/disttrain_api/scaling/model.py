@@ -21,9 +21,17 @@ stretched again.
   degree (DTensor's dispatch of every operator, the same operators at any tp), fitted as
   C(2) - C / 2 when a single-rank run gives C, else 0.
 - DDP: the gradient all-reduce runs during backward, bucket by bucket. Its time
-  busy = R + ring all-reduce(dp, wire bytes, calls), R being the measured communication time
-  the link model does not explain (bucket copies, casts, PowerSGD's matrix products: work
-  that does not grow with N) and wire = gradient bytes x the compression's measured ratio. Only
+  busy = R + ring all-reduce(dp, wire bytes, calls) + 2 (dp - 1) x calls x H, R being the work
+  of the buckets that does not grow with N (bucket copies, casts, PowerSGD's matrix products)
+  and wire = gradient bytes x the compression's measured ratio. H is what a ring step waits
+  beyond the link's latency for its peer while the ranks train (they reach each collective at
+  different moments; a rank woken by a message has to be scheduled first), which a probe of
+  idle ranks does not see and which grows with the ring's steps as latency does. With a
+  single-rank run of the same compression R is measured there (its DDP timer has no peer to
+  wait for) and H = (the run's communication - R - the link model) / (2 (dp - 1) x calls);
+  without one, all of the unexplained time is R and H = 0 (measured,
+  benchmarks/forecast_validation.py: PowerSGD's three small all-reduces a step waited 0.43 ms
+  per ring step at 2 ranks, 4.6 x the probe's latency). Only
   the part beyond the window in which backward still computes is exposed: that window W is
   the run's measured overlap (busy - exposed), scaled with the compute, or 0 where the
   hook holds up backward (PowerSGD on gloo); the last bucket, produced at the end of
@@ -115,6 +123,7 @@ class Calibrated:
     overlap_s: float  # W: backward compute overlapping DDP's all-reduce in the run
     overlap_measured: bool
     residual_s: dict[str, float]  # R per compression kind where measured
+    hop_wait_s: float  # H: a ring step's wait for its peer beyond the link's latency, while training
     wire_ratio: dict[str, float]  # wire bytes / gradient bytes per compression kind
     tp_count: int
     tp_bytes: int
@@ -169,7 +178,7 @@ def calibrate(m: Measured, topo: Topology, placement: Placement, *, single: Meas
     if m.wire_bytes and m.gradient_bytes and m.pp == 1 and m.tp == 1:
         ratio[m.compression] = m.wire_bytes / m.gradient_bytes
     residual: dict[str, float] = {}
-    overlap, measured_overlap = 0.0, False
+    overlap, measured_overlap, hop_wait = 0.0, False, 0.0
     if m.dp > 1 and m.pp == 1 and m.tp == 1 and m.data_strategy == "ddp":
         # DDP's timer: busy = first bucket launched .. last all-reduce done; exposed = end of
         # backward compute .. that end; so busy - exposed = W, the window in which backward
@@ -184,7 +193,12 @@ def calibrate(m: Measured, topo: Topology, placement: Placement, *, single: Meas
         comm = min(st.busy_s, exposed * calls) / c
         wire = m.gradient_bytes * ratio.get(m.compression, 1.0)
         model = col.all_reduce_s(m.dp, wire, topo.link_for(_span(run, "dp"), measured=False), calls=calls)
-        residual[m.compression] = max(0.0, comm - model)
+        own = _buckets_own_work(single, m, placement)
+        if own is None:
+            residual[m.compression] = max(0.0, comm - model)
+        else:
+            residual[m.compression] = own
+            hop_wait = max(0.0, comm - own - model) / (2 * (m.dp - 1) * calls)
         measured_overlap = True
     # --- pipeline
     block_s: tuple[float, ...] = ()
@@ -196,9 +210,17 @@ def calibrate(m: Measured, topo: Topology, placement: Placement, *, single: Meas
             replica = single_c
     return Calibrated(
         m=m, c_run=c, data_s=st.data_s / c, replica_compute_s=replica, tp_overhead_s=overhead, overlap_s=overlap,
-        overlap_measured=measured_overlap, residual_s=residual, wire_ratio=ratio, tp_count=tp_count,
+        overlap_measured=measured_overlap, residual_s=residual, hop_wait_s=hop_wait, wire_ratio=ratio, tp_count=tp_count,
         tp_bytes=tp_bytes, block_s=block_s, block_out=block_out, slot_overhead_s=slot, microbatches=micro,
     )  # fmt: skip
+
+
+def _buckets_own_work(single: Measured | None, m: Measured, placement: Placement) -> float | None:
+    """R measured directly: DDP's busy time in a single-rank run of the same gradient compression,
+    at full speed (its all-reduces have no peer: what it times is the buckets' own work)."""
+    if single is None or single.world_size != 1 or single.compression != m.compression or m.data_strategy != "ddp":
+        return None
+    return single.steps.busy_s / placement.contention(1)
 
 
 def ddp_calls(m: Measured, compression: str) -> int:
@@ -326,7 +348,16 @@ def _data_exposed(cal: Calibrated, lay: Layout, topo: Topology, compute: float, 
     wire = m.gradient_bytes / lay.tp * cal.wire_ratio[lay.compression]
     # A kind the run did not use keeps the plain run's residual (bucket copies happen whatever is sent).
     residual = cal.residual_s.get(lay.compression, cal.residual_s.get("none", 0.0))
-    busy = c * residual + _wall(link, col.all_reduce_s(lay.dp, wire, link, calls=calls), c)
+    steps = 2 * (lay.dp - 1) * calls  # ring steps per training step
+    if link.contended:
+        # A link probed under the target's contention already holds the ranks' wait to be scheduled,
+        # which is where most of H comes from on shared cores: a ring step takes the longer of the
+        # probed latency and the run's latency plus H, both at the ranks' speed.
+        base = topo.link_for(_span(lay, "dp"), measured=False).alpha_s
+        waits = steps * max(0.0, c * (base + cal.hop_wait_s) - link.alpha_s)
+    else:
+        waits = steps * c * cal.hop_wait_s
+    busy = c * residual + waits + _wall(link, col.all_reduce_s(lay.dp, wire, link, calls=calls), c)
     hook_blocks = lay.compression == "powersgd" and m.host.device == "cpu"
     window = 0.0 if hook_blocks else c * cal.overlap_s * scale
     return max(busy - window, busy / calls)
