@@ -5,7 +5,8 @@ Measures, on a real cluster (KUBECONFIG, else the local cluster's kubeconfig):
   job to the moment a pod watch has seen all W of its pods (objects created, not
   necessarily running: this is the operator's latency, not the kubelets');
 - apply-to-Succeeded for the whole batch (pods run `sleep`, then exit 0);
-- the operator's CPU seconds and peak RSS (it runs as a host process: /proc);
+- the operator's CPU seconds and peak RSS (it runs as a host process: /proc; on the local
+  cluster in a CPU cgroup beside the nodes', with a node's weight: `join_cluster_cgroup`);
 - API requests per job: the operator's own client requests (its
   disttrain_operator_api_requests_total counter, also by verb and resource; kopf's
   watch streams are not in it) and the apiserver's apiserver_request_total
@@ -50,11 +51,31 @@ sys.path.insert(0, str(ROOT / "operator"))
 
 
 def default_kubeconfig() -> str:
-    env = os.environ.get("KUBECONFIG")
-    if env:
-        return env
+    return os.environ.get("KUBECONFIG") or local_kubeconfig()
+
+
+def local_kubeconfig() -> str:
     cache = Path(os.environ.get("DISTTRAIN_CACHE", Path.home() / ".cache" / "disttrain"))
     return str(cache / "cluster" / "kubeconfig")
+
+
+def join_cluster_cgroup(pid: int) -> Path | None:
+    """Put the operator beside the local cluster's nodes for CPU: in a cgroup of its own under the
+    cluster's (hack/localcluster: cgroup v1, where the cluster weighs as much as 8 host processes
+    so that the suite's host processes cannot starve its pods), with a node's weight. As a host
+    process it would weigh 1/9 of the busy cluster while 200 containers start, which no operator
+    pod in a real cluster does. None where there is no such cgroup (another cluster, cgroup v2)."""
+    sys.path.insert(0, str(ROOT / "hack"))
+    from localcluster.config import CGROUP_PARENT  # type: ignore[import-not-found]  # noqa: PLC0415
+
+    parent = Path("/sys/fs/cgroup/cpu") / CGROUP_PARENT
+    if not (parent / "cgroup.procs").exists():
+        return None
+    own = parent / "operator-bench"
+    own.mkdir(exist_ok=True)
+    (own / "cpu.shares").write_text("1024")  # cgroup v1's default: what each node and the control plane have
+    (own / "cgroup.procs").write_text(str(pid))
+    return own
 
 
 def free_port() -> int:
@@ -213,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
          "--poll-interval", str(args.poll_interval)],
         env=env, stdout=log, stderr=subprocess.STDOUT,
     )
+    op_cgroup = join_cluster_cgroup(op.pid) if args.kubeconfig == local_kubeconfig() else None
 
     def op_metrics() -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
@@ -324,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
             "run_seconds": args.run_seconds,
             **writes_seen,
             "poll_interval_s": args.poll_interval,
+            "operator_cgroup": str(op_cgroup) if op_cgroup else "host process",
             "apply_threads": args.apply_threads,
             "reference_all_created_s": reference.get("all_created_s"),
             "reference_job_p95_s": reference.get("job_p95_s"),
@@ -365,7 +388,10 @@ def main(argv: list[str] | None = None) -> int:
             op.wait(timeout=20)
         except subprocess.TimeoutExpired:
             op.kill()
+            op.wait()
         log.close()
+        if op_cgroup is not None:
+            op_cgroup.rmdir()  # empty once the operator is gone
 
 
 if __name__ == "__main__":
