@@ -21,6 +21,9 @@ feature to test). Each patch removes the feature's per-step work and nothing els
                 scheduler.step() per step
   stop-check    no per-step check for an agreed stop request
   census        no wrapper around the step that profiles the census step's collectives
+
+and the control, `none`: nothing switched off, the trainer started through this script like the
+others, so that what the launch path or the rounds' noise alone moves is measured beside them.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 FEATURES = ("metrics", "comm-timer", "step-records", "data", "gc", "scheduler", "stop-check", "census")
+CONTROL = "none"
 
 
 class _NoGC(contextlib.AbstractContextManager["_NoGC"]):
@@ -81,6 +85,8 @@ def switch_off(feature: str) -> None:
     from disttrain_trainer.modes.data import layouts, loop
     from disttrain_trainer.telemetry import scaling_record, step_metrics
 
+    if feature == CONTROL:
+        return
     if feature == "metrics":
         init = step_metrics.Metrics.__init__
 
@@ -116,7 +122,7 @@ def switch_off(feature: str) -> None:
 
 def main() -> int:
     if len(sys.argv) != 2:
-        raise SystemExit(f"usage: loop_ablation.py FEATURE (one of {', '.join(FEATURES)})")
+        raise SystemExit(f"usage: loop_ablation.py FEATURE (one of {', '.join(FEATURES)}, or {CONTROL})")
     switch_off(sys.argv[1])
     from disttrain_trainer.__main__ import main as trainer_main
 

@@ -38,6 +38,7 @@ import dataclasses
 import json
 import math
 import os
+import random
 import socket
 import statistics
 import subprocess
@@ -49,7 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loop_ablation import FEATURES
+from loop_ablation import CONTROL, FEATURES
 from proc_stats import children, cpu_seconds
 
 TARGET = 0.97
@@ -320,14 +321,15 @@ def disttrain_loop_s(case: Case, work: Path, tag: str, *, off: str | None = None
 
 def per_step_rounds(case: Case, work: Path, rounds: int, *, fused: bool,
                     ablate: tuple[str, ...] = ()) -> list[dict[str, float]]:  # fmt: skip
-    """Per-step seconds of both sides from two run lengths, the sides' order rotating per round;
+    """Per-step seconds of both sides from two run lengths, the sides alternating (shuffled, seeded, with ablations);
     `ablate`: also the trainer with each of these loop features off (key "off:FEATURE")."""
     n1, n2 = LENGTHS[case.name.split()[0]]
-    sides = ["plain", "disttrain", *(f"off:{f}" for f in ablate)]
+    sides = ["plain", "disttrain", *(f"off:{f}" for f in (*ablate, CONTROL) if ablate)]
     rows = []
     for r in range(rounds):
-        k = r % len(sides)
-        order = sides[k:] + sides[:k] if ablate else sides if r % 2 == 0 else sides[::-1]
+        # With ablations a fixed rotation would keep every side's place relative to the trainer's
+        # run: a drift within a round would then favour the same features every time.
+        order = random.Random(r).sample(sides, len(sides)) if ablate else sides if r % 2 == 0 else sides[::-1]
         got: dict[str, float] = {}
         for side in order:
             t = {}
@@ -359,11 +361,12 @@ def print_ablation(results: dict[str, list[dict[str, float]]], ablate: tuple[str
         gap = statistics.median(r["disttrain"] - r["plain"] for r in rows) * 1e6
         print(f"| {name} | (none: the trainer) | {full:.0f} | | gap to plain {gap:+.0f} us |")
         print(f"| {name} | (the plain loop) | {statistics.median(r['plain'] for r in rows) * 1e6:.0f} | | |")
-        for f in ablate:
+        for f in (*ablate, CONTROL):
             saved = [(r["disttrain"] - r[f"off:{f}"]) * 1e6 for r in rows]
             med = statistics.median(saved)
             share = f"{med / gap:.0%}" if gap > 0 else "n/a (no gap)"
-            print(f"| {name} | {f} | {statistics.median(r[f'off:{f}'] for r in rows) * 1e6:.0f} | {med:+.0f} "
+            label = f"{CONTROL} (the control: nothing off, started like the others)" if f == CONTROL else f
+            print(f"| {name} | {label} | {statistics.median(r[f'off:{f}'] for r in rows) * 1e6:.0f} | {med:+.0f} "
                   f"({', '.join(f'{v:+.0f}' for v in saved)}) | {share} |")  # fmt: skip
 
 
