@@ -351,8 +351,8 @@ def _data_exposed(cal: Calibrated, lay: Layout, topo: Topology, compute: float, 
     steps = 2 * (lay.dp - 1) * calls  # ring steps per training step
     if link.contended:
         # A link probed under the target's contention already holds the ranks' wait to be scheduled,
-        # which is where most of H comes from on shared cores: a ring step takes the longer of the
-        # probed latency and the run's latency plus H, both at the ranks' speed.
+        # one part of H on shared cores, so the two are not added: a ring step takes the longer of
+        # the probed latency and the run's latency plus H, both at the ranks' speed.
         base = topo.link_for(_span(lay, "dp"), measured=False).alpha_s
         waits = steps * max(0.0, c * (base + cal.hop_wait_s) - link.alpha_s)
     else:
