@@ -14,7 +14,8 @@ feature to test). Each patch removes the feature's per-step work and nothing els
   step-records  the per-step record and its fold into the interval's tally and the step-time
                 histogram (the interval's figures are then empty)
   data          every step trains on the rank's first batch again: no sampler, no shard read,
-                no numpy -> tensor conversion
+                no numpy -> tensor conversion (and the same values every step, which alone makes
+                the step faster: benchmarks/README.md, "Where the gap is")
   gc            Python's automatic garbage collector left on as the interpreter has it (no
                 freeze, no disable, no collection every COLLECT_EVERY_STEPS steps)
   scheduler     the learning rate stays where the scheduler put it at the start: no
