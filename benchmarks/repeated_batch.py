@@ -6,6 +6,7 @@ way of getting the next batch trains 3,000 steps after 200 of warm-up, five bloc
 median per step is printed:
 
   trainer     the trainer's data path: the sampler, the shard rows, torch.from_numpy
+  trainer-torch  the sampler's rows, gathered by torch from tensors in memory instead of numpy
   plain       a plain loop's: X[perm[a:b]] on tensors in memory
   same        the first batch object again every step (what `--ablate data` does)
   same-copy   a fresh copy of that batch every step: new memory, the same values
@@ -59,9 +60,13 @@ def main() -> int:
             idx = perm[at[0] : at[0] + BATCH]
             return x_all[idx], y_all[idx]
 
+        def trainer_torch() -> Batch:
+            idx = torch.from_numpy(sampler.next_indices())
+            return x_all[idx], y_all[idx]
+
         first = trainer()
         ways: dict[str, Callable[[], Batch]] = {
-            "trainer": trainer, "plain": plain, "same": lambda: first,
+            "trainer": trainer, "trainer-torch": trainer_torch, "plain": plain, "same": lambda: first,
             "same-copy": lambda: (first[0].clone(), first[1].clone()),
         }  # fmt: skip
 
