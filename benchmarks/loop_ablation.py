@@ -66,17 +66,16 @@ def _replace(owner: Any, name: str, value: Any) -> None:
     setattr(owner, name, value)
 
 
-def _around_train(change: Callable[[Any], None]) -> None:
-    """Apply `change` to the Run just before the data loop starts."""
+def _around_train(attr: str, replacement: Callable[[Any], Any]) -> None:
+    """Just before the data loop starts, run.attr = replacement(run.attr)."""
     from disttrain_trainer.modes.data import entry
 
     train = entry.train
 
     def patched(run: Any) -> Any:
-        for attr in ("scheduler", "stop"):
-            if not hasattr(run, attr):
-                raise SystemExit(f"loop_ablation: the trainer's Run has no {attr!r}: update this script")
-        change(run)
+        if not hasattr(run, attr):
+            raise SystemExit(f"loop_ablation: the trainer's Run has no {attr!r}: update this script")
+        setattr(run, attr, replacement(getattr(run, attr)))
         return train(run)
 
     _replace(entry, "train", patched)
@@ -112,9 +111,9 @@ def switch_off(feature: str) -> None:
     elif feature == "gc":
         _replace(loop, "LoopGC", _NoGC)
     elif feature == "scheduler":
-        _around_train(lambda run: setattr(run, "scheduler", _FixedLR(run.scheduler)))
+        _around_train("scheduler", _FixedLR)
     elif feature == "stop-check":
-        _around_train(lambda run: setattr(run, "stop", None))
+        _around_train("stop", lambda stop: None)
     elif feature == "census":
         _replace(scaling_record.ScalingRecorder, "with_census", lambda self, step_fn, model: step_fn)
     else:

@@ -59,8 +59,8 @@ def format_table(fc: Forecast, choice: Choice | None) -> str:
         lines.append(f"not forecast: {family}: {why}")
     lines.append("assumptions:")
     lines += [f"  - {note}" for note in fc.notes]
-    # Said on every table until benchmarks/forecast_validation.py's table is measured: a user must
-    # not take a modelled row for a measured one.
+    # Said on every table: how far the model held against measured runs, so that a user weighs a
+    # modelled row accordingly (benchmarks/forecast_validation.py).
     lines.append(VALIDATION)
     return "\n".join(lines)
 

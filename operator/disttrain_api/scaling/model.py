@@ -218,7 +218,7 @@ def calibrate(m: Measured, topo: Topology, placement: Placement, *, single: Meas
 def _buckets_own_work(single: Measured | None, m: Measured, placement: Placement) -> float | None:
     """R measured directly: DDP's busy time in a single-rank run of the same gradient compression,
     at full speed (its all-reduces have no peer: what it times is the buckets' own work)."""
-    if single is None or single.world_size != 1 or single.compression != m.compression or m.data_strategy != "ddp":
+    if single is None or single.world_size != 1 or single.compression != m.compression:
         return None
     return single.steps.busy_s / placement.contention(1)
 
