@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -72,6 +73,53 @@ def test_before_training_sigterm_leaves_at_once(main_thread: str) -> None:
             proc.wait()
     assert proc.returncode == exitcodes.STOPPED, out + err
     assert "stop requested (SIGTERM)" in err
+
+
+# `python -m disttrain_trainer` whose mode's modules are being imported when SIGTERM comes: the
+# handler raises StopRequested inside the import, and a C extension's import turns it into an
+# ImportError (numpy: "PyCapsule_Import could not import module \"datetime\"").
+IMPORT_STOPPED = """
+import os, signal, sys, time
+import disttrain_trainer.__main__ as trainer_main
+
+def entry_for(spec):
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)  # the kubelet's, during the import
+        time.sleep(60)  # the handler raises here
+    except BaseException as e:  # as a C extension's import does with any error
+        raise ImportError('PyCapsule_Import could not import module "datetime"') from e
+
+trainer_main.entry_for = entry_for
+sys.exit(trainer_main.main())
+"""
+
+
+def test_a_sigterm_that_surfaces_as_an_import_error_still_exits_stopped(tmp_path) -> None:  # noqa: ANN001
+    from disttrain_api import constants as C
+    from disttrain_api.model import parse_spec, to_json
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(to_json(parse_spec({
+        "mode": "data", "workers": {"replicas": 1}, "model": {"name": "mlp"},
+        "data": {"name": "digits", "batchSize": 8}, "training": {"steps": 1}}))))  # fmt: skip
+    env = {**os.environ, C.ENV_CONFIG: str(config), C.ENV_RUN_DIR: str(tmp_path / "run"),
+           C.ENV_CHECKPOINT_DIR: str(tmp_path / "ck")}  # fmt: skip
+    got = subprocess.run([sys.executable, "-c", IMPORT_STOPPED], env=env, capture_output=True, text=True,
+                         timeout=60, check=False)  # fmt: skip
+    assert got.returncode == exitcodes.STOPPED, got.stderr
+    assert "missing dependency" in got.stderr  # what the import error said ...
+    assert got.stderr.strip().splitlines()[-1] == (
+        "disttrain-trainer: stopped on request (SIGTERM before training started)")  # ... and what it was
+
+
+def test_a_failure_without_a_stop_request_stays_a_failure(tmp_path) -> None:  # noqa: ANN001
+    from disttrain_api import constants as C
+
+    env = {**os.environ, C.ENV_CONFIG: str(tmp_path / "missing.json")}
+    got = subprocess.run([sys.executable, "-m", "disttrain_trainer"], env=env, capture_output=True, text=True,
+                         timeout=60, check=False)  # fmt: skip
+    assert got.returncode == exitcodes.CONFIG, got.stderr
+    assert "stopped on request" not in got.stderr
 
 
 def test_inside_a_loop_sigterm_is_only_recorded_and_callbacks_run_once(handler: None) -> None:

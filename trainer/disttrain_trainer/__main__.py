@@ -41,11 +41,17 @@ def main() -> int:
     # First: as PID 1 in a container the trainer would never see SIGTERM without a handler.
     stop_request.install()
     try:
-        return _main()
+        code = _main()
     except stop_request.StopRequested as e:
         _keep_until_exit(e)
         print(f"disttrain-trainer: stopped on request ({e})", file=sys.stderr, flush=True)
         return EXIT_STOPPED
+    if code != EXIT_OK and stop_request.raised_before_training():
+        # The stop was raised into start-up code that turned it into another error (an import:
+        # see stop_request): the reason printed above is the stop's, not a failure to retry.
+        print("disttrain-trainer: stopped on request (SIGTERM before training started)", file=sys.stderr, flush=True)
+        return EXIT_STOPPED
+    return code
 
 
 def _main() -> int:

@@ -16,7 +16,10 @@ parent forwards the signal to its local ranks; an asyncio server wakes its loop)
   main thread blocked in C++ (a rendezvous waits minutes for a peer that is gone) would never
   see it: a watcher thread reads the signal from the interpreter's wakeup fd and exits for it.
   In Python code the handler raises StopRequested first, which `python -m disttrain_trainer`
-  turns into the same exit code;
+  turns into the same exit code. Raised inside an import, it may come out as another error: a
+  C extension's import turns any exception into ImportError (numpy's did, as "could not import
+  module datetime"), so `python -m disttrain_trainer` also counts a failure that follows a
+  raised request (`raised_before_training()`) as the stop;
 - inside `deferred()` (a training loop, a server, a parent waiting for its local ranks): the
   request is only recorded. The code polls `requested()` at its step boundaries, finishes the
   step, saves, waits for the write to be durable and raises StopRequested itself. Ranks of a
@@ -47,6 +50,7 @@ SIGNALS = (signal.SIGTERM,)
 event = threading.Event()  # set once a stop was requested; threads may wait on it
 _callbacks: list[Callable[[], None]] = []
 _deferred = 0
+_raised = False  # the handler raised StopRequested into the main thread (outside `deferred()`)
 _installed = False
 _watcher: tuple[threading.Thread, int] | None = None  # the watcher thread, the wakeup pipe's write end
 _previous_handlers: dict[int, Any] = {}
@@ -124,8 +128,10 @@ def _watch(read_fd: int) -> None:
 
 
 def _on_signal(signum: int, frame: Any) -> None:
+    global _raised
     request()
     if not _deferred:
+        _raised = True
         raise StopRequested(f"{signal.Signals(signum).name} before training started")
 
 
@@ -148,6 +154,12 @@ def _say(line: bytes) -> None:
 
 def requested() -> bool:
     return event.is_set()
+
+
+def raised_before_training() -> bool:
+    """Whether the handler raised StopRequested into start-up code: whatever error that code then
+    ended with (an import may have turned the stop into an ImportError) is the stop's doing."""
+    return _raised
 
 
 def on_request(callback: Callable[[], None]) -> Callable[[], None]:
@@ -178,7 +190,9 @@ def deferred() -> Iterator[None]:
 
 def reset() -> None:
     """Forget a request (tests that run several trainers in one process)."""
+    global _raised
     event.clear()
+    _raised = False
 
 
 async def run_until_requested(awaitable: Any) -> bool:
