@@ -7,6 +7,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+TORCH_PIN := $(VENV)/torch-pin.txt
 EXTRAS ?= operator,trainer,dev
 PYTEST_ARGS ?=
 # The whole suite on 4 pytest-xdist workers: two run the cluster and e2e tiers in two lanes
@@ -27,8 +28,15 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import venv, ensurepip' 2>/dev/null || { apt-get update && apt-get install -y python3 python3-venv; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# torch is pinned (see pyproject.toml); the editable install keeps tests on the working tree.
-	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
+	# torch is pinned (see pyproject.toml). These machines serve 2.13.0 as a local CPU wheel
+	# (2.13.0+cpu) beside PyPI's CUDA build of the same version; pip takes the CPU wheel for torch
+	# alone, but its resolver may backtrack onto the CUDA build (GBs of nvidia wheels in the venv
+	# and the trainer image) while it settles botocore. So torch goes first, and the build it got
+	# is held for the rest of the install and for the image wheelhouse ($(TORCH_PIN)).
+	$(PY) -m pip install -q "torch==2.13.0"
+	$(PY) -c 'from importlib.metadata import version; print("torch==" + version("torch"))' > $(TORCH_PIN)
+	# The editable install keeps tests on the working tree.
+	$(PY) -m pip install -q -c $(TORCH_PIN) -e ".[$(EXTRAS)]"
 	touch $@
 
 venv: $(STAMP) ## create .venv with every extra installed

@@ -176,16 +176,23 @@ def wheelhouse() -> str:
     the project's own wheel (rebuilt when its sources change). Returns the inputs' hash."""
     WHEELS.mkdir(parents=True, exist_ok=True)
     pip = [sys.executable, "-m", "pip"]
-    deps_digest = _hash_paths([REPO_ROOT / "pyproject.toml"])
+    torch_pin = _venv_torch_pin()
+    deps_digest = _hash_paths([REPO_ROOT / "pyproject.toml"], extra=torch_pin)
     stamp = WHEELS / ".deps"
     log, step = log_path(), "wheelhouse"
     if not stamp.exists() or stamp.read_text() != deps_digest:
         t0 = time.monotonic()
+        # A fresh fill: wheels of an earlier resolution (a CUDA torch and its nvidia-* wheels)
+        # would stay candidates for the image's `pip install --find-links`.
+        for old in WHEELS.glob("*.whl"):
+            old.unlink()
+        pins = WHEELS.parent / "wheelhouse-constraints.txt"
+        pins.write_text(torch_pin + "\n")
         # Reads this machine's pip configuration (local find-links/index with the CPU torch wheel).
-        run([*pip, "wheel", "-q", "-w", WHEELS, "--find-links", WHEELS, f"{REPO_ROOT}[trainer,operator]"],
+        run([*pip, "wheel", "-q", "-w", WHEELS, "-c", pins, f"{REPO_ROOT}[trainer,operator]"],
             step=step, log=log, timeout=1800)
         stamp.write_text(deps_digest)
-        say(f"wheelhouse filled in {time.monotonic() - t0:.1f}s")
+        say(f"wheelhouse filled in {time.monotonic() - t0:.1f}s ({torch_pin.strip() or 'torch unpinned'})")
     proj = _hash_paths([REPO_ROOT / p for p in PROJECT_INPUTS if (REPO_ROOT / p).exists()])
     pstamp = WHEELS / ".project"
     if not pstamp.exists() or pstamp.read_text() != proj:
@@ -194,6 +201,20 @@ def wheelhouse() -> str:
         run([*pip, "wheel", "-q", "--no-deps", "-w", WHEELS, REPO_ROOT], step=step, log=log, timeout=600)
         pstamp.write_text(proj)
     return proj + deps_digest
+
+
+def _venv_torch_pin() -> str:
+    """The torch build installed beside this interpreter (the venv `make` built), as a pin.
+
+    The image gets the same build as the tests: pip, resolving the whole project, may backtrack
+    from the local CPU wheel (2.13.0+cpu) onto PyPI's CUDA build of the same version, several GB
+    more in every node's image store. Empty where torch is not installed here."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"torch=={version('torch')}"
+    except PackageNotFoundError:
+        return ""
 
 
 def project_images() -> list[Archive]:
