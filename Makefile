@@ -23,7 +23,7 @@ SUITE_WORKERS ?= 4
 help: ## list targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml hack/resolver-pins.txt
 	@# Debian's python3 lacks venv/ensurepip until python3-venv is installed.
 	@$(PYTHON) -c 'import venv, ensurepip' 2>/dev/null || { apt-get update && apt-get install -y python3 python3-venv; }
 	$(PYTHON) -m venv $(VENV)
@@ -35,8 +35,8 @@ $(STAMP): pyproject.toml
 	# is held for the rest of the install and for the image wheelhouse ($(TORCH_PIN)).
 	$(PY) -m pip install -q "torch==2.13.0"
 	$(PY) -c 'from importlib.metadata import version; print("torch==" + version("torch"))' > $(TORCH_PIN)
-	# The editable install keeps tests on the working tree.
-	$(PY) -m pip install -q -c $(TORCH_PIN) -e ".[$(EXTRAS)]"
+	# The editable install keeps tests on the working tree; hack/resolver-pins.txt says why it exists.
+	$(PY) -m pip install -q -c $(TORCH_PIN) -c hack/resolver-pins.txt -e ".[$(EXTRAS)]"
 	touch $@
 
 venv: $(STAMP) ## create .venv with every extra installed

@@ -21,6 +21,7 @@ forecast's contention term (ranks x threads / cores) must carry that, and gloo's
 memory copies by the same cores. See benchmarks/README.md for what this shows and what not.
 
     .venv/bin/python benchmarks/forecast_validation.py [--cases data tensor] [--steps N] [--batch B] [--keep DIR] [--rounds K]
+    .venv/bin/python benchmarks/forecast_validation.py --keep DIR --rounds K --repredict   # the same runs, the current model
 """
 
 from __future__ import annotations
@@ -111,8 +112,12 @@ def predict(case: str, one: dict[str, Any], two: dict[str, Any], host: Link | No
     return bd.step_s, bd, link.alpha_s * (1 if link.contended else fc.placement.contention(TARGET))
 
 
-def host_link(ranks: int) -> Link:
-    got = probe_host(ranks)
+def kept_host_link(path: Path, *, rerun: bool) -> Link:
+    """This host's ring at 4 ranks, measured without training (what --probe-host does) and kept
+    beside the runs, or (with rerun False) the one kept there by an earlier run."""
+    got = probe_host(TARGET) if rerun else json.loads(path.read_text())
+    if rerun:
+        path.write_text(json.dumps(got))
     return Link(alpha_s=got["alphaS"], beta_bytes_per_s=got["betaBytesPerS"], source="host", contended=True)
 
 
@@ -127,11 +132,14 @@ def one_round(args: argparse.Namespace, where: Path) -> list[tuple[Any, ...]]:
         got = {}
         for world in (1, 2, TARGET):
             doc = manifest(case, world, args.steps or CASES[case]["steps"])
+            if args.repredict:
+                got[world] = json.loads((where / doc["metadata"]["name"] / "summary.json").read_text())
+                continue
             got[world] = run(doc, where / doc["metadata"]["name"])
             print(f"  {case} world {world}: step {got[world]['scaling']['perStep']['stepS'] * 1e3:.2f} ms "
                   f"(load {load()})", flush=True)  # fmt: skip
         pred, bd, alpha = predict(case, got[1], got[2])
-        host = host_link(TARGET)  # this host's ring at 4 ranks, measured without training (--probe-host)
+        host = kept_host_link(where / f"host-link-{case.replace('+', '-')}.json", rerun=not args.repredict)
         pred_host, bd_host, _ = predict(case, got[1], got[2], host)
         meas = got[TARGET]["scaling"]["perStep"]["stepS"]
         rows.append((case, *(got[w]["scaling"]["perStep"]["stepS"] for w in (1, 2)), pred, pred_host, meas, bd, alpha,
@@ -161,7 +169,11 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=None, help="per-replica batch of every case (default: the case's)")
     ap.add_argument("--keep", type=Path, default=None, help="keep the run dirs here (default: a temporary folder)")
     ap.add_argument("--rounds", type=int, default=1, help="repeat everything, and print the median error per case")
+    ap.add_argument("--repredict", action="store_true",
+                    help="run nothing: forecast again from the runs and host probes kept under --keep")
     args = ap.parse_args()
+    if args.repredict and not args.keep:
+        ap.error("--repredict needs --keep DIR (the folder an earlier run kept)")
     if args.batch:
         for spec in CASES.values():
             spec["batch"] = args.batch

@@ -37,6 +37,7 @@ from .proc import ClusterError, locked, run, say
 
 BASE_IMAGE = "localhost/disttrain-base:bookworm"
 WHEELS = REPO_ROOT / "build" / "wheels"
+RESOLVER_PINS = REPO_ROOT / "hack" / "resolver-pins.txt"  # the venv's constraints (Makefile), for the same resolution
 BUILDAH = ["buildah", "--storage-driver", "vfs"]
 # README.md is needed by the build (package metadata) but does not change what runs: not hashed.
 PROJECT_INPUTS = ("Dockerfile", ".dockerignore", "pyproject.toml", "operator", "trainer", "cli")
@@ -177,7 +178,7 @@ def wheelhouse() -> str:
     WHEELS.mkdir(parents=True, exist_ok=True)
     pip = [sys.executable, "-m", "pip"]
     torch_pin = _venv_torch_pin()
-    deps_digest = _hash_paths([REPO_ROOT / "pyproject.toml"], extra=torch_pin)
+    deps_digest = _hash_paths([REPO_ROOT / "pyproject.toml", RESOLVER_PINS], extra=torch_pin)
     stamp = WHEELS / ".deps"
     log, step = log_path(), "wheelhouse"
     if not stamp.exists() or stamp.read_text() != deps_digest:
@@ -189,7 +190,7 @@ def wheelhouse() -> str:
         pins = WHEELS.parent / "wheelhouse-constraints.txt"
         pins.write_text(torch_pin + "\n")
         # Reads this machine's pip configuration (local find-links/index with the CPU torch wheel).
-        run([*pip, "wheel", "-q", "-w", WHEELS, "-c", pins, f"{REPO_ROOT}[trainer,operator]"],
+        run([*pip, "wheel", "-q", "-w", WHEELS, "-c", pins, "-c", RESOLVER_PINS, f"{REPO_ROOT}[trainer,operator]"],
             step=step, log=log, timeout=1800)
         stamp.write_text(deps_digest)
         say(f"wheelhouse filled in {time.monotonic() - t0:.1f}s ({torch_pin.strip() or 'torch unpinned'})")
