@@ -114,6 +114,7 @@ class LocalCluster:
         CHECKPOINT_DIR.mkdir(parents=True, exist_ok=True)
         CHECKPOINT_DIR.chmod(0o1777)
         archives = images.ensure_all(bins)  # no-op when inputs are unchanged
+        images.check_disk(cfg, archives)
         say("network: bridge, namespaces, routes")
         network.setup_host(cfg)
         from . import pki
@@ -169,6 +170,7 @@ class LocalCluster:
     def refresh_images(self) -> None:
         """Rebuild images whose inputs changed and import them into every node of a running cluster."""
         archives = images.ensure_all(bin_dir())
+        images.check_disk(self.cfg, archives)
         with ThreadPoolExecutor(max_workers=len(self.cfg.nodes)) as pool:
             changed = list(pool.map(lambda n: images.import_into(self.cfg, n, archives), self.cfg.nodes))
         for n, did in zip(self.cfg.nodes, changed, strict=True):

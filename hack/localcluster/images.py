@@ -316,12 +316,33 @@ def ensure_all(bins: Path) -> dict[str, Archive]:
     return {a.ref: a for a in archives}
 
 
+def _imported(cfg: ClusterConfig, node: NodeConfig) -> dict[str, str]:
+    """ref -> digest of the archives imported into the node's image store (kept across restarts)."""
+    stamp = cfg.node_image_store(node) / "imported.json"
+    return json.loads(stamp.read_text()) if stamp.exists() else {}
+
+
+def check_disk(cfg: ClusterConfig, archives: dict[str, Archive]) -> None:
+    """Refuse to start imports the disk cannot hold, naming the figures, instead of a ctr error
+    half-way through. A node stores an archive's blobs and unpacks them once more (the
+    snapshots): twice the archive per node that lacks it (an upper bound: images that share
+    layers, like my-model on the trainer, store the shared ones once)."""
+    need = sum(2 * a.path.stat().st_size for n in cfg.nodes for a in archives.values()
+               if _imported(cfg, n).get(a.ref) != a.digest)  # fmt: skip
+    store = cache_dir() / "containerd"
+    store.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(store).free
+    if need > free:
+        raise ClusterError("image import", f"the nodes' images need up to {need / 1e9:.1f} GB under {store}, "
+                           f"{free / 1e9:.1f} GB is free; free some, or point DISTTRAIN_CACHE at a larger disk")  # fmt: skip
+
+
 def import_into(cfg: ClusterConfig, node: NodeConfig, archives: dict[str, Archive]) -> bool:
     """Import archives the node lacks or has in an older build; True when anything changed."""
     from .node import ctr
 
     stamp = cfg.node_image_store(node) / "imported.json"
-    done: dict[str, str] = json.loads(stamp.read_text()) if stamp.exists() else {}
+    done = _imported(cfg, node)
     present = set(run(ctr(cfg, node, "images", "ls", "-q"), step="image import").stdout.split())
     changed = False
     for a in archives.values():
