@@ -120,6 +120,25 @@ def test_a_single_rank_run_splits_the_hooks_own_work_from_the_wait_for_peers() -
     assert predict(run, lay, single=one, host_links=host) == pytest.approx(27.57 * MS)
 
 
+def test_a_probe_slower_than_the_runs_own_ring_steps_gives_way_to_them() -> None:
+    # The run's probe says 1 ms a message, but its 6 ring steps (2 x (2 - 1) x 3 calls) and R = 1 ms
+    # took 3 ms in all: the link model (6 + 0.1 ms) overshoots the run by 4.1 ms, H = -4.1 / 6 ms.
+    # A step keeps 1 - 4.1/6 = 0.317 ms (of latency, at most the probe's). N = 4, own cores:
+    # busy = 1 + 18 x 0.317 + 0.15 = 6.85 ms, as a probe of no latency would give.
+    slow_probe = {"alphaS": 1 * MS, "betaBytesPerS": 1e9, "worldSize": 2}
+    run = summary(step=10.01 * MS, compute=10 * MS, busy=3 * MS, exposed=0.01 * MS, device="cpu", backend="gloo",
+                  buckets=1, compression=POWERSGD, link=slow_probe)  # fmt: skip
+    one = summary(world=1, step=5 * MS, compute=5 * MS, busy=1 * MS, device="cpu", backend="gloo", buckets=1,
+                  compression=POWERSGD, link=None)  # fmt: skip
+    lay = Layout(dp=4, compression="powersgd")
+    assert predict(run, lay, single=one, own_cores=True) == pytest.approx(13.86 * MS)
+    # Steps that took no time at all: H stops at minus the latency (no step is faster than free).
+    quick = summary(step=10.01 * MS, compute=10 * MS, busy=1.05 * MS, exposed=0.01 * MS, device="cpu", backend="gloo",
+                    buckets=1, compression=POWERSGD, link=slow_probe)  # fmt: skip
+    # R = 1 ms, the bytes at N = 4 2 x 3/4 x 0.1 = 0.15 ms, no latency: busy = 1.15 ms; compute 10 - 1.04 ms
+    assert predict(quick, lay, single=one, own_cores=True) == pytest.approx((8.96 + 1.15) * MS)
+
+
 def test_fsdp_from_a_data_parallel_run() -> None:
     # 1 GB of parameters, 5 blocks -> 4 FSDP units, 10 GB/s; N = 8: all-gather 7/8 x 100 ms, twice,
     # reduce-scatter 87.5 ms: 262.5 ms, hidden under 100 ms of compute but for the rest: 162.5 ms

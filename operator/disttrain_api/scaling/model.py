@@ -29,7 +29,10 @@ stretched again.
   idle ranks does not see and which grows with the ring's steps as latency does. With a
   single-rank run of the same compression R is measured there (its DDP timer has no peer to
   wait for) and H = (the run's communication - R - the link model) / (2 (dp - 1) x calls);
-  without one, all of the unexplained time is R and H = 0 (measured,
+  H is negative (down to minus the latency) where the run's ring steps took less than its
+  link probe's latency says: the probe, a few seconds at start-up, is the noisier figure
+  (measured: a 2-rank probe of 1.6 ms per step in a run whose two ring steps took 1.2 ms in
+  all forecast world 4 at +142%). Without one, all of the unexplained time is R and H = 0 (measured,
   benchmarks/forecast_validation.py: PowerSGD's three small all-reduces a step waited 0.43 ms
   per ring step at 2 ranks, 4.6 x the probe's latency). Only
   the part beyond the window in which backward still computes is exposed: that window W is
@@ -198,7 +201,10 @@ def calibrate(m: Measured, topo: Topology, placement: Placement, *, single: Meas
             residual[m.compression] = max(0.0, comm - model)
         else:
             residual[m.compression] = own
-            hop_wait = max(0.0, comm - own - model) / (2 * (m.dp - 1) * calls)
+            # Negative when the run's ring steps took less than the probe's latency (the probe,
+            # a few seconds at start-up, is the noisier figure): down to a step of no latency.
+            alpha = topo.link_for(_span(run, "dp"), measured=False).alpha_s
+            hop_wait = max(-alpha, (comm - own - model) / (2 * (m.dp - 1) * calls))
         measured_overlap = True
     # --- pipeline
     block_s: tuple[float, ...] = ()
@@ -356,7 +362,7 @@ def _data_exposed(cal: Calibrated, lay: Layout, topo: Topology, compute: float, 
         base = topo.link_for(_span(lay, "dp"), measured=False).alpha_s
         waits = steps * max(0.0, c * (base + cal.hop_wait_s) - link.alpha_s)
     else:
-        waits = steps * c * cal.hop_wait_s
+        waits = steps * c * max(cal.hop_wait_s, -link.alpha_s)
     busy = c * residual + waits + _wall(link, col.all_reduce_s(lay.dp, wire, link, calls=calls), c)
     hook_blocks = lay.compression == "powersgd" and m.host.device == "cpu"
     window = 0.0 if hook_blocks else c * cal.overlap_s * scale
