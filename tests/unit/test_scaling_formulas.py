@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 from disttrain_api.scaling import collectives as col
-from disttrain_api.scaling.pipeline_time import bubble_fraction, makespan, min_max_split
+from disttrain_api.scaling.pipeline_time import (
+    bubble_fraction,
+    makespan,
+    min_max_split,
+    one_f_one_b,
+    time_shared_makespan,
+)
 
 LINK = col.Link(alpha_s=1e-5, beta_bytes_per_s=1e9)
 
@@ -85,3 +91,25 @@ def test_min_max_split_by_hand() -> None:
     assert min_max_split([1, 1, 1, 1], 2, cut_cost=[5, 5, 0, 0]) == [(0, 3), (3, 4)]
     with pytest.raises(ValueError, match="every stage needs a block"):
         min_max_split([1, 1], 3)
+
+
+def test_one_f_one_b_order() -> None:
+    # 3 stages, 3 micro-batches: the first stage runs 2 forwards ahead, the last none.
+    assert one_f_one_b(3, 3, 0) == [("F", 0), ("F", 1), ("F", 2), ("B", 0), ("B", 1), ("B", 2)]
+    assert one_f_one_b(3, 3, 2) == [("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2), ("B", 2)]
+
+
+def test_time_shared_pipeline_by_hand() -> None:
+    # 2 stages, forward 1 s, backward 2 s, 2 micro-batches, a core each: stage 0 F0 [0, 1]; F1 and
+    # stage 1's F0 [1, 2]; stage 1 B0 [2, 4]; then stage 0 B0 [4, 6] beside stage 1 F1 [4, 5] and
+    # B1 [5, 7]; stage 0 B1 [7, 9]: 9 s, the formula's (3 + 3) + (2 - 1) x 3 for a core per stage.
+    assert time_shared_makespan([1, 1], [2, 2], microbatches=2, cores=2, message_s=0.0) == pytest.approx(9.0)
+    assert makespan([3, 3], microbatches=2) == pytest.approx(9.0)
+    # The same on one core: at 1 s, stage 0's F1 and stage 1's F0 share it (half speed each) to 3 s;
+    # stage 1 B0 alone [3, 5]; stage 0 B0 and stage 1 F1 share [5, 7] (F1 done, B0 half); stage 0's
+    # B0 and stage 1's B1 share [7, 9] (B0 done, B1 half); B1's rest [9, 10]; stage 0 B1 [10, 12].
+    # 12 s: all the work on one core, no bubble left idle.
+    assert time_shared_makespan([1, 1], [2, 2], microbatches=2, cores=1, message_s=0.0) == pytest.approx(12.0)
+    # One micro-batch is a chain whatever the cores, each boundary crossed twice (0.5 s each way).
+    assert time_shared_makespan([1, 1], [2, 2], microbatches=1, cores=1, message_s=0.5) == pytest.approx(7.0)
+    assert time_shared_makespan([], [], microbatches=4, cores=1, message_s=0.0) == 0.0

@@ -52,12 +52,13 @@ stretched again.
   two point-to-point messages (activation forward, gradient back) per micro-batch, each
   stage a per-slot overhead fitted at the run (schedule bookkeeping the formula does not
   see). Replicas then all-reduce the largest stage's gradients, nothing overlapping it. On a
-  shared CPU host a stage that waits in the bubble leaves its core to another one: the
-  makespan is the longer of the span at full speed and c(N) x busy, busy being one stage's own
-  work (its compute and the bookkeeping of its m slots) — the work and span bounds of a
-  time-shared schedule (measured, benchmarks/forecast_validation.py: 4 stages of the GPT
-  example on 2 cores took 2.08 x one stage's compute, where stretching the whole makespan by
-  c = 2 had predicted 2.5 x).
+  shared CPU host (c(N) > 1) the pp stages share pp / c(N) cores: a stage that waits in the
+  bubble leaves its core to the others, and the critical path slows where more stages can
+  run than there are cores. The makespan is then 1F1B's dependency graph simulated under
+  fair sharing (pipeline_time.time_shared_makespan; backward twice the forward). Measured,
+  benchmarks/forecast_validation.py, 4 stages of the GPT example on 2 cores, two rounds:
+  390 and 334 ms; simulated 317 and 353 ms, where the longer of the span at full speed and
+  c(N) x one stage's work (the work and span bounds) had given 232 and 248 ms.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ from dataclasses import dataclass
 from . import collectives as col
 from .collectives import Link, Topology
 from .inputs import Measured
-from .pipeline_time import makespan, min_max_split
+from .pipeline_time import makespan, min_max_split, time_shared_makespan
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -258,15 +259,26 @@ def _calibrate_pipeline(m: Measured, topo: Topology, c: float, replica: float
     return blocks, outs, slot, micro
 
 
+# A micro-batch's backward costs about twice its forward (two matrix products per one: the
+# gradients of the inputs and of the weights); only the time-shared schedule needs the split.
+BACKWARD_SHARE = 2 / 3
+
+
 def _pipeline(blocks: tuple[float, ...], outs: tuple[int, ...], lay: Layout, topo: Topology, *, micro: int,
-              slot: float, tp_scale: float = 1.0, tp_per_block: float = 0.0) -> float:  # fmt: skip
-    """The makespan of the min-max split of `blocks` over lay.pp stages."""
+              slot: float, tp_scale: float = 1.0, tp_per_block: float = 0.0, c: float = 1.0) -> float:  # fmt: skip
+    """The makespan of the min-max split of `blocks` over lay.pp stages, its stages running at full
+    speed (c = 1) or sharing the cores with contention c > 1 (pp / c cores for the pp stages)."""
     link = topo.link_for(_span(lay, "pp"), measured=False)
     costs = [b * tp_scale + tp_per_block for b in blocks]
     cut = [2 * col.p2p_s(o, link) for o in outs]  # activation forward, its gradient back
     bounds = min_max_split(costs, lay.pp, cut_cost=cut)
-    stage = [sum(costs[a:b]) + (cut[b - 1] if b < len(costs) else 0.0) + slot for a, b in bounds]
-    return makespan(stage, microbatches=micro)
+    if c <= 1:
+        stage = [sum(costs[a:b]) + (cut[b - 1] if b < len(costs) else 0.0) + slot for a, b in bounds]
+        return makespan(stage, microbatches=micro)
+    work = [sum(costs[a:b]) + slot for a, b in bounds]
+    message = max((cut[b - 1] / 2 for _, b in bounds[:-1]), default=0.0)
+    return time_shared_makespan([(1 - BACKWARD_SHARE) * w for w in work], [BACKWARD_SHARE * w for w in work],
+                                microbatches=micro, cores=lay.pp / c, message_s=message)  # fmt: skip
 
 
 def _dp_allreduce(lay: Layout, topo: Topology, grad_bytes: float) -> float:
@@ -314,8 +326,8 @@ def step_time(cal: Calibrated, lay: Layout, topo: Topology, placement: Placement
         exposed = _wall(tp_link, tp_comm, c) + _data_exposed(cal, lay, topo, compute, c)
         return Breakdown(step_s=c * (cal.data_s + compute) + exposed, data_s=c * cal.data_s, compute_s=c * compute,
                          exposed_s=exposed, bubble_s=0.0)  # fmt: skip
-    # Pipelines: the makespan's transfers and the replicas' all-reduce on the links at full speed,
-    # the whole stretched by c (every stage computes in 1F1B's steady state).
+    # Pipelines: the makespan's transfers and the replicas' all-reduce on the links at full speed;
+    # the replicas' all-reduce and the data stretched by c, the makespan shared as below.
     blocks, outs, micro = cal.block_s, cal.block_out, cal.microbatches
     if not blocks:  # a run without a pipeline: equal blocks, a layer's activation at each cut
         micro = lay.pp
@@ -323,16 +335,13 @@ def step_time(cal: Calibrated, lay: Layout, topo: Topology, placement: Placement
         outs = tuple(m.activation_bytes // micro for _ in range(m.blocks))
     tp_base = _tp_time(lay.tp, cal.tp_bytes, cal.tp_count, topo, measured=False)
     per_block = (tp_base + cal.tp_overhead_s) / (micro * len(blocks)) if lay.tp > 1 else 0.0
-    span = _pipeline(blocks, outs, lay, topo, micro=micro, slot=cal.slot_overhead_s, tp_scale=1.0 / lay.tp,
-                     tp_per_block=per_block)  # fmt: skip
+    # With more runnable ranks than cores (c > 1) a stage waiting in the bubble leaves its core to
+    # the others and the critical path slows where more stages can run than there are cores: the
+    # schedule simulated under the scheduler's fair sharing (pipeline_time.time_shared_makespan).
+    makespan = _pipeline(blocks, outs, lay, topo, micro=micro, slot=cal.slot_overhead_s, tp_scale=1.0 / lay.tp,
+                         tp_per_block=per_block, c=c)  # fmt: skip
     allreduce = _dp_allreduce(lay, topo, m.gradient_bytes / lay.tp)
     own = compute / lay.pp + tp_base / lay.pp  # this rank's own work inside the makespan
-    busy = own + micro * cal.slot_overhead_s  # ... with the bookkeeping of its own micro-batch slots
-    # With more runnable ranks than cores (c > 1) a stage waiting in the bubble leaves its core to
-    # another stage: the makespan is bound by the cores' total work (c x busy) and by the schedule's
-    # critical path at full speed (span), whichever is longer (the work and span bounds of a
-    # time-shared schedule). With a core per rank (c = 1) that is the span.
-    makespan = max(span, c * busy)
     return Breakdown(step_s=c * (cal.data_s + allreduce) + makespan, data_s=c * cal.data_s, compute_s=c * compute / lay.pp,
                      exposed_s=c * (allreduce + tp_base / lay.pp), bubble_s=max(0.0, makespan - c * own))  # fmt: skip
 

@@ -28,6 +28,92 @@ def makespan(stage_s: Sequence[float], *, microbatches: int) -> float:
     return sum(stage_s) + (max(1, microbatches) - 1) * max(stage_s)
 
 
+def one_f_one_b(stages: int, microbatches: int, stage: int) -> list[tuple[str, int]]:
+    """Stage `stage`'s order of work in 1F1B: ("F" | "B", micro-batch). It runs stages - stage - 1
+    forwards ahead (warm-up), then alternates one forward with one backward, then drains."""
+    warm = min(microbatches, stages - stage - 1)
+    order = [("F", j) for j in range(warm)]
+    f = warm
+    for b in range(microbatches):
+        if f < microbatches:
+            order.append(("F", f))
+            f += 1
+        order.append(("B", b))
+    return order
+
+
+def time_shared_makespan(forward_s: Sequence[float], backward_s: Sequence[float], *, microbatches: int,
+                         cores: float, message_s: float) -> float:  # fmt: skip
+    """The 1F1B schedule's makespan when its stages share `cores` cores (fewer than the stages).
+
+    The formula above assumes a core per stage. On a shared host the scheduler divides the cores
+    fairly among the stages that can run: with k runnable, each advances at min(1, cores / k) of
+    full speed, so a stage waiting in the bubble gives its share to the others, and a stage on
+    the critical path slows whenever more than `cores` can run. That is processor sharing over
+    the schedule's dependency graph (forward j of stage s after forward j of stage s - 1, its
+    backward after backward j of stage s + 1 or, on the last stage, after its own forward, each
+    stage in its 1F1B order); with a message crossing a boundary `message_s` after it was sent
+    (a delay, not work: the sender's core goes on). This simulates it event by event.
+
+    `forward_s`, `backward_s`: each stage's seconds per micro-batch at full speed. With cores
+    >= stages nothing is shared and the result is the dependency graph's longest path."""
+    p = len(forward_s)
+    if p == 0:
+        return 0.0
+    m = max(1, microbatches)
+    orders = [one_f_one_b(p, m, s) for s in range(p)]
+    nxt = [0] * p  # index of each stage's next task in its order
+    left: list[float | None] = [None] * p  # work left of the task a stage has started
+    finished: dict[tuple[str, int, int], float] = {}
+    t = 0.0
+
+    def ready_time(s: int) -> float | None:
+        """When stage s's next task may start (its inputs arrived), or None while they are unsent."""
+        kind, j = orders[s][nxt[s]]
+        if kind == "F":
+            if s == 0:
+                return 0.0
+            sent = finished.get(("F", s - 1, j))
+            return None if sent is None else sent + message_s
+        if s == p - 1:
+            return finished.get(("F", s, j))
+        sent = finished.get(("B", s + 1, j))
+        return None if sent is None else sent + message_s
+
+    while any(nxt[s] < len(orders[s]) for s in range(p)):
+        running, wake = [], float("inf")
+        for s in range(p):
+            if nxt[s] >= len(orders[s]):
+                continue
+            if left[s] is None:
+                at = ready_time(s)
+                if at is None:
+                    continue
+                if at > t:
+                    wake = min(wake, at)
+                    continue
+                kind, _ = orders[s][nxt[s]]
+                left[s] = forward_s[s] if kind == "F" else backward_s[s]
+            running.append(s)
+        if not running:
+            if wake == float("inf"):
+                raise ValueError("pipeline schedule deadlocked: no stage can run")  # unreachable for 1F1B
+            t = wake
+            continue
+        rate = min(1.0, cores / len(running))
+        dt = min(min(left[s] or 0.0 for s in running) / rate, wake - t)
+        t += dt
+        for s in running:
+            rest = (left[s] or 0.0) - dt * rate
+            if rest <= 1e-12:
+                finished[(orders[s][nxt[s]][0], s, orders[s][nxt[s]][1])] = t
+                nxt[s] += 1
+                left[s] = None
+            else:
+                left[s] = rest
+    return t
+
+
 def bubble_fraction(stages: int, microbatches: int) -> float:
     """(p - 1) / (m + p - 1): the idle share of each of p equal stages."""
     return (stages - 1) / (microbatches + stages - 1)
