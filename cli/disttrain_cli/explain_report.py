@@ -30,9 +30,8 @@ def _cell(p: Point | None) -> str:
 
 
 VALIDATION = ("checked against measured runs on CPU (benchmarks/README.md, forecast_validation): world 4 from "
-              "world 1 + 2 within 15% for data parallel + PowerSGD and tensor, up to 23% too fast for data "
-              "parallel and pipeline with more ranks than cores; from a DDP run, tensor and FSDP ran ~3x slower "
-              "than forecast")
+              "world 1 + 2 within 15% for data parallel, + PowerSGD, pipeline and tensor (medians; one run's "
+              "step moves 10-20% on a busy host); from a DDP run, tensor and FSDP ran ~3x slower than forecast")
 
 
 def format_table(fc: Forecast, choice: Choice | None) -> str:
