@@ -32,7 +32,8 @@ $(STAMP): pyproject.toml hack/resolver-pins.txt
 	# (2.13.0+cpu) beside PyPI's CUDA build of the same version; pip takes the CPU wheel for torch
 	# alone, but its resolver may backtrack onto the CUDA build (GBs of nvidia wheels in the venv
 	# and the trainer image) while it settles botocore. So torch goes first, and the build it got
-	# is held for the rest of the install and for the image wheelhouse ($(TORCH_PIN)).
+	# is held for the rest of the install ($(TORCH_PIN)); the image wheelhouse pins the same
+	# installed build (hack/localcluster/images.py).
 	$(PY) -m pip install -q "torch==2.13.0"
 	$(PY) -c 'from importlib.metadata import version; print("torch==" + version("torch"))' > $(TORCH_PIN)
 	# The editable install keeps tests on the working tree; hack/resolver-pins.txt says why it exists.

@@ -327,8 +327,8 @@ def check_disk(cfg: ClusterConfig, archives: dict[str, Archive]) -> None:
     half-way through. A node stores an archive's blobs and unpacks them once more (the
     snapshots): twice the archive per node that lacks it (an upper bound: images that share
     layers, like my-model on the trainer, store the shared ones once)."""
-    need = sum(2 * a.path.stat().st_size for n in cfg.nodes for a in archives.values()
-               if _imported(cfg, n).get(a.ref) != a.digest)  # fmt: skip
+    held = [_imported(cfg, n) for n in cfg.nodes]
+    need = sum(2 * a.path.stat().st_size for done in held for a in archives.values() if done.get(a.ref) != a.digest)
     store = cache_dir() / "containerd"
     store.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(store).free
