@@ -76,18 +76,24 @@ def check_time_categories(summary: dict[str, Any], run_dir: Path) -> None:
     measured on its own:
     - compute, P2P communication and data: each positive, together less than the step (a two-stage
       pipeline leaves part of every step to its bubble);
-    - the bubble, measured from the stages' schedule timelines (pipeline_stats.split_idle): positive
-      on every stage and, over the run, within this rank's step time (the steps' windows do not
-      overlap; a timeline with another step's intervals or counting beyond the window breaks it).
+    - the bubble, measured from the stages' schedule timelines (stage_times.split_idle): on every
+      stage a fraction of the window and, over the run, within this rank's step time (the steps'
+      windows do not overlap; a timeline with another step's intervals or counting beyond the
+      window breaks it). Every later stage waits at every step for the first stage's first forward,
+      so its bubble is positive. The first stage's may be 0: on a busy host it can be the slowest
+      stage, whose peers always answer before it is free (test_pipeline_stats.py shows the case).
       The first step is left out of the bubble: its window may start before this rank did."""
     assert all(summary[k] > 0 for k in MEASURED), summary
     assert sum(summary[k] for k in MEASURED) < 1.0, summary
-    assert all(0.0 < s["bubbleFraction"] < 1.0 for s in summary["pipeline"]["perStage"]), summary["pipeline"]
+    per_stage = summary["pipeline"]["perStage"]
+    assert all(0.0 <= s["bubbleFraction"] < 1.0 for s in per_stage), summary["pipeline"]
+    assert all(s["bubbleFraction"] > 0.0 for s in per_stage if s["stage"] > 0), summary["pipeline"]
     for rank in range(summary["worldSize"]):
         steps = _steps_log(run_dir, rank)
         assert [r["steps"] for r in steps] == [1] * summary["steps"]  # one record per step
         bubble = sum(r["bubble_s"] for r in steps[1:])
-        assert 0.0 < bubble <= sum(r["step_s"] for r in steps), (rank, bubble, steps)
+        assert 0.0 <= bubble <= sum(r["step_s"] for r in steps), (rank, bubble, steps)
+        assert bubble > 0.0 or steps[0]["stage"] == 0, (rank, bubble, steps)
         assert all(r["compute_s"] > 0 and r["data_s"] > 0 for r in steps), steps
 
 

@@ -50,3 +50,15 @@ def test_transfer_time_is_p2p_not_bubble() -> None:
     assert first.p2p_s == pytest.approx(hop)  # the first gradient's hop back
     for t in (first, last):
         assert t.compute_s + t.p2p_s + t.bubble_s == pytest.approx(t.window_s)
+
+
+def test_the_first_stage_has_no_bubble_when_it_is_the_bottleneck() -> None:
+    """A first stage ten times slower than the second (on a busy host: starved of CPU) never waits
+    for its peer: each gradient is back before it is free, and it ends the step. Its bubble is 0,
+    while the second stage's is most of the window; a test may not expect a bubble on every stage."""
+    slow = [("F", 0, 0, 0.0, 10.0), ("F", 0, 1, 10.0, 20.0), ("B", 0, 0, 20.0, 40.0), ("B", 0, 1, 40.0, 60.0)]
+    fast = [("F", 1, 0, 10.0, 11.0), ("B", 1, 0, 11.0, 12.0), ("F", 1, 1, 20.0, 21.0), ("B", 1, 1, 21.0, 22.0)]
+    ranks = [slow, fast]
+    first, second = (split_idle(r, ranks, 2) for r in ranks)
+    assert first.bubble_s == 0.0 and first.p2p_s == 0.0 and first.compute_s == 60.0
+    assert second.bubble_s == pytest.approx(10.0 + 8.0 + 38.0) and second.p2p_s == 0.0
