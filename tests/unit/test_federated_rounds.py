@@ -13,6 +13,7 @@ import pytest
 import torch
 from disttrain_api.model import parse_spec
 from disttrain_operator.topology.credentials import self_signed_server_cert
+from disttrain_trainer.checkpoints import whole
 from disttrain_trainer.datasets import load_dataset
 from disttrain_trainer.modes.federated import inprocess
 from disttrain_trainer.modes.federated.aggregator import Aggregator
@@ -126,7 +127,9 @@ async def _restart_scenario(spec, ds, groups, ckpt: Path) -> tuple[Aggregator, A
     runners = [ClientRunner(spec=spec, channel=ch, key=key, clients=g, make_model=lambda: inprocess.build_model(spec, ds),
                             patience_s=60.0, log=lambda s: None) for ch, g in zip(channels, groups, strict=True)]  # fmt: skip
     clients = [asyncio.create_task(r.run()) for r in runners]
-    while first.round < 2:
+    # Wait for round 2's published checkpoint, not the round counter: the counter moves before
+    # the evaluation and the save, and an aggregator killed in between rightly resumes after round 1.
+    while max((step for step, _ in whole.list_checkpoints(ckpt)), default=0) < 2:
         await asyncio.sleep(0.02)
     # The aggregator dies between rounds: its server goes away mid-conversation.
     playing.cancel()
