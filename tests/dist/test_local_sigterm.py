@@ -183,7 +183,9 @@ def test_sigterm_checkpoints_the_step_reached_and_the_resumed_run_ends_equal(tmp
 @pytest.mark.timeout(600)
 def test_sigterm_to_a_pods_first_process_stops_both_pipeline_stages_as_a_disruption(tmp_path: Path) -> None:
     job = "sigterm-pipe"
-    steps = 200
+    # About 8 s of steps on a quiet host: the stop must land mid-run even when this test process
+    # waits seconds for a CPU (200 steps, 2 s, once ran to the end before the signal was sent).
+    steps = 1000
     path = manifest(tmp_path, PIPELINE, job, steps=steps)
     run_dir = tmp_path / "run"
     with launched(path, run_dir, "--fresh") as proc:
@@ -231,7 +233,7 @@ def wait_until(what: str, cond: Any, proc: subprocess.Popen[str], timeout: float
 
 @pytest.mark.timeout(600)
 def test_sigterm_to_a_parameter_server_and_a_worker_replaces_them_as_disruptions(tmp_path: Path) -> None:
-    steps = 300
+    steps = 1500  # the second stop must land before the run ends, on a busy host too
     path = manifest(tmp_path, PARAMSERVER, "sigterm-ps", steps=steps)
     run_dir = tmp_path / "run"
     with launched(path, run_dir, "--fresh", merge_stderr=True) as proc:
