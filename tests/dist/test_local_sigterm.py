@@ -273,7 +273,7 @@ spec:
 
 @pytest.mark.timeout(600)
 def test_sigterm_to_the_aggregator_resumes_the_rounds_as_a_disruption(tmp_path: Path) -> None:
-    rounds = 40
+    rounds = 400  # a round takes about 25 ms here: 40 could all finish before the signal was sent
     path = manifest(tmp_path, FEDERATED, "sigterm-fed", steps=rounds)
     run_dir = tmp_path / "run"
     with launched(path, run_dir, "--fresh", merge_stderr=True) as proc:
