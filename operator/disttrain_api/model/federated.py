@@ -80,7 +80,11 @@ class FederatedSpec:
     topk_ratio: float = fld(0.01, minimum=0.0, maximum=1.0, exclusive_minimum=True, desc="Kept fraction with topk.")
     secure_aggregation: bool = fld(False, desc="Pairwise-masked updates: the aggregator sees only the sum.")
     round_timeout_seconds: int = fld(60, minimum=1, desc="Close a round after this long with the updates received.")
-    max_update_norm: float = fld(1000.0, minimum=0.0, exclusive_minimum=True, desc="Updates above this L2 norm are rejected.")
+    max_update_norm: float = fld(
+        1000.0, minimum=0.0, exclusive_minimum=True,
+        desc="Updates above this L2 norm are rejected; with secureAggregation clients clip to it and a "
+        "round whose mean update is above it is abandoned.",
+    )
     port: int = fld(50051, minimum=1, maximum=65535, desc="Aggregator gRPC port.")
     partition: FedPartition = fld(factory=FedPartition, desc="How the data is split over clients.")
     tls: bool = fld(True, desc="TLS on the aggregator channel in the cluster; clients verify the server against the CA.")

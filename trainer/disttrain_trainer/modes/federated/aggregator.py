@@ -21,7 +21,7 @@ import math
 import random
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +59,9 @@ class Aggregator(SecureStages, pbg.FederatedServicer):
         evaluate: Callable[[dict[str, torch.Tensor]], float] | None = None,
         checkpoint_dir: Path | None = None,
         writer: Writer | None = None,  # who writes its checkpoints (checkpoints/fence.py)
-        max_samples: float = math.inf,
+        # Client id -> the rows of its partition (partition.py): the most samples it may declare.
+        # None: no per-client cap (tests that hand-make updates).
+        client_rows: Mapping[str, int] | None = None,
         log: Callable[[str], None] = lambda s: print(s, flush=True),
         # Writes the final global model (state, rounds) and returns the summary's `export` entry.
         export: Callable[[dict[str, torch.Tensor], int], dict[str, Any]] | None = None,
@@ -78,7 +80,7 @@ class Aggregator(SecureStages, pbg.FederatedServicer):
         self.evaluate = evaluate
         self.checkpoint_dir = checkpoint_dir
         self.writer = writer or Writer()
-        self.max_samples = max_samples
+        self.client_rows = dict(client_rows) if client_rows is not None else None
         self.log = log
         self.export = export
         self.known = set(client_ids(fed.clients))
@@ -161,6 +163,20 @@ class Aggregator(SecureStages, pbg.FederatedServicer):
             raise Refused("not_sampled", f"not sampled in round {ra.round_id}")
         return ra
 
+    def _weight(self, cid: str, declared: float, *, masked: bool) -> float:
+        """The sample weight the client's update counts with: what it declared, at most its partition's
+        rows (a masked input cannot be reweighted: it is refused instead)."""
+        if not (math.isfinite(declared) and declared > 0):
+            raise Refused("bad_samples", f"num_samples {declared} must be a positive number")
+        rows = self.client_rows.get(cid) if self.client_rows is not None else None
+        if rows is None or declared <= rows or self.fed.privacy is not None:  # central DP weighs every update equally
+            return declared
+        if masked:
+            raise Refused("bad_samples", f"num_samples {declared:g} exceeds the {rows} rows of {cid}'s partition; "
+                                         "a masked input cannot be reweighted")  # fmt: skip
+        self.log(f"aggregator: {cid} declared {declared:g} samples, its partition holds {rows}: weighted {rows}")
+        return float(rows)
+
     def _model_chunks(self, round_no: int, attempt: int) -> list[pb.Chunk]:
         tensors = [(n, self.model[n]) for n, _ in self.shapes]
         header = codec.make_header(kind="train", round=round_no, tensors=tensors, scalars={"attempt": attempt})
@@ -211,9 +227,7 @@ class Aggregator(SecureStages, pbg.FederatedServicer):
             ra = self._sampled(cid, h.round, int(h.scalars.get("attempt", -1)))
             if cid in ra.answered:
                 raise Refused("duplicate", f"already answered round {ra.round_id}")
-            n = float(h.scalars.get("num_samples", 0.0))
-            if not 0 < n <= self.max_samples:
-                raise Refused("bad_samples", f"num_samples {n} outside (0, {self.max_samples}]")
+            n = self._weight(cid, float(h.scalars.get("num_samples", 0.0)), masked=kind == "masked")
             if kind == "masked":
                 self._add_masked(cid, ra, got.tensors, n)
             else:

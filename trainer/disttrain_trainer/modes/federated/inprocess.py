@@ -66,6 +66,7 @@ async def run_job(
         fed=spec.federated, seed=spec.data.seed, model=builder().state_dict(), key=key,
         metrics=metrics or FedMetrics(job="inprocess", process=AGGREGATOR, port=0, log_path=None),
         evaluate=evaluate, checkpoint_dir=checkpoint_dir, log=log,
+        client_rows={st.cid: len(st.y) for g in groups for st in g},  # each client's partition
     )  # fmt: skip
     agg.restore()
     server, port = await start_server(agg, tls)
