@@ -44,7 +44,7 @@ async def _scenario() -> tuple[Aggregator, dict[str, str]]:
         "roundTimeoutSeconds": 60, "maxUpdateNorm": 5.0}})  # fmt: skip
     key = auth.new_key()
     metrics = FedMetrics(job="t", process="aggregator", port=0, log_path=None)
-    agg = Aggregator(fed=spec.federated, seed=0, model=MODEL, key=key, metrics=metrics, log=lambda s: None)
+    agg = Aggregator(fed=spec.federated, model=MODEL, key=key, metrics=metrics, log=lambda s: None)
     server, port = await inprocess.start_server(agg)
     rounds = asyncio.create_task(agg.run())
     replies: dict[str, str] = {}
@@ -149,7 +149,7 @@ async def _hostile_round(rows: dict[str, int], hostile_samples: float) -> tuple[
     """Three clients, all sampled; client-0 and client-1 declare their own partitions' rows, client-2
     (hostile) declares `hostile_samples` and pushes an update of the opposite sign, within the norm."""
     key, log = auth.new_key(), []
-    agg = Aggregator(fed=HOSTILE_SPEC.federated, seed=0, model=MODEL, key=key, client_rows=rows, log=log.append,
+    agg = Aggregator(fed=HOSTILE_SPEC.federated, model=MODEL, key=key, client_rows=rows, log=log.append,
                      metrics=FedMetrics(job="t", process="aggregator", port=0, log_path=None))  # fmt: skip
     server, port = await inprocess.start_server(agg)
     rounds = asyncio.create_task(agg.run())

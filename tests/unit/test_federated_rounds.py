@@ -92,7 +92,7 @@ def test_a_secure_round_whose_unmasked_sum_exceeds_the_clients_bound_is_refused(
         key = auth.new_key()
         init = inprocess.build_model(spec, ds).state_dict()
         metrics = FedMetrics(job="t", process=AGGREGATOR, port=0, log_path=None)
-        agg = Aggregator(fed=spec.federated, seed=0, model=init, key=key, metrics=metrics, log=lambda s: None)
+        agg = Aggregator(fed=spec.federated, model=init, key=key, metrics=metrics, log=lambda s: None)
         server, port = await inprocess.start_server(agg)
         channels = [aio_channel(f"127.0.0.1:{port}", None) for _ in groups]
         runners = [ClientRunner(spec=spec, channel=ch, key=key, clients=g, faults={"client-3": "oversized"},
@@ -173,7 +173,7 @@ async def _restart_scenario(spec, ds, groups, ckpt: Path) -> tuple[Aggregator, A
     key, port = auth.new_key(), _free_port()
 
     def make() -> Aggregator:
-        agg = Aggregator(fed=spec.federated, seed=0, model=inprocess.build_model(spec, ds).state_dict(), key=key,
+        agg = Aggregator(fed=spec.federated, model=inprocess.build_model(spec, ds).state_dict(), key=key,
                          metrics=FedMetrics(job="t", process="aggregator", port=0, log_path=None),
                          checkpoint_dir=ckpt, log=lambda s: None)  # fmt: skip
         agg.restore()
@@ -234,7 +234,7 @@ def test_tls_channel_with_the_operators_certificate(tmp_path: Path) -> None:
     assert run.aggregator.round == 1
 
     async def plaintext_to_tls() -> None:
-        agg = Aggregator(fed=spec.federated, seed=0, model={"w": torch.zeros(2)}, key=auth.new_key(),
+        agg = Aggregator(fed=spec.federated, model={"w": torch.zeros(2)}, key=auth.new_key(),
                          metrics=FedMetrics(job="t", process=AGGREGATOR, port=0, log_path=None), log=lambda s: None)  # fmt: skip
         server, port = await inprocess.start_server(agg, tls)
         try:

@@ -115,10 +115,11 @@ def run_aggregator(cfg: TrainerConfig, s: FedSettings) -> dict[str, Any]:
     spec = cfg.spec
     ds = load_dataset(spec)
     model = build_model(spec, ds)
-    metrics = FedMetrics(job=cfg.job, process=AGGREGATOR, port=cfg.metrics_port, log_path=cfg.run_dir / AGGREGATOR_LOG)
+    metrics = FedMetrics(job=cfg.job, process=AGGREGATOR, port=cfg.metrics_port, log_path=cfg.run_dir / AGGREGATOR_LOG,
+                         private=s.fed.privacy is not None)
     try:
         agg = Aggregator(
-            fed=s.fed, seed=s.seed, model=model.state_dict(), key=aggregator_key(s), metrics=metrics,
+            fed=s.fed, model=model.state_dict(), key=aggregator_key(s), metrics=metrics,
             evaluate=make_evaluator(cfg, ds), checkpoint_dir=cfg.checkpoint_dir, writer=cfg.checkpoint_writer,
             client_rows=partition_sizes(cfg, ds),
             # The global model after the last round: the aggregator alone holds it.

@@ -63,8 +63,9 @@ async def run_job(
     assert spec.federated is not None
     builder = make_model or (lambda: build_model(spec, ds))
     agg = Aggregator(
-        fed=spec.federated, seed=spec.data.seed, model=builder().state_dict(), key=key,
-        metrics=metrics or FedMetrics(job="inprocess", process=AGGREGATOR, port=0, log_path=None),
+        fed=spec.federated, model=builder().state_dict(), key=key,
+        metrics=metrics or FedMetrics(job="inprocess", process=AGGREGATOR, port=0, log_path=None,
+                                      private=spec.federated.privacy is not None),
         evaluate=evaluate, checkpoint_dir=checkpoint_dir, log=log,
         client_rows={st.cid: len(st.y) for g in groups for st in g},  # each client's partition
     )  # fmt: skip
