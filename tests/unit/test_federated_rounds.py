@@ -124,7 +124,8 @@ def test_secure_clients_clip_their_updates_before_masking(tmp_path: Path) -> Non
     masking, the sum passes the aggregator's bound, and the model moves by the clipped updates' mean."""
     spec = _spec(secureAggregation=True, rounds=1, maxUpdateNorm=0.2)
     ds, _, groups = _setup(spec, tmp_path)
-    run = asyncio.run(inprocess.run_job(spec, ds, groups, key=auth.new_key()))
+    # Bounded: were the updates not clipped, every attempt would be abandoned (norm) and sampled again.
+    run = asyncio.run(asyncio.wait_for(inprocess.run_job(spec, ds, groups, key=auth.new_key()), 60))
     assert run.aggregator.round == 1 and run.aggregator.attempts == 1
     init = inprocess.build_model(spec, ds).state_dict()
     results = [train_local(inprocess.build_model(spec, ds), init, st, spec, round_no=1) for g in groups for st in g]
