@@ -64,6 +64,9 @@ class Aggregator(SecureStages, pbg.FederatedServicer):
         # Client id -> the rows of its partition (partition.py): the most samples it may declare.
         # None: no per-client cap (tests that hand-make updates).
         client_rows: Mapping[str, int] | None = None,
+        # The sampling salt (sampling.py): None draws one from the OS, as a job always does; runs
+        # compared on the very same samples (tests, benchmarks) share one, and the server key.
+        sampling_salt: bytes | None = None,
         log: Callable[[str], None] = lambda s: print(s, flush=True),
         # Writes the final global model (state, rounds) and returns the summary's `export` entry.
         export: Callable[[dict[str, torch.Tensor], int], dict[str, Any]] | None = None,
@@ -90,7 +93,7 @@ class Aggregator(SecureStages, pbg.FederatedServicer):
         self.log = without_client_ids(log) if self.private else log
         self.export = export
         self.known = set(client_ids(fed.clients))
-        self.sampler = ClientSampler(key, sorted(self.known))
+        self.sampler = ClientSampler(key, sorted(self.known), salt=sampling_salt)
         self.server = ServerStep(fed.strategy, fed.server_learning_rate)
         self.privacy = (PrivacyAccountant(fed.privacy, clients=fed.clients, clients_per_round=fed.clients_per_round)
                         if fed.privacy is not None else None)  # fmt: skip
@@ -187,13 +190,8 @@ class Aggregator(SecureStages, pbg.FederatedServicer):
         return float(rows)
 
     def sample(self, round_no: int, attempt: int) -> list[str]:
-        """The clients a round attempt samples, from all `clients` (sampling.py): Poisson at rate
-        clientsPerRound / clients with central DP (what the accountant analyses), else exactly
-        clientsPerRound. Connected or not: one that does not answer in time is dropped."""
-        fed = self.fed
-        if self.private:
-            return self.sampler.poisson(fed.clients_per_round / fed.clients, round_no, attempt)
-        return self.sampler.fixed(fed.clients_per_round, round_no, attempt)
+        """The clients a round attempt samples (connected or not: one that does not answer is dropped)."""
+        return self.sampler.for_round(self.fed, round_no, attempt)
 
     def _model_chunks(self, round_no: int, attempt: int) -> list[pb.Chunk]:
         tensors = [(n, self.model[n]) for n, _ in self.shapes]

@@ -57,6 +57,7 @@ async def run_job(
     tls_server_name: str | None = None,
     metrics: FedMetrics | None = None,
     on_start: Callable[[InProcessRun], None] | None = None,
+    sampling_salt: bytes | None = None,  # runs compared on the same samples share it (and the key)
     log: Callable[[str], None] = lambda s: None,
 ) -> InProcessRun:
     """Play every round; returns when the aggregator is done and the clients have stopped."""
@@ -68,6 +69,7 @@ async def run_job(
                                       private=spec.federated.privacy is not None),
         evaluate=evaluate, checkpoint_dir=checkpoint_dir, log=log,
         client_rows={st.cid: len(st.y) for g in groups for st in g},  # each client's partition
+        sampling_salt=sampling_salt,
     )  # fmt: skip
     agg.restore()
     server, port = await start_server(agg, tls)

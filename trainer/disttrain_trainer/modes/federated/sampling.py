@@ -25,7 +25,10 @@ import hashlib
 import hmac
 import secrets
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from disttrain_api.model import FederatedSpec
 
 SALT_BYTES = 32
 _KEY_DOMAIN = b"disttrain-client-sampling-v1\n"
@@ -57,6 +60,13 @@ class ClientSampler:
         """Exactly k clients, every k-subset equally likely: the k smallest draws."""
         ranked = sorted(self.clients, key=lambda c: (self.draw(c, round_no, attempt), c))
         return sorted(ranked[:k])
+
+    def for_round(self, fed: FederatedSpec, round_no: int, attempt: int) -> list[str]:
+        """The spec's rule: Poisson at rate clientsPerRound / clients with central DP (what the
+        accountant analyses), else exactly clientsPerRound."""
+        if fed.privacy is not None:
+            return self.poisson(fed.clients_per_round / fed.clients, round_no, attempt)
+        return self.fixed(fed.clients_per_round, round_no, attempt)
 
     def state_dict(self) -> dict[str, Any]:
         return {"salt": self.salt.hex()}
