@@ -193,7 +193,7 @@ def run_disttrain(rounds: int) -> dict[str, Any]:
     ds = load_dataset(spec)
     cfg = config_for(spec, run_dir=Path("/tmp/disttrain-bench"), checkpoint_root=Path("/tmp/disttrain-bench"))
     key = auth.new_key()
-    agg = Aggregator(fed=spec.federated, seed=0, model=build_model(spec, ds).state_dict(), key=key,
+    agg = Aggregator(fed=spec.federated, model=build_model(spec, ds).state_dict(), key=key,
                      metrics=FedMetrics(job="bench", process="aggregator", port=0, log_path=None),
                      evaluate=make_evaluator(cfg, ds), log=lambda s: None)  # fmt: skip
     port = free_port()
@@ -283,7 +283,7 @@ def run_ingest(numel: int, repeats: int) -> dict[str, Any]:
         "clients": 1, "clientsPerRound": 1, "minAnsweredClients": 1, "rounds": repeats,
         "maxUpdateNorm": 1e9, "roundTimeoutSeconds": 600}})  # fmt: skip
     key = auth.new_key()
-    agg = Aggregator(fed=spec.federated, seed=0, model={"w": torch.zeros(numel)}, key=key,
+    agg = Aggregator(fed=spec.federated, model={"w": torch.zeros(numel)}, key=key,
                      metrics=FedMetrics(job="bench", process="aggregator", port=0, log_path=None), log=lambda s: None)  # fmt: skip
     received = [0]
 

@@ -4,6 +4,7 @@ after the same rounds on non-IID digits, with far fewer bytes on the wire."""
 from __future__ import annotations
 
 import asyncio
+import secrets
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,10 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.dist
 
 
+# One server key and sampling salt for every run: they sample the very same clients each round.
+KEY, SALT = auth.new_key(), secrets.token_bytes(32)
+
+
 def _run(tmp_path: Path, **fed: object) -> tuple[float, int]:
     raw = yaml.safe_load((ROOT / "manifests" / "examples" / "federated.yaml").read_text())["spec"]
     raw["federated"].update({"secureAggregation": False, "rounds": 20, **fed})
@@ -30,7 +35,7 @@ def _run(tmp_path: Path, **fed: object) -> tuple[float, int]:
     ds = load_dataset(spec)
     cfg = config_for(spec, run_dir=tmp_path, checkpoint_root=tmp_path)
     states = client_states(cfg, ds, client_ids(spec.federated.clients))
-    run = asyncio.run(inprocess.run_job(spec, ds, [states[0::2], states[1::2]], key=auth.new_key(),
+    run = asyncio.run(inprocess.run_job(spec, ds, [states[0::2], states[1::2]], key=KEY, sampling_salt=SALT,
                                         evaluate=make_evaluator(cfg, ds)))  # fmt: skip
     h = run.aggregator.history
     assert len(h) == 20

@@ -102,7 +102,7 @@ async def _play(spec, ds, states: list[ClientState], sc: Scenario) -> Outcome:  
     init = inprocess.build_model(spec, ds).state_dict()
     metrics = FedMetrics(job="t", process=AGGREGATOR, port=0, log_path=None)
     cls = LyingU2 if sc.lying_u2 else Aggregator
-    agg = cls(fed=spec.federated, seed=0, model=init, key=key, metrics=metrics, log=lambda s: None)
+    agg = cls(fed=spec.federated, model=init, key=key, metrics=metrics, log=lambda s: None)
     server, port = await inprocess.start_server(agg)
     groups = [states[0::2], states[1::2]]
     channels = [aio_channel(f"127.0.0.1:{port}", None) for _ in groups]

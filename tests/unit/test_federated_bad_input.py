@@ -5,14 +5,19 @@ hostile client would."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import grpc
 import pytest
 import torch
 from disttrain_api.model import parse_spec
+from disttrain_trainer.datasets import load_dataset
 from disttrain_trainer.modes.federated import inprocess
 from disttrain_trainer.modes.federated.aggregator import Aggregator
 from disttrain_trainer.modes.federated.bindings import JOIN, round_binding, wait_binding
+from disttrain_trainer.modes.federated.entry import partition_sizes
+from disttrain_trainer.modes.federated.secure_server import Refused
+from disttrain_trainer.process.config import config_for
 from disttrain_trainer.telemetry.federated_series import FedMetrics
 from disttrain_trainer.tensor_transport import auth, codec
 from disttrain_trainer.tensor_transport.channel import aio_channel
@@ -39,7 +44,7 @@ async def _scenario() -> tuple[Aggregator, dict[str, str]]:
         "roundTimeoutSeconds": 60, "maxUpdateNorm": 5.0}})  # fmt: skip
     key = auth.new_key()
     metrics = FedMetrics(job="t", process="aggregator", port=0, log_path=None)
-    agg = Aggregator(fed=spec.federated, seed=0, model=MODEL, key=key, metrics=metrics, log=lambda s: None)
+    agg = Aggregator(fed=spec.federated, model=MODEL, key=key, metrics=metrics, log=lambda s: None)
     server, port = await inprocess.start_server(agg)
     rounds = asyncio.create_task(agg.run())
     replies: dict[str, str] = {}
@@ -133,3 +138,63 @@ def test_language_model_training_is_refused_before_any_client_starts(model: str,
                        "federated": {"clients": 2, "clientsPerRound": 2, "rounds": 1}})  # fmt: skip
     errors = [str(e) for e in validate_spec(spec)]
     assert any("spec.mode" in e and "federated trains classifiers" in e for e in errors), errors
+
+
+HOSTILE_SPEC = parse_spec({"mode": "federated", "data": {"name": "digits"}, "federated": {
+    "clients": 3, "clientsPerRound": 3, "minAnsweredClients": 3, "rounds": 1, "localEpochs": 2,
+    "roundTimeoutSeconds": 60, "maxUpdateNorm": 5.0, "partition": {"kind": "dirichlet", "alpha": 0.5}}})  # fmt: skip
+
+
+async def _hostile_round(rows: dict[str, int], hostile_samples: float) -> tuple[Aggregator, list[str]]:
+    """Three clients, all sampled; client-0 and client-1 declare their own partitions' rows, client-2
+    (hostile) declares `hostile_samples` and pushes an update of the opposite sign, within the norm."""
+    key, log = auth.new_key(), []
+    agg = Aggregator(fed=HOSTILE_SPEC.federated, model=MODEL, key=key, client_rows=rows, log=log.append,
+                     metrics=FedMetrics(job="t", process="aggregator", port=0, log_path=None))  # fmt: skip
+    server, port = await inprocess.start_server(agg)
+    rounds = asyncio.create_task(agg.run())
+    channel = aio_channel(f"127.0.0.1:{port}", None)
+    stub = pbg.FederatedStub(channel)
+    ids = ["client-0", "client-1", "client-2"]
+    creds = auth.Credentials.derive(key, ids)
+    try:
+        sessions = {c: (await stub.Join(pb.JoinRequest(client_ids=[c]), metadata=creds.metadata(c, "", JOIN))).session
+                    for c in ids}  # fmt: skip
+
+        async def play(cid: str) -> None:
+            wait = creds.metadata(cid, sessions[cid], wait_binding(0))
+            chunks = [c async for c in stub.GetTask(pb.TaskRequest(client_id=cid), metadata=wait)]
+            task = codec.decode_all(chunks, 1 << 20)
+            r, a = task.header.round, int(task.header.scalars["attempt"])
+            hostile = cid == "client-2"
+            push = _push_chunks(_good(-0.5 if hostile else 0.1), round_no=r, attempt=a,
+                                n=hostile_samples if hostile else float(rows[cid]))  # fmt: skip
+            reply = await stub.PushUpdate(iter(push), metadata=creds.metadata(cid, sessions[cid], round_binding(r, a)))
+            assert reply.accepted, reply.reason
+
+        await asyncio.gather(*(play(c) for c in ids))
+        await asyncio.wait_for(rounds, 30)
+    finally:
+        await channel.close()
+        await server.stop(0)
+    return agg, log
+
+
+def test_a_client_declaring_the_whole_data_set_weighs_only_its_own_partition(tmp_path: Path) -> None:
+    """The most a client could declare before (every training row x localEpochs) no longer buys
+    it the mean: its weight is its partition's rows (as the aggregator process computes them), like
+    an honest client's."""
+    ds = load_dataset(HOSTILE_SPEC)
+    rows = partition_sizes(config_for(HOSTILE_SPEC, run_dir=tmp_path, checkpoint_root=tmp_path), ds)
+    claim = float(ds.num_train * HOSTILE_SPEC.federated.local_epochs)
+    agg, log = asyncio.run(_hostile_round(rows, claim))
+    total = sum(rows.values())
+    want = (0.1 * (rows["client-0"] + rows["client-1"]) - 0.5 * rows["client-2"]) / total
+    assert torch.allclose(agg.model["w"], torch.full((4, 3), want)), (agg.model["w"][0, 0], want)
+    # Uncapped, the hostile client would have had claim / (claim + the others' rows) of the weight.
+    share = rows["client-2"] / total
+    assert share < 0.5 < claim / (claim + rows["client-0"] + rows["client-1"]), (share, rows)
+    assert any(f"client-2 declared {claim:g} samples, its partition holds {rows['client-2']}" in line for line in log)
+    # A masked input cannot be reweighted: one that declares more than its partition is refused.
+    with pytest.raises(Refused, match="exceeds the .* rows of client-2's partition"):
+        agg._weight("client-2", claim, masked=True)

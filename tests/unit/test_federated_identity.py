@@ -40,7 +40,7 @@ def update(round_no: int, attempt: int) -> list[pb.Chunk]:
 
 
 def aggregator(key: bytes, ckpt: Path | None = None) -> Aggregator:
-    agg = Aggregator(fed=SPEC.federated, seed=0, model=MODEL, key=key, checkpoint_dir=ckpt, log=lambda s: None,
+    agg = Aggregator(fed=SPEC.federated, model=MODEL, key=key, checkpoint_dir=ckpt, log=lambda s: None,
                      metrics=FedMetrics(job="t", process="aggregator", port=0, log_path=None))  # fmt: skip
     agg.restore()
     return agg

@@ -1,21 +1,25 @@
 """Byzantine-robust rules against hand-computed cases, central DP's clipping and noise, the
-privacy accountant's wiring (Opacus's RDP accountant), and the spec rules for both."""
+privacy accountant's wiring (Opacus's RDP accountant), what a private aggregator releases, and
+the spec rules for both."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from disttrain_api import metric_names as names
 from disttrain_api.model import FedPrivacy, parse_spec
 from disttrain_api.validation import check_job
 from disttrain_trainer.datasets import load_dataset
 from disttrain_trainer.modes.federated import inprocess, robust
 from disttrain_trainer.modes.federated.aggregator import Aggregator
-from disttrain_trainer.modes.federated.entry import client_states
+from disttrain_trainer.modes.federated.entry import client_states, make_evaluator
 from disttrain_trainer.modes.federated.privacy import PrivacyAccountant, PrivateMean, clip
 from disttrain_trainer.modes.federated.settings import client_ids
 from disttrain_trainer.process.config import config_for
@@ -90,7 +94,22 @@ def test_private_mean_sums_clipped_updates_with_equal_weight_over_clients_per_ro
     pm.add("c0", [("a", torch.tensor([3.0, 4.0]))], 100.0)  # clipped to [0.6, 0.8]; its weight is not used
     pm.add("c1", [("a", torch.tensor([0.3, 0.4]))], 1.0)
     assert pm.result()["a"].tolist() == pytest.approx([0.9 / 4, 1.2 / 4])
-    assert pm.info() == {"dp_clipped": 1}
+    assert pm.info() == {}  # how many were clipped is not released
+
+
+def test_private_mean_clips_a_non_finite_update_to_zero_and_publishes_noise_when_nobody_answered() -> None:
+    shapes = [("a", torch.Size([2]))]
+    quiet = FedPrivacy(clip_norm=1.0, noise_multiplier=1e-12)
+    out, norm = clip([("a", torch.tensor([float("nan"), 1.0]))], 1.0)
+    assert not math.isfinite(norm) and out[0][1].tolist() == [0.0, 0.0]
+    assert clip([("a", torch.tensor([3e38, 3e38]))], 1.0)[0][0][1].norm() == pytest.approx(1.0)  # no overflow
+    pm = PrivateMean(shapes, quiet, clients_per_round=2, generator=torch.Generator().manual_seed(0))
+    pm.add("c0", [("a", torch.tensor([float("inf"), 0.0]))], 1.0)
+    pm.add("c1", [("a", torch.tensor([0.3, 0.4]))], 1.0)
+    assert pm.result()["a"].tolist() == pytest.approx([0.15, 0.2])
+    loud = FedPrivacy(clip_norm=1.0, noise_multiplier=1.0)
+    empty = PrivateMean(shapes, loud, clients_per_round=2, generator=torch.Generator().manual_seed(0)).result()["a"]
+    assert bool(torch.isfinite(empty).all()) and bool((empty != 0).all())  # the step is noise alone
 
 
 def test_private_mean_noise_has_std_noise_multiplier_times_clip_norm_over_clients_per_round() -> None:
@@ -121,7 +140,21 @@ def test_accountant_matches_opacus_called_directly_and_grows_with_rounds() -> No
     assert again.steps == 5 and again.epsilon() == eps[-1]
 
 
-def test_a_private_run_reports_the_budget_each_round_and_a_resumed_aggregator_keeps_it(tmp_path: Path) -> None:
+@dataclass(frozen=True)
+class PrivateRun:
+    spec: Any
+    ds: Any
+    run: inprocess.InProcessRun
+    metrics: FedMetrics
+    log_lines: list[str]
+    metrics_log: Path
+    ckpt: Path
+
+
+@pytest.fixture(scope="module")
+def private_run(tmp_path_factory: pytest.TempPathFactory) -> PrivateRun:
+    """Three private rounds over real gRPC; client-1 sends a NaN in every update."""
+    tmp = tmp_path_factory.mktemp("private")
     spec = parse_spec({
         "mode": "federated", "model": {"name": "mlp", "hidden": 16, "layers": 1},
         "data": {"name": "digits", "batchSize": 32}, "optimizer": {"name": "sgd", "lr": 0.05},
@@ -131,10 +164,21 @@ def test_a_private_run_reports_the_budget_each_round_and_a_resumed_aggregator_ke
     })  # fmt: skip
     torch.set_num_threads(1)
     ds = load_dataset(spec)
-    cfg = config_for(spec, run_dir=tmp_path / "run", checkpoint_root=tmp_path / "ckpt")
+    cfg = config_for(spec, run_dir=tmp / "run", checkpoint_root=tmp / "ckpt")
     states = client_states(cfg, ds, client_ids(5))
+    metrics_log = tmp / "metrics-rank0.jsonl"
+    metrics = FedMetrics(job="t", process=AGGREGATOR, port=0, log_path=metrics_log, private=True)
+    lines: list[str] = []
     run = asyncio.run(inprocess.run_job(spec, ds, [states[0::2], states[1::2]], key=auth.new_key(),
-                                        checkpoint_dir=tmp_path / "agg"))  # fmt: skip
+                                        checkpoint_dir=tmp / "agg", metrics=metrics, faults={"client-1": "nan"},
+                                        evaluate=make_evaluator(cfg, ds), log=lines.append))  # fmt: skip
+    metrics.close()
+    return PrivateRun(spec=spec, ds=ds, run=run, metrics=metrics, log_lines=lines, metrics_log=metrics_log,
+                      ckpt=tmp / "agg")  # fmt: skip
+
+
+def test_a_private_run_reports_the_budget_each_round_and_a_resumed_aggregator_keeps_it(private_run: PrivateRun) -> None:
+    spec, ds, run = private_run.spec, private_run.ds, private_run.run
     h = run.aggregator.history
     direct = PrivacyAccountant(spec.federated.privacy, clients=5, clients_per_round=3)
     for r in h:
@@ -143,11 +187,52 @@ def test_a_private_run_reports_the_budget_each_round_and_a_resumed_aggregator_ke
     assert h[0]["epsilon"] < h[1]["epsilon"] < h[2]["epsilon"]
     summary = run.aggregator.summary()["privacy"]
     assert summary["epsilon"] == h[-1]["epsilon"] and summary["rounds"] == 3 and summary["sampleRate"] == 0.6
-    resumed = Aggregator(fed=spec.federated, seed=0, model=inprocess.build_model(spec, ds).state_dict(),
-                         key=auth.new_key(), metrics=FedMetrics(job="t", process=AGGREGATOR, port=0, log_path=None),
-                         checkpoint_dir=tmp_path / "agg", log=lambda s: None)  # fmt: skip
+    assert summary["sampling"] == "poisson" and summary["unit"] == "client"
+    resumed = Aggregator(fed=spec.federated, model=inprocess.build_model(spec, ds).state_dict(),
+                         key=auth.new_key(),
+                         metrics=FedMetrics(job="t", process=AGGREGATOR, port=0, log_path=None, private=True),
+                         checkpoint_dir=private_run.ckpt, log=lambda s: None)  # fmt: skip
     resumed.restore()
     assert resumed.privacy is not None and resumed.privacy.epsilon() == h[-1]["epsilon"]
+
+
+# Series whose values come from individual clients: never exported by a private aggregator.
+WITHHELD_SERIES = (names.FED_CLIENTS_SAMPLED, names.FED_CLIENTS_ANSWERED, names.FED_CLIENTS_DROPPED,
+                   names.FED_BYTES_UP, names.FED_BYTES_DOWN, names.FED_CLIENT_COMPUTE_SECONDS,
+                   names.FED_CLIENT_COMM_SECONDS, names.COMPUTE_SECONDS, names.DATA_SECONDS, names.IDLE_SECONDS,
+                   names.COMM_EXPOSED_SECONDS, names.COMM_BUSY_SECONDS)  # fmt: skip
+
+
+def test_a_private_run_releases_no_un_noised_value_of_any_client(private_run: PrivateRun) -> None:
+    """Round records (history, metrics log, checkpoint), the summary (the clients' copy too), the
+    Prometheus series and the aggregator's log hold the noised model's accuracy, the budget and
+    bookkeeping only: no client's loss, sample count, timing, bytes, clipping, or how many were
+    sampled, answered or dropped. A client's non-finite update is not refused (that would be
+    counted and logged): it is clipped to zero like any update."""
+    agg, metrics = private_run.run.aggregator, private_run.metrics
+    released = {"step", "round", "attempt", "steps", "step_s", "test_accuracy", "epsilon", "delta"}
+    assert [r["round"] for r in agg.history] == [1, 2, 3]
+    assert all(set(r) == released for r in agg.history), agg.history
+    logged = [json.loads(line) for line in private_run.metrics_log.read_text().splitlines()]
+    assert [{k: v for k, v in r.items() if k != "time"} for r in logged] == agg.history
+    resumed = Aggregator(fed=agg.fed, model=agg.model, key=auth.new_key(), checkpoint_dir=private_run.ckpt,
+                         metrics=FedMetrics(job="t", process=AGGREGATOR, port=0, log_path=None, private=True),
+                         log=lambda s: None)  # fmt: skip
+    resumed.restore()
+    assert resumed.history == agg.history  # what the checkpoint keeps
+    summary = agg.final_summary
+    assert summary is not None and all(r.final_summary == summary for r in private_run.run.runners)
+    assert not {"bytesUp", "bytesDown", "computeFraction", "commFraction", "idleFraction"} & set(summary)
+    exported = {s.name for m in metrics.registry.collect() for s in m.samples}
+    assert not {n for n in exported if n.startswith(WITHHELD_SERIES)}, exported
+    assert names.FED_PRIVACY_EPSILON in exported and names.STEP_SECONDS + "_count" in exported
+    assert metrics.rejected_count("non_finite") == 0 and metrics.rejected_count("norm") == 0
+    assert all(bool(torch.isfinite(t).all()) for t in agg.model.values())
+    rounds_logged = [line for line in private_run.log_lines if "done in" in line]
+    assert len(rounds_logged) == 3 and all("answered" not in line for line in rounds_logged)
+    assert not [line for line in private_run.log_lines if "client-" in line], private_run.log_lines
+    agg.log("aggregator: refused client-3: expired_round: a late update")  # the gate logs through it too
+    assert private_run.log_lines[-1] == "aggregator: refused a client: expired_round: a late update"
 
 
 # ------------------------------------------------------------------ spec rules

@@ -1,10 +1,11 @@
 """Round state machine against real gRPC on 127.0.0.1: secure aggregation with a client that
-drops out mid-round, an aggregator restart that resumes from its checkpoint while clients
+drops out mid-round and with one whose input breaks the sum's norm bound, an aggregator restart that resumes from its checkpoint while clients
 reconnect, and TLS with the operator's self-signed certificate."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 import socket
 from pathlib import Path
 
@@ -80,6 +81,65 @@ def test_plain_and_secure_aggregation_give_the_same_model(tmp_path: Path) -> Non
         assert torch.allclose(t, models[1][n], atol=1e-5), n
 
 
+def test_a_secure_round_whose_unmasked_sum_exceeds_the_clients_bound_is_refused(tmp_path: Path) -> None:
+    """Client-3 sends its update at 50 x maxUpdateNorm, unclipped, inside its masked input: no single
+    input can be checked, but the unmasked sum of n_u x update is above sum(n_u) x maxUpdateNorm, so
+    the attempt is abandoned (`norm`) and the model untouched. The honest clients clip before masking."""
+    spec = _spec(secureAggregation=True, rounds=1, maxUpdateNorm=5.0)
+    ds, _, groups = _setup(spec, tmp_path)
+
+    async def first_attempt() -> tuple[Aggregator, FedMetrics, dict[str, torch.Tensor]]:
+        key = auth.new_key()
+        init = inprocess.build_model(spec, ds).state_dict()
+        metrics = FedMetrics(job="t", process=AGGREGATOR, port=0, log_path=None)
+        agg = Aggregator(fed=spec.federated, model=init, key=key, metrics=metrics, log=lambda s: None)
+        server, port = await inprocess.start_server(agg)
+        channels = [aio_channel(f"127.0.0.1:{port}", None) for _ in groups]
+        runners = [ClientRunner(spec=spec, channel=ch, key=key, clients=g, faults={"client-3": "oversized"},
+                                make_model=lambda: inprocess.build_model(spec, ds), patience_s=30.0, log=lambda s: None)
+                   for ch, g in zip(channels, groups, strict=True)]  # fmt: skip
+        tasks = [asyncio.create_task(r.run()) for r in runners]
+        playing = asyncio.create_task(agg.run())
+        try:  # one attempt: every retry samples the hostile client again
+            while agg.round == 0 and agg.attempts < 2:
+                assert not playing.done(), playing
+                await asyncio.sleep(0.05)
+        finally:
+            playing.cancel()
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(playing, *tasks, return_exceptions=True)
+            for ch in channels:
+                await ch.close()
+            await server.stop(0)
+        return agg, metrics, init
+
+    agg, metrics, init = asyncio.run(first_attempt())
+    assert agg.round == 0 and not agg.history and metrics.abandoned_count("norm") == 1
+    assert all(torch.equal(agg.model[n], t) for n, t in init.items())
+
+
+def test_secure_clients_clip_their_updates_before_masking(tmp_path: Path) -> None:
+    """Every honest update (norm ~0.45 here) is above maxUpdateNorm 0.2: each client clips it before
+    masking, the sum passes the aggregator's bound, and the model moves by the clipped updates' mean."""
+    spec = _spec(secureAggregation=True, rounds=1, maxUpdateNorm=0.2)
+    ds, _, groups = _setup(spec, tmp_path)
+    # Bounded: were the updates not clipped, every attempt would be abandoned (norm) and sampled again.
+    run = asyncio.run(asyncio.wait_for(inprocess.run_job(spec, ds, groups, key=auth.new_key()), 60))
+    assert run.aggregator.round == 1 and run.aggregator.attempts == 1
+    init = inprocess.build_model(spec, ds).state_dict()
+    results = [train_local(inprocess.build_model(spec, ds), init, st, spec, round_no=1) for g in groups for st in g]
+    total = sum(r.num_samples for r in results)
+    clipped = []
+    for r in results:
+        norm = math.sqrt(sum(float(t.double().square().sum()) for _, t in r.update))
+        assert norm > 0.2
+        clipped.append({n: t.double() * (0.2 / norm) for n, t in r.update})
+    for name, _ in results[0].update:
+        mean = sum(c[name] * r.num_samples for c, r in zip(clipped, results, strict=True)) / total
+        assert torch.allclose(run.aggregator.model[name].double(), init[name].double() + mean, atol=1e-5), name
+
+
 def test_rounds_report_the_time_categories_of_every_mode(tmp_path: Path) -> None:
     """A round is federated mode's step: its record, the summary and the Prometheus series split
     it like every mode's step (compute + exposed communication + data + idle = the round)."""
@@ -114,7 +174,7 @@ async def _restart_scenario(spec, ds, groups, ckpt: Path) -> tuple[Aggregator, A
     key, port = auth.new_key(), _free_port()
 
     def make() -> Aggregator:
-        agg = Aggregator(fed=spec.federated, seed=0, model=inprocess.build_model(spec, ds).state_dict(), key=key,
+        agg = Aggregator(fed=spec.federated, model=inprocess.build_model(spec, ds).state_dict(), key=key,
                          metrics=FedMetrics(job="t", process="aggregator", port=0, log_path=None),
                          checkpoint_dir=ckpt, log=lambda s: None)  # fmt: skip
         agg.restore()
@@ -175,7 +235,7 @@ def test_tls_channel_with_the_operators_certificate(tmp_path: Path) -> None:
     assert run.aggregator.round == 1
 
     async def plaintext_to_tls() -> None:
-        agg = Aggregator(fed=spec.federated, seed=0, model={"w": torch.zeros(2)}, key=auth.new_key(),
+        agg = Aggregator(fed=spec.federated, model={"w": torch.zeros(2)}, key=auth.new_key(),
                          metrics=FedMetrics(job="t", process=AGGREGATOR, port=0, log_path=None), log=lambda s: None)  # fmt: skip
         server, port = await inprocess.start_server(agg, tls)
         try:

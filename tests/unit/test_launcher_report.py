@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from disttrain_trainer.launcher import report
 
 
@@ -35,6 +36,13 @@ def test_dedupe_keeps_the_latest_record_per_step() -> None:
     d = report.dedupe_by_step(_records())
     assert [r["step"] for r in d] == [10, 20, 30, 40]
     assert d[2]["loss"] == 0.5 and d[3]["loss"] == 0.25
+
+
+def test_a_fraction_no_record_holds_is_unknown_not_zero() -> None:
+    # A private federated run releases each round's wall time but not its split.
+    records = [{"step": 1, "step_s": 0.5, "test_accuracy": 0.3}, {"step": 2, "step_s": 0.4}]
+    assert report.fraction_of(records, "comm_exposed_s") is None
+    assert report.fraction_of(report.dedupe_by_step(_records()), "idle_s") == pytest.approx(0.02 / 0.6)
 
 
 def test_summary_prefers_the_trainer_figures_and_adds_restarts(tmp_path: Path) -> None:

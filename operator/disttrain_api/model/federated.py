@@ -37,11 +37,16 @@ class FedPrivacy:
 @dataclass(frozen=True, kw_only=True)
 class FederatedSpec:
     clients: int = fld(10, minimum=1, desc="Simulated clients, spread over the worker pods.")
-    clients_per_round: int = fld(5, minimum=1, desc="Clients sampled per round (<= clients).")
+    clients_per_round: int = fld(
+        5, minimum=1,
+        desc="Clients sampled per round, from all clients (<= clients); with privacy the expected "
+        "number: each client is sampled with probability clientsPerRound / clients.",
+    )
     min_answered_clients: int = fld(
         2, minimum=1,
         desc="A round aggregates only when at least this many sampled clients answered in time; "
-        "otherwise it is retried with a new sample (<= clientsPerRound).",
+        "otherwise it is retried with a new sample (<= clientsPerRound). With privacy every round "
+        "is published, however many answered.",
     )
     rounds: int = fld(30, minimum=1, desc="Federated rounds.")
     local_epochs: int = fld(1, minimum=1, desc="Local epochs per client per round.")
@@ -80,7 +85,11 @@ class FederatedSpec:
     topk_ratio: float = fld(0.01, minimum=0.0, maximum=1.0, exclusive_minimum=True, desc="Kept fraction with topk.")
     secure_aggregation: bool = fld(False, desc="Pairwise-masked updates: the aggregator sees only the sum.")
     round_timeout_seconds: int = fld(60, minimum=1, desc="Close a round after this long with the updates received.")
-    max_update_norm: float = fld(1000.0, minimum=0.0, exclusive_minimum=True, desc="Updates above this L2 norm are rejected.")
+    max_update_norm: float = fld(
+        1000.0, minimum=0.0, exclusive_minimum=True,
+        desc="Updates above this L2 norm are rejected; with secureAggregation clients clip to it and a "
+        "round whose mean update is above it is abandoned; with privacy clipNorm bounds updates instead.",
+    )
     port: int = fld(50051, minimum=1, maximum=65535, desc="Aggregator gRPC port.")
     partition: FedPartition = fld(factory=FedPartition, desc="How the data is split over clients.")
     tls: bool = fld(True, desc="TLS on the aggregator channel in the cluster; clients verify the server against the CA.")

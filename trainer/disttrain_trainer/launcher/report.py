@@ -49,7 +49,10 @@ def dedupe_by_step(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def fraction_of(records: list[dict[str, Any]], key: str) -> float | None:
-    """Seconds under `key` / step seconds over the records (each the per-step mean of `steps` steps)."""
+    """Seconds under `key` / step seconds over the records (each the per-step mean of `steps` steps);
+    None when no record has `key` (a private federated run does not release its time split)."""
+    if not any(_num(r, key) is not None for r in records):
+        return None
     part = sum((_num(r, key) or 0.0) * (_num(r, "steps") or 1.0) for r in records)
     step = sum((_num(r, "step_s") or 0.0) * (_num(r, "steps") or 1.0) for r in records)
     return part / step if step > 0 else None

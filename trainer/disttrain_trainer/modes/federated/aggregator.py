@@ -1,11 +1,14 @@
 """The aggregator: a grpc.aio service and the round state machine (one process).
 
-Each round: sample clientsPerRound of the registered clients (seeded), stream them
-the global model, collect updates until all answered or roundTimeoutSeconds
-passed (stragglers are dropped), aggregate when at least minAnsweredClients
-answered (the strategy's rule, or central DP's clipped and noised mean), else
-abandon the attempt and sample the round again. After each round: server step,
-evaluation of the global model, checkpoint (atomic), metrics. Every call
+Each round: sample from all `clients` (sampling.py: keyed draws nobody else can predict;
+clientsPerRound of them, or each at rate clientsPerRound / clients with central DP), stream them
+the global model, collect updates until all answered or roundTimeoutSeconds passed (a
+sampled client that did not answer, connected or not, is dropped), aggregate when at least
+minAnsweredClients answered (the strategy's rule), else abandon the attempt and sample the round
+again. With central DP every attempt is published (the clipped, noised mean, whoever answered:
+see privacy.py) and only the released values leave the aggregator (round_report.py). A client's
+sample weight is capped at its own partition's size. After each round: server step, evaluation
+of the global model, checkpoint (atomic), metrics. Every call
 passes the gate (serving.py): a token made with the calling client's own
 credential, bound to this process's session and the round it belongs to; every
 refused call or update is logged with its reason and counted, and leaves the
@@ -18,10 +21,9 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import random
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +40,9 @@ from ...tensor_transport.protos import tensor_transport_pb2 as pb
 from ...tensor_transport.protos import tensor_transport_pb2_grpc as pbg
 from . import checks, compression
 from .privacy import PrivacyAccountant
-from .round_report import round_record, round_times, run_summary
+from .round_report import round_record, round_times, run_summary, without_client_ids
 from .rounds import Abandoned, RoundAttempt, SecureStage, wait_event
+from .sampling import ClientSampler
 from .secure_server import Refused, SecureStages
 from .settings import client_ids
 from .strategy import ServerStep, WeightedMean, make_aggregation
@@ -52,20 +55,28 @@ class Aggregator(SecureStages, pbg.FederatedServicer):
         self,
         *,
         fed: FederatedSpec,
-        seed: int,
         model: dict[str, torch.Tensor],
         key: bytes,  # the server key every client credential derives from
         metrics: Any,  # FedMetrics
         evaluate: Callable[[dict[str, torch.Tensor]], float] | None = None,
         checkpoint_dir: Path | None = None,
         writer: Writer | None = None,  # who writes its checkpoints (checkpoints/fence.py)
-        max_samples: float = math.inf,
+        # Client id -> the rows of its partition (partition.py): the most samples it may declare.
+        # None: no per-client cap (tests that hand-make updates).
+        client_rows: Mapping[str, int] | None = None,
+        # The sampling salt (sampling.py): None draws one from the OS, as a job always does; runs
+        # compared on the very same samples (tests, benchmarks) share one, and the server key.
+        sampling_salt: bytes | None = None,
         log: Callable[[str], None] = lambda s: print(s, flush=True),
         # Writes the final global model (state, rounds) and returns the summary's `export` entry.
         export: Callable[[dict[str, torch.Tensor], int], dict[str, Any]] | None = None,
     ):
         self.fed = fed
-        self.seed = seed
+        # Central DP: only noised values and their budget leave this process (README, Federated mode).
+        self.private = fed.privacy is not None
+        if self.private and not metrics.private:
+            raise ValueError("central DP: the aggregator's FedMetrics must be made with private=True, "
+                             "so no per-client series is exported")  # fmt: skip
         # Only floating-point entries are trained; integer buffers ride along unchanged.
         self.model = {n: t.detach().clone() for n, t in model.items()}
         self.shapes = [(n, t.shape) for n, t in self.model.items() if t.is_floating_point()]
@@ -78,17 +89,18 @@ class Aggregator(SecureStages, pbg.FederatedServicer):
         self.evaluate = evaluate
         self.checkpoint_dir = checkpoint_dir
         self.writer = writer or Writer()
-        self.max_samples = max_samples
-        self.log = log
+        self.client_rows = dict(client_rows) if client_rows is not None else None
+        self.log = without_client_ids(log) if self.private else log
         self.export = export
         self.known = set(client_ids(fed.clients))
+        self.sampler = ClientSampler(key, sorted(self.known), salt=sampling_salt)
         self.server = ServerStep(fed.strategy, fed.server_learning_rate)
         self.privacy = (PrivacyAccountant(fed.privacy, clients=fed.clients, clients_per_round=fed.clients_per_round)
                         if fed.privacy is not None else None)  # fmt: skip
         self.round = 0  # rounds completed
         self.attempts = 0
         self.history: list[dict[str, Any]] = []
-        self.seen: set[str] = set()  # clients that ever called: the population rounds sample from
+        self.seen: set[str] = set()  # clients that called this process
         self.told_done: set[str] = set()
         self.current: RoundAttempt | None = None
         self.done = False
@@ -105,7 +117,7 @@ class Aggregator(SecureStages, pbg.FederatedServicer):
 
     def state(self) -> dict[str, Any]:
         return {"round": self.round, "attempts": self.attempts, "model": self.model,
-                "server": self.server.state_dict(), "history": self.history,
+                "server": self.server.state_dict(), "history": self.history, "sampling": self.sampler.state_dict(),
                 "privacy": self.privacy.state_dict() if self.privacy is not None else None}  # fmt: skip
 
     def restore(self) -> None:
@@ -123,6 +135,8 @@ class Aggregator(SecureStages, pbg.FederatedServicer):
         self.attempts = int(state["attempts"])
         self.server.load_state_dict(state["server"])
         self.history = list(state["history"])
+        if "sampling" in state:  # the same salt: the next attempt samples what the interrupted one did
+            self.sampler.load_state_dict(state["sampling"])
         if self.privacy is not None:
             # The budget is spent by every published round, before the restart too.
             self.privacy.load_state_dict(state.get("privacy") or {})
@@ -160,6 +174,24 @@ class Aggregator(SecureStages, pbg.FederatedServicer):
         if cid not in ra.sampled:
             raise Refused("not_sampled", f"not sampled in round {ra.round_id}")
         return ra
+
+    def _weight(self, cid: str, declared: float, *, masked: bool) -> float:
+        """The sample weight the client's update counts with: what it declared, at most its partition's
+        rows (a masked input cannot be reweighted: it is refused instead)."""
+        if not (math.isfinite(declared) and declared > 0):
+            raise Refused("bad_samples", f"num_samples {declared} must be a positive number")
+        rows = self.client_rows.get(cid) if self.client_rows is not None else None
+        if rows is None or declared <= rows or self.private:  # central DP weighs every update equally
+            return declared
+        if masked:
+            raise Refused("bad_samples", f"num_samples {declared:g} exceeds the {rows} rows of {cid}'s partition; "
+                                         "a masked input cannot be reweighted")  # fmt: skip
+        self.log(f"aggregator: {cid} declared {declared:g} samples, its partition holds {rows}: weighted {rows}")
+        return float(rows)
+
+    def sample(self, round_no: int, attempt: int) -> list[str]:
+        """The clients a round attempt samples (connected or not: one that does not answer is dropped)."""
+        return self.sampler.for_round(self.fed, round_no, attempt)
 
     def _model_chunks(self, round_no: int, attempt: int) -> list[pb.Chunk]:
         tensors = [(n, self.model[n]) for n, _ in self.shapes]
@@ -211,9 +243,7 @@ class Aggregator(SecureStages, pbg.FederatedServicer):
             ra = self._sampled(cid, h.round, int(h.scalars.get("attempt", -1)))
             if cid in ra.answered:
                 raise Refused("duplicate", f"already answered round {ra.round_id}")
-            n = float(h.scalars.get("num_samples", 0.0))
-            if not 0 < n <= self.max_samples:
-                raise Refused("bad_samples", f"num_samples {n} outside (0, {self.max_samples}]")
+            n = self._weight(cid, float(h.scalars.get("num_samples", 0.0)), masked=kind == "masked")
             if kind == "masked":
                 self._add_masked(cid, ra, got.tensors, n)
             else:
@@ -221,7 +251,10 @@ class Aggregator(SecureStages, pbg.FederatedServicer):
                     update = compression.decode(self.fed.compression, got.tensors, dict(h.scalars), self.shapes)
                 except compression.DecodeError as e:
                     raise Refused(e.reason, str(e)) from None
-                bad = checks.problem(update, self.fed.max_update_norm)
+                # With central DP nothing is refused for its content: a refusal is an un-noised
+                # fact about one client's update that would leave the aggregator (counted and
+                # logged). The clip bounds every update instead, and maps a non-finite one to zero.
+                bad = None if self.private else checks.problem(update, self.fed.max_update_norm)
                 if bad is not None:
                     raise Refused(*bad)
                 assert ra.total is not None
@@ -252,13 +285,13 @@ class Aggregator(SecureStages, pbg.FederatedServicer):
             if self.round == 0 or not self.history:
                 await self._wait_registered(float(fed.round_timeout_seconds))
             async with self.cond:
-                await self.cond.wait_for(lambda: len(self.seen) >= fed.clients_per_round)
+                # Not before a round could be published: enough clients called this process.
+                await self.cond.wait_for(lambda: len(self.seen) >= fed.min_answered_clients)
                 self.attempts += 1
                 r = self.round + 1
-                # Sampled from every client that ever registered, not only those waiting right now:
-                # the sample then depends on the seed alone, and a dead client is a straggler.
-                rng = random.Random(f"{self.seed}:{r}:{self.attempts}")
-                sampled = sorted(rng.sample(sorted(self.seen), fed.clients_per_round))
+                # From all clients, registered or not: one that is not connected counts as sampled
+                # and dropped, as the accountant assumes; it may still connect and answer in time.
+                sampled = self.sample(r, self.attempts)
                 secure = SecureStage(min_answered=fed.min_answered_clients) if fed.secure_aggregation else None
                 ra = RoundAttempt(
                     round=r, attempt=self.attempts, sampled=sampled,
@@ -266,6 +299,8 @@ class Aggregator(SecureStages, pbg.FederatedServicer):
                     deadline=time.monotonic() + fed.round_timeout_seconds,
                     total=None if secure else make_aggregation(fed, self.shapes, reuse=self._sums), secure=secure,
                 )  # fmt: skip
+                if not sampled:  # a Poisson sample may be empty: nothing to wait for
+                    ra.all_answered.set()
                 self.current = ra
                 self.cond.notify_all()
             self.metrics.sampled.inc(len(sampled))
@@ -309,13 +344,16 @@ class Aggregator(SecureStages, pbg.FederatedServicer):
         """The attempt is not published: counted by reason, logged; the round is sampled again."""
         self.metrics.abandon(e.reason)
         self.metrics.retries.inc()
-        self.log(f"aggregator: round {ra.round_id} abandoned ({e.reason}): {e}; "
-                 f"{len(ra.answered)}/{len(ra.sampled)} answered; the model is unchanged, sampling the round again")  # fmt: skip
+        who = "" if self.private else f"{len(ra.answered)}/{len(ra.sampled)} answered; "
+        self.log(f"aggregator: round {ra.round_id} abandoned ({e.reason}): {e}; {who}the model is unchanged, "
+                 "sampling the round again")  # fmt: skip
 
     async def _plain_round(self, ra: RoundAttempt) -> dict[str, torch.Tensor]:
         await wait_event(ra.all_answered, ra.remaining())
         ra.open = False
-        if len(ra.answered) < self.fed.min_answered_clients:
+        # Central DP publishes every attempt: abandoning one for too few answers would make which
+        # attempts count depend on who was sampled, which the accountant does not model.
+        if len(ra.answered) < self.fed.min_answered_clients and not self.private:
             raise Abandoned("too_few_answers", f"{len(ra.answered)} updates arrived; minAnsweredClients is "
                                                f"{self.fed.min_answered_clients}")  # fmt: skip
         assert ra.total is not None
@@ -336,10 +374,10 @@ class Aggregator(SecureStages, pbg.FederatedServicer):
         round_s = time.monotonic() - ra.started
         answered = sorted(ra.answered)
         t = round_times(ra, answered, round_s)
-        assert self.metrics.times is not None, "the aggregator's metrics are made with process=AGGREGATOR"
-        self.metrics.times.observe(step_s=round_s, compute_s=t.compute_s, data_s=t.data_s, exposed_s=t.comm_s,
-                                   busy_s=t.comm_s, idle_s=t.idle_s)  # fmt: skip
-        record = round_record(ra, t, round_no=self.round, answered=answered, dropped=dropped, accuracy=accuracy)
+        self.metrics.observe_round(step_s=round_s, compute_s=t.compute_s, data_s=t.data_s, comm_s=t.comm_s,
+                                   idle_s=t.idle_s)  # fmt: skip
+        record = round_record(ra, t, round_no=self.round, answered=answered, dropped=dropped, accuracy=accuracy,
+                              private=self.private)  # fmt: skip
         if self.privacy is not None:
             record["epsilon"] = self.privacy.epsilon()
             record["delta"] = self.privacy.privacy.delta
@@ -358,8 +396,8 @@ class Aggregator(SecureStages, pbg.FederatedServicer):
         if accuracy is not None:
             self.metrics.accuracy.set(accuracy)
         acc = f", test accuracy {accuracy:.4f}" if accuracy is not None else ""
-        self.log(f"aggregator: round {self.round}/{self.fed.rounds} done in {round_s:.2f} s: "
-                 f"{len(answered)}/{len(ra.sampled)} answered{acc}")  # fmt: skip
+        who = f"epsilon {record['epsilon']:.4g}" if self.privacy is not None else f"{len(answered)}/{len(ra.sampled)} answered"
+        self.log(f"aggregator: round {self.round}/{self.fed.rounds} done in {round_s:.2f} s: {who}{acc}")
 
     async def wait_clients_told(self, timeout: float) -> None:
         """After the last round: give every client that ever called a chance to hear "done"."""

@@ -31,7 +31,7 @@ from . import partition, serving
 from .aggregator import Aggregator
 from .client import ClientRunner
 from .local_training import ClientState
-from .settings import FedSettings, hosted_clients, load
+from .settings import FedSettings, client_ids, hosted_clients, load
 
 AGGREGATOR_LOG = C.RANK_METRICS_FILENAME.format(rank=0)  # the launcher follows rank 0's log for progress and the plot
 DONE_LINGER_S = 10.0  # after the last round: time for clients to hear "done"
@@ -115,12 +115,13 @@ def run_aggregator(cfg: TrainerConfig, s: FedSettings) -> dict[str, Any]:
     spec = cfg.spec
     ds = load_dataset(spec)
     model = build_model(spec, ds)
-    metrics = FedMetrics(job=cfg.job, process=AGGREGATOR, port=cfg.metrics_port, log_path=cfg.run_dir / AGGREGATOR_LOG)
+    metrics = FedMetrics(job=cfg.job, process=AGGREGATOR, port=cfg.metrics_port, log_path=cfg.run_dir / AGGREGATOR_LOG,
+                         private=s.fed.privacy is not None)
     try:
         agg = Aggregator(
-            fed=s.fed, seed=s.seed, model=model.state_dict(), key=aggregator_key(s), metrics=metrics,
+            fed=s.fed, model=model.state_dict(), key=aggregator_key(s), metrics=metrics,
             evaluate=make_evaluator(cfg, ds), checkpoint_dir=cfg.checkpoint_dir, writer=cfg.checkpoint_writer,
-            max_samples=float(ds.num_train * s.fed.local_epochs),
+            client_rows=partition_sizes(cfg, ds),
             # The global model after the last round: the aggregator alone holds it.
             export=lambda state, rounds: write_export(cfg.checkpoint_dir, state, spec=spec, step=rounds),
         )  # fmt: skip
@@ -142,14 +143,23 @@ def process_indices(cfg: TrainerConfig) -> list[int]:
     return [cfg.node_rank * cfg.nproc_per_node + i for i in range(cfg.nproc_per_node)]
 
 
-def client_states(cfg: TrainerConfig, ds: Dataset, hosted: list[str]) -> list[ClientState]:
+def partitions(cfg: TrainerConfig, ds: Dataset) -> list[np.ndarray]:
+    """Every client's rows, client i's at index i: the same split in every process."""
     fed = cfg.spec.federated
     assert fed is not None
     labels = ds.train_y.take(np.arange(ds.num_train)) if ds.train_y is not None else None
-    if fed.partition.kind == "dirichlet" and labels is not None:
-        parts = partition.dirichlet(labels, fed.clients, fed.partition.alpha, cfg.spec.data.seed)
-    else:
-        parts = partition.iid(ds.num_train, fed.clients, cfg.spec.data.seed)
+    return partition.split(ds.num_train, labels, fed.clients, fed.partition, cfg.spec.data.seed)
+
+
+def partition_sizes(cfg: TrainerConfig, ds: Dataset) -> dict[str, int]:
+    """Client id -> the rows it holds: the most samples it may declare (the aggregator caps at it)."""
+    fed = cfg.spec.federated
+    assert fed is not None
+    return {cid: len(rows) for cid, rows in zip(client_ids(fed.clients), partitions(cfg, ds), strict=True)}
+
+
+def client_states(cfg: TrainerConfig, ds: Dataset, hosted: list[str]) -> list[ClientState]:
+    parts = partitions(cfg, ds)
     out = []
     for cid in hosted:
         rows = parts[int(cid.rsplit("-", 1)[1])]

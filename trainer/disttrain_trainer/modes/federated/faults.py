@@ -21,9 +21,13 @@ NAN = "nan"  # one NaN in the first tensor
 # so it passes the norm check and pulls a mean as far as the check allows.
 SIGN_FLIP = "sign_flip"
 SIGN_FLIP_NORM_FRACTION = 0.9
+# A client whose update is scaled to OVERSIZED_NORM_FACTOR x maxUpdateNorm and, in a secure round,
+# not clipped before masking: the aggregator must refuse the sum (or, in plain rounds, the update).
+OVERSIZED = "oversized"
+OVERSIZED_NORM_FACTOR = 50.0
 
 DROPS = (DROP_AFTER_ADVERTISE, DROP_AFTER_SHARE, DROP_AFTER_MASKED_INPUT, DROP_BEFORE_REVEAL)
-ALL = (*DROPS, MASK_OVER_KEY_BOOK, NAN, SIGN_FLIP)
+ALL = (*DROPS, MASK_OVER_KEY_BOOK, NAN, SIGN_FLIP, OVERSIZED)
 
 
 class Dropped(Exception):

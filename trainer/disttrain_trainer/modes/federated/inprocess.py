@@ -57,15 +57,19 @@ async def run_job(
     tls_server_name: str | None = None,
     metrics: FedMetrics | None = None,
     on_start: Callable[[InProcessRun], None] | None = None,
+    sampling_salt: bytes | None = None,  # runs compared on the same samples share it (and the key)
     log: Callable[[str], None] = lambda s: None,
 ) -> InProcessRun:
     """Play every round; returns when the aggregator is done and the clients have stopped."""
     assert spec.federated is not None
     builder = make_model or (lambda: build_model(spec, ds))
     agg = Aggregator(
-        fed=spec.federated, seed=spec.data.seed, model=builder().state_dict(), key=key,
-        metrics=metrics or FedMetrics(job="inprocess", process=AGGREGATOR, port=0, log_path=None),
+        fed=spec.federated, model=builder().state_dict(), key=key,
+        metrics=metrics or FedMetrics(job="inprocess", process=AGGREGATOR, port=0, log_path=None,
+                                      private=spec.federated.privacy is not None),
         evaluate=evaluate, checkpoint_dir=checkpoint_dir, log=log,
+        client_rows={st.cid: len(st.y) for g in groups for st in g},  # each client's partition
+        sampling_salt=sampling_salt,
     )  # fmt: skip
     agg.restore()
     server, port = await start_server(agg, tls)

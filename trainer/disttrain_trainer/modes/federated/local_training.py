@@ -95,6 +95,10 @@ def train_local(
         norm = math.sqrt(sum(float(t.square().sum()) for _, t in update))
         scale = -hooks.SIGN_FLIP_NORM_FRACTION * fed.max_update_norm / max(norm, 1e-12)
         update = [(k, t * scale) for k, t in update]
+    elif fault == hooks.OVERSIZED:
+        norm = math.sqrt(sum(float(t.square().sum()) for _, t in update))
+        scale = hooks.OVERSIZED_NORM_FACTOR * fed.max_update_norm / max(norm, 1e-12)
+        update = [(k, t * scale) for k, t in update]
     compute_s += time.perf_counter() - t
     return LocalResult(update=update, num_samples=n, loss=float(np.mean(losses)) if losses else math.nan,
                        compute_s=compute_s, data_s=data_s)  # fmt: skip

@@ -6,7 +6,12 @@ own clients' rows, so no coordinator has to hand them out.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+
+if TYPE_CHECKING:
+    from disttrain_api.model import FedPartition
 
 # Redraw a Dirichlet split that leaves a client with fewer rows than this
 # (the usual recipe, e.g. Hsu et al. 2019): an empty client cannot train.
@@ -39,3 +44,12 @@ def dirichlet(labels: np.ndarray, clients: int, alpha: float, seed: int) -> list
         f"no Dirichlet(alpha={alpha}) split gives each of {clients} clients {floor} rows; "
         "raise partition.alpha or lower federated.clients"
     )
+
+
+def split(num_rows: int, labels: np.ndarray | None, clients: int, part: FedPartition, seed: int) -> list[np.ndarray]:
+    """Client i's rows (sorted indices into the training set) at index i, as the spec asks: the
+    client processes keep their own clients' rows, the aggregator only counts them (a client's
+    sample weight is capped at its own partition's size)."""
+    if part.kind == "dirichlet" and labels is not None:
+        return dirichlet(labels, clients, part.alpha, seed)
+    return iid(num_rows, clients, seed)

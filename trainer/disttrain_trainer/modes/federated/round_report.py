@@ -1,10 +1,19 @@
 """What a federated round and a whole run report: a round's time split, its record in the metrics
 log and the history, and the run's summary in the keys every mode reports (a round is a step).
+
+With central differential privacy a round's record keeps only what the guarantee covers or what
+carries no client's data (RELEASED_WITH_DP; the aggregator adds epsilon and delta): the noised
+model's test accuracy and the round's bookkeeping. Everything computed from individual clients'
+values (their losses, sample counts, timings, how many were sampled, answered or clipped, the
+bytes they moved) stays inside the aggregator, and so out of the history, the metrics log, the
+checkpoint's history and the summary.
 """
 
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,6 +21,16 @@ import numpy as np
 
 from ...telemetry.sink import time_fractions
 from .rounds import RoundAttempt
+
+# The keys of a private round's record: an allow-list, so a key added to the record later is withheld.
+RELEASED_WITH_DP = ("step", "round", "attempt", "steps", "step_s", "test_accuracy")
+CLIENT_ID = re.compile(r"\bclient-\d+\b")  # identities.client_ids
+
+
+def without_client_ids(log: Callable[[str], None]) -> Callable[[str], None]:
+    """A private aggregator's log: no line names a client (a refused late update would tell that
+    client was sampled, and Poisson sampling's amplification needs the sample kept secret)."""
+    return lambda line: log(CLIENT_ID.sub("a client", line))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,10 +60,11 @@ def round_times(ra: RoundAttempt, answered: list[str], round_s: float) -> RoundT
 
 
 def round_record(ra: RoundAttempt, t: RoundTimes, *, round_no: int, answered: list[str], dropped: int,
-                 accuracy: float | None) -> dict[str, Any]:  # fmt: skip
-    """The round's line in the metrics log and its entry in the history (checkpointed)."""
+                 accuracy: float | None, private: bool = False) -> dict[str, Any]:  # fmt: skip
+    """The round's line in the metrics log and its entry in the history (checkpointed); `private`:
+    central DP, only the RELEASED_WITH_DP keys."""
     losses = [v for v in ra.client_loss.values() if math.isfinite(v)]
-    return {
+    record = {
         "step": round_no, "round": round_no, "attempt": ra.attempt,
         "loss": sum(losses) / len(losses) if losses else None,
         "steps": 1, "step_s": t.step_s, "compute_s": t.compute_s, "comm_exposed_s": t.comm_s,
@@ -56,11 +76,13 @@ def round_record(ra: RoundAttempt, t: RoundTimes, *, round_no: int, answered: li
         "unmasked_dropped": len(ra.secure.plan.dropped) if ra.secure and ra.secure.plan else 0,
         **(ra.total.info() if ra.total is not None else {}),
     }  # fmt: skip
+    return {k: record[k] for k in RELEASED_WITH_DP} if private else record
 
 
 def run_summary(history: list[dict[str, Any]], *, rounds: int, attempts: int, privacy: dict[str, Any] | None,
                 resumed_from: int | None, wall_s: float) -> dict[str, Any]:  # fmt: skip
-    """The run's summary from the rounds' records; `privacy`: the DP accountant's report, if any."""
+    """The run's summary from the rounds' records; `privacy`: the DP accountant's report, if any (the
+    records then hold no client's timings or bytes: no time split, no byte totals)."""
     h = history
     acc = [r.get("test_accuracy") for r in h]
 
@@ -74,10 +96,12 @@ def run_summary(history: list[dict[str, Any]], *, rounds: int, attempts: int, pr
         "testAccuracy": acc[-1] if acc else None,
         "accuracyPerRound": acc,
         "roundSMedian": float(np.median([r["step_s"] for r in h])) if h else None,
-        **time_fractions(step_s=total("step_s"), compute_s=total("compute_s"), data_s=total("data_s"),
-                         exposed_s=total("comm_exposed_s"), busy_s=total("comm_busy_s"), idle_s=total("idle_s")),
-        "bytesUp": sum(r["bytes_up"] for r in h),
-        "bytesDown": sum(r["bytes_down"] for r in h),
+        **({} if privacy is not None else {
+            **time_fractions(step_s=total("step_s"), compute_s=total("compute_s"), data_s=total("data_s"),
+                             exposed_s=total("comm_exposed_s"), busy_s=total("comm_busy_s"), idle_s=total("idle_s")),
+            "bytesUp": sum(r["bytes_up"] for r in h),
+            "bytesDown": sum(r["bytes_down"] for r in h),
+        }),
         "roundAttempts": attempts,
         **({"privacy": privacy} if privacy is not None else {}),
         "resumedFromStep": resumed_from,

@@ -127,17 +127,25 @@ def _refuse(runner: Runner, sr: SecureRound, why: str) -> None:
     runner.log(f"{sr.cid}: round {sr.round_id}: refusing to go on: {why}")
 
 
-def flat_input(res: LocalResult) -> np.ndarray:
-    """n x update, flattened, then n: the sum over clients gives both parts of the weighted mean."""
+def flat_input(res: LocalResult, max_norm: float) -> np.ndarray:
+    """n x update, flattened, then n: the sum over clients gives both parts of the weighted mean.
+    The update is first clipped to `max_norm` (maxUpdateNorm): the aggregator cannot check one
+    masked input, only that the sum stays within sum(n) x max_norm (secure_server.py)."""
     n = float(res.num_samples)
-    parts = [t.reshape(-1).double().numpy() * n for _, t in res.update]
-    return np.concatenate([*parts, np.array([n])])
+    flat = np.concatenate([t.reshape(-1).double().numpy() for _, t in res.update])
+    norm = float(np.linalg.norm(flat))
+    if norm > max_norm:
+        flat *= max_norm / norm
+    return np.concatenate([flat * n, np.array([n])])
 
 
 async def push_masked(runner: Runner, sr: SecureRound, res: LocalResult, scalars: dict[str, Any]) -> pb.PushReply:
-    over = sr.book if runner.faults.get(sr.cid) == faults.MASK_OVER_KEY_BOOK else sr.sharers
+    fault = runner.faults.get(sr.cid)
+    over = sr.book if fault == faults.MASK_OVER_KEY_BOOK else sr.sharers
+    # The OVERSIZED test fault skips the clip: a hostile client's input, for the sum's check to catch.
+    clip_to = np.inf if fault == faults.OVERSIZED else runner.fed.max_update_norm
     y = secagg.masked_input(
-        secagg.to_ring(flat_input(res)), me=sr.cid, self_seed=sr.self_seed, mask_keys=sr.mask,
+        secagg.to_ring(flat_input(res, clip_to)), me=sr.cid, self_seed=sr.self_seed, mask_keys=sr.mask,
         peers={u: sr.book[u].mask_pk for u in over}, round_id=sr.round_id,
     )  # fmt: skip
     wire = [("masked", torch.from_numpy(y.view(np.int64)))]

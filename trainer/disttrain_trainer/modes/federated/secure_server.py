@@ -11,6 +11,14 @@ input (the survivors), and U2 - U3 dropped. Before a sum is published, its
 unmasked weight (the last ring element, sum of n_u) must equal, exactly in the
 ring, the total of the sample counts the survivors declared: a mask that did not
 cancel turns into an abandoned round, never into a corrupted model.
+
+No single masked input can be inspected, so what bounds a client is checked on the sum: honest
+clients clip their update to maxUpdateNorm B before they scale it by their sample count n_u and
+mask it (secure_client.py), and each declared n_u is at most the client's partition size
+(aggregator.py). The unmasked sum of n_u x update must then have norm <= sum(n_u) x B, i.e. the
+mean update norm <= B; a sum above that (plus the fixed point's rounding) is refused whole
+(`norm`). One hostile client can still set the mean to any vector of norm <= B: the bound is on
+the round, not on its share of it.
 """
 
 from __future__ import annotations
@@ -172,6 +180,7 @@ class SecureStages:
                                                "cancel (or a client's count differs from its input)")  # fmt: skip
         flat = torch.from_numpy(secagg.from_ring(total))
         weight = float(flat[-1])
+        self._check_sum_norm(flat[:-1], weight, len(survivors))
         mean: dict[str, torch.Tensor] = {}
         pos = 0
         for n, shape in self.shapes:
@@ -179,6 +188,17 @@ class SecureStages:
             mean[n] = (flat[pos : pos + k] / weight).float().reshape(shape)
             pos += k
         return mean
+
+    def _check_sum_norm(self, weighted_sum: torch.Tensor, weight: float, summed: int) -> None:
+        """Refuse a sum of n_u x update above sum(n_u) x maxUpdateNorm (see the module docstring)."""
+        bound = weight * self.fed.max_update_norm
+        # Each input rounds to the ring's step: at most half a step per element and client.
+        slack = math.sqrt(self.numel) * summed * 0.5 / secagg.SCALE + 1e-9 * bound
+        norm = float(torch.linalg.vector_norm(weighted_sum))
+        if not norm <= bound + slack:  # NaN-proof
+            raise Abandoned("norm", f"the unmasked sum of weighted updates has L2 norm {norm:.6g}, above the "
+                                    f"declared weight {weight:.6g} x maxUpdateNorm {self.fed.max_update_norm:.6g} "
+                                    f"= {bound:.6g}: a client did not clip its update")  # fmt: skip
 
     def _unmask(self, ra: RoundAttempt) -> np.ndarray:
         s = ra.secure

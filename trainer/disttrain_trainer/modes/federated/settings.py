@@ -20,7 +20,6 @@ ROLES = (C.ROLE_AGGREGATOR, C.ROLE_CLIENT)
 @dataclass(frozen=True, kw_only=True)
 class FedSettings:
     fed: FederatedSpec
-    seed: int
     role: str
     server_addr: str  # host:port the aggregator listens on / clients dial
     tls: Tls | None
@@ -56,7 +55,6 @@ def load(cfg: TrainerConfig, environ: Mapping[str, str] | None = None) -> FedSet
                           "credentials (the operator and `disttrain local` set it)")  # fmt: skip
     return FedSettings(
         fed=fed,
-        seed=spec.data.seed,
         role=role,
         server_addr=addr,
         tls=Tls(dir=Path(tls_dir)) if tls_dir else None,
