@@ -12,7 +12,9 @@
 #
 # CUDA trainer (README "GPU"): TORCH_INDEX_URL names an index with a CUDA build of torch
 # TORCH_VERSION (PyPI's Linux torch is one; https://download.pytorch.org/whl/cu130 picks a
-# CUDA version); empty (the default) keeps the wheelhouse's CPU torch.
+# CUDA version); empty (the default) keeps the wheelhouse's CPU torch. Or, with no network in
+# the build, WHEELS names a wheelhouse that holds a CUDA torch already (`make image-cuda`:
+# build/wheels-cuda).
 ARG BASE_IMAGE=python:3.11-slim
 
 FROM ${BASE_IMAGE} AS base
@@ -39,9 +41,10 @@ WORKDIR /home/disttrain
 FROM base AS trainer
 ARG TORCH_INDEX_URL=""
 ARG TORCH_VERSION=2.13.0
+ARG WHEELS=build/wheels
 # --no-index: the wheelhouse is the pin set (torch==2.13.0 CPU among them). A CUDA torch
 # installed first satisfies the same pin (2.13.0+cuXXX == 2.13.0), so the wheelhouse keeps it.
-RUN --mount=type=bind,source=build/wheels,target=/wheels \
+RUN --mount=type=bind,source=${WHEELS},target=/wheels \
     if [ -n "${TORCH_INDEX_URL}" ]; then \
       pip install --no-cache-dir --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"; \
     fi \

@@ -4,7 +4,7 @@
 LOCALCLUSTER := PYTHONPATH=hack $(PY) -m localcluster
 KIND_NAME ?= disttrain
 
-.PHONY: cluster-prereqs cluster-up cluster-down cluster-status images wheelhouse kind-up kind-down
+.PHONY: cluster-prereqs cluster-up cluster-down cluster-status images image-cuda wheelhouse kind-up kind-down
 
 cluster-prereqs: $(STAMP) ## Debian packages, Kubernetes binaries (cached) and images (rebuilt when inputs change)
 	hack/install-deps.sh
@@ -21,6 +21,11 @@ cluster-status: $(STAMP) ## exit 0 when the local cluster is up
 	$(LOCALCLUSTER) status
 
 images: cluster-prereqs ## build the pause, test, trainer, operator and example user (my-model) images when their inputs changed
+
+# Several GB, so not part of `make test` or `images`; TORCH_INDEX_URL picks another CUDA build.
+image-cuda: $(STAMP) ## build the CUDA trainer image with buildah (torch's CUDA wheels), check its CUDA and cuDNN, print its size
+	hack/install-deps.sh buildah umoci debootstrap
+	$(LOCALCLUSTER) image-cuda $(if $(TORCH_INDEX_URL),--torch-index $(TORCH_INDEX_URL))
 
 wheelhouse: $(STAMP) ## build/wheels: dependency wheels (torch pinned) + the project wheel, for the Dockerfile
 	PYTHONPATH=hack $(PY) -c 'from localcluster import images; images.wheelhouse()'

@@ -1,4 +1,4 @@
-"""python -m localcluster (PYTHONPATH=hack): up | down | status | images | stop-node | start-node | gpus."""
+"""python -m localcluster (PYTHONPATH=hack): up | down | status | images | image-cuda | stop-node | start-node | gpus."""
 
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("down", help="stop everything and remove its state (caches stay)")
     sub.add_parser("status", help="exit 0 when the cluster is up")
     sub.add_parser("images", help="build changed images (pause, test, trainer, operator, my-model)")
+    cuda = sub.add_parser("image-cuda", help="build and check the CUDA trainer image (several GB; not used by the cluster)")
+    cuda.add_argument("--torch-index", default=None, help="index with a CUDA build of torch (default: PyPI)")
     sub.add_parser("kubeconfig", help="print the kubeconfig path")
     for name in ("stop-node", "start-node"):
         sub.add_parser(name).add_argument("node")
@@ -43,6 +45,10 @@ def main(argv: list[str] | None = None) -> int:
 
             for ar in images.ensure_all(bin_dir()).values():
                 print(f"{ar.ref}  {ar.path}")
+        elif a.cmd == "image-cuda":
+            from . import cuda_image
+
+            return cuda_image.main(a.torch_index or cuda_image.DEFAULT_TORCH_INDEX)
         elif a.cmd == "kubeconfig":
             print(LocalCluster.current().kubeconfig)
         elif a.cmd == "stop-node":

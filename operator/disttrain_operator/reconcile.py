@@ -299,7 +299,7 @@ class Reconciler:
             name=meta["name"],
             namespace=meta["namespace"],
             uid=meta["uid"],
-            image=plan.spec.image or settings.default_image,
+            image=settings.trainer_image(plan.spec.image, plan.spec.workers.resources.gpus),
             image_pull_policy=settings.image_pull_policy,
             attempt=int(new.get("attempt") or 0),
             replicas=int(new.get("replicas") or plan.spec.workers.replicas),

@@ -29,6 +29,10 @@ class GpuPods:
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: tuple[Mapping[str, Any], ...] = ()
     runtime_class_name: str = ""  # e.g. "nvidia" where the NVIDIA runtime is not the default
+    # The trainer image for jobs that ask for GPUs and name no image of their own (a CUDA build:
+    # `make image-cuda`); empty: the default image, CPU-only unless the operator's default is a
+    # CUDA build itself.
+    image: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,6 +70,15 @@ class OperatorSettings:
     leader_elect: bool = False
     lease_namespace: str = ""  # empty: the operator's own namespace
     extra: Mapping[str, str] = field(default_factory=dict)
+
+    def trainer_image(self, job_image: str, gpus: int) -> str:
+        """The image a job's pods run: its own `spec.image`, else the GPU image for a job that
+        asks for GPUs (when one is set), else the default."""
+        if job_image:
+            return job_image
+        if gpus > 0 and self.gpu.image:
+            return self.gpu.image
+        return self.default_image
 
     def watch_namespaces(self) -> list[str]:
         if self.all_namespaces:
@@ -135,6 +148,7 @@ def from_env(environ: Mapping[str, str] | None = None, **overrides: object) -> O
             node_selector=json_value("GPU_NODE_SELECTOR", dict, '{"nvidia.com/gpu.present": "true"}'),
             tolerations=tuple(json_value("GPU_TOLERATIONS", list, '[{"key": "gpu", "operator": "Exists"}]')),
             runtime_class_name=get("GPU_RUNTIME_CLASS") or "",
+            image=get("GPU_IMAGE") or "",
         ),
         "allow_cpu_fallback": _env_bool(get("ALLOW_CPU_FALLBACK"), False),
         "leader_elect": _env_bool(get("LEADER_ELECT"), False),

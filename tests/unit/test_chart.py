@@ -14,7 +14,10 @@ from typing import Any
 import pytest
 import yaml
 from disttrain_api import metric_names as names
+from disttrain_api import model as api
 from disttrain_operator import settings
+from disttrain_operator.topology import build_children
+from disttrain_operator.topology.common import BuildContext
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "disttrain"
@@ -168,6 +171,27 @@ def test_non_default_values(helm: str) -> None:
             "targetLabel": names.LABEL_RESTART_ATTEMPT} in endpoint["relabelings"]
     (sm,) = by_kind(docs, "ServiceMonitor")
     assert sm["spec"]["endpoints"][0]["port"] == "metrics"
+
+
+def test_gpu_jobs_run_the_cuda_image_the_chart_selects(helm: str) -> None:
+    version = chart_meta()["appVersion"]
+    cfg = settings.from_env(operator_env(render(
+        helm, "--set", "trainer.gpu.image.repository=registry.example.com/disttrain-trainer")))
+    cuda, cpu = f"registry.example.com/disttrain-trainer:{version}-cuda", f"disttrain-trainer:{version}"
+    assert cfg.gpu.image == cuda and cfg.default_image == cpu
+    tagged = settings.from_env(operator_env(render(
+        helm, "--set", "trainer.gpu.image.repository=r/t", "--set", "trainer.gpu.image.tag=cu130")))
+    assert tagged.gpu.image == "r/t:cu130"
+
+    def images(job: dict[str, Any]) -> set[str]:
+        spec = api.parse_spec({"mode": "data", **job})
+        image = cfg.trainer_image(spec.image, spec.workers.resources.gpus)  # what the reconciler passes
+        ctx = BuildContext(name="j", namespace="ns", uid="u", image=image, replicas=spec.workers.replicas, gpu=cfg.gpu)
+        return {c["image"] for p in build_children(spec, ctx).pods for c in p["spec"]["containers"]}
+
+    assert images({"workers": {"replicas": 2, "resources": {"gpus": 1}}}) == {cuda}
+    assert images({"workers": {"replicas": 2}}) == {cpu}
+    assert images({"image": "mine:1", "workers": {"replicas": 2, "resources": {"gpus": 1}}}) == {"mine:1"}
 
 
 def test_monitors_only_when_enabled(helm: str) -> None:

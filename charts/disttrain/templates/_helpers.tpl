@@ -52,3 +52,10 @@ app.kubernetes.io/component: operator
 {{- define "disttrain.trainerImage" -}}
 {{- printf "%s:%s" .Values.trainer.image.repository (default .Chart.AppVersion .Values.trainer.image.tag) -}}
 {{- end -}}
+
+{{/* The CUDA trainer image for jobs that ask for GPUs; empty when trainer.gpu.image.repository is. */}}
+{{- define "disttrain.trainerGpuImage" -}}
+{{- with .Values.trainer.gpu.image.repository -}}
+{{- printf "%s:%s" . (default (printf "%s-cuda" $.Chart.AppVersion) $.Values.trainer.gpu.image.tag) -}}
+{{- end -}}
+{{- end -}}
