@@ -21,6 +21,7 @@ from .datasets import Dataset
 from .process.config import SUMMARY_FILE, TrainerConfig, finished_path
 from .process.precision import Amp
 from .telemetry.scaling_record import termination_message
+from .telemetry.sink import MetricsSink
 
 EVAL_BATCH = 512
 # evaluate() names its figure like the metrics log does; the summary speaks the API's camelCase.
@@ -72,7 +73,11 @@ def mark_finished(cfg: TrainerConfig, rank: int, step: int) -> None:
     path.write_text(json.dumps({"step": step, "restartAttempt": cfg.restart_attempt}))
 
 
-def write_summary(cfg: TrainerConfig, summary: Summary) -> None:
+def write_summary(cfg: TrainerConfig, summary: Summary, sink: MetricsSink | None = None) -> None:
+    """summary.json, the termination message, and the summary for the trackers of `sink` (the
+    tracking process's metrics sink: they log it when it closes)."""
+    if sink is not None:
+        sink.finished(summary)
     text = json.dumps(summary, indent=2, sort_keys=True)
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     tmp = cfg.run_dir / (SUMMARY_FILE + ".tmp")

@@ -13,6 +13,7 @@ from pathlib import Path
 from disttrain_api import metric_names as names
 from prometheus_client import Counter, Histogram
 
+from ..tracking.tracker import TrackingTarget
 from .sink import MetricsSink, StepTimeSeries
 
 ROUND_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -20,9 +21,11 @@ AGGREGATOR = "aggregator"  # the process label of the aggregator
 
 
 class FedMetrics(MetricsSink):
-    def __init__(self, *, job: str, process: str, port: int, log_path: Path | None):
+    def __init__(self, *, job: str, process: str, port: int, log_path: Path | None,
+                 tracking: TrackingTarget | None = None):  # fmt: skip
+        """`tracking`: the aggregator's tracking target (spec.tracking), if any."""
         labels = {names.LABEL_JOB: job, "process": process, names.LABEL_MODE: "federated"}
-        super().__init__(labels=labels, port=port, log_path=log_path)
+        super().__init__(labels=labels, port=port, log_path=log_path, tracking=tracking)
         r, keys = self.registry, tuple(labels)
         gauge, counter = self.gauge, self.counter
 

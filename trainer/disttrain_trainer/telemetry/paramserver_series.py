@@ -14,6 +14,7 @@ from pathlib import Path
 from disttrain_api import metric_names as names
 from prometheus_client import Counter, Histogram
 
+from ..tracking.tracker import TrackingTarget
 from .sink import MetricsSink, StepTimeSeries
 
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
@@ -104,9 +105,11 @@ class WorkerTally:
 
 
 class WorkerMetrics(MetricsSink):
-    def __init__(self, *, job: str, rank: int, port: int, log_path: Path | None):
+    def __init__(self, *, job: str, rank: int, port: int, log_path: Path | None,
+                 tracking: TrackingTarget | None = None):  # fmt: skip
+        """`tracking`: worker 0's tracking target (spec.tracking), if any."""
         super().__init__(labels={names.LABEL_JOB: job, names.LABEL_RANK: str(rank), names.LABEL_MODE: "paramserver"},
-                         port=port, log_path=log_path)  # fmt: skip
+                         port=port, log_path=log_path, tracking=tracking)  # fmt: skip
         self.step = self.gauge(names.STEP, "Iterations this worker has completed.")
         self.loss = self.gauge(names.PREFIX + "loss", "Mean training loss over the last log interval.")
         # The series every mode exports (compute, data, exposed = busy communication: pull + push, idle).
@@ -120,8 +123,9 @@ class WorkerMetrics(MetricsSink):
         """The one per-iteration call: the step-time histogram needs every iteration."""
         self.times.step_time.observe(step_s)
 
-    def observe(self, step: int, t: WorkerTally) -> None:
-        """A log interval's sums (the histogram has had its iterations from observe_iteration)."""
+    def observe(self, step: int, t: WorkerTally, *, version: int | None = None) -> None:
+        """A log interval's sums (the histogram has had its iterations from observe_iteration);
+        `version`: the parameters' version as last pulled from shard 0 (the tracked step)."""
         self.step.set(step)
         self.loss.set(t.loss_sum / max(1, t.steps))
         # Nothing overlaps a pull or a push: exposed = busy = their sum.
@@ -130,4 +134,4 @@ class WorkerMetrics(MetricsSink):
         self.push_s.inc(t.push_s)
         self.pull_bytes.inc(t.pull_bytes)
         self.push_bytes.inc(t.push_bytes)
-        self.write({"step": step, **t.record()})
+        self.write({"step": step, **t.record(), **({"version": version} if version is not None else {})})

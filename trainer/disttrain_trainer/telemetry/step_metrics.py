@@ -20,6 +20,7 @@ from disttrain_api import constants as C
 from disttrain_api import metric_names as names
 from disttrain_api.scaling.hint import propose
 
+from ..tracking.tracker import TrackingTarget
 from .sink import MetricsSink, StepTimeSeries, time_fractions
 
 # Rank 0 republishes its forecast inputs (and the forecast gauges) at most this often.
@@ -152,13 +153,16 @@ class Metrics(MetricsSink):
         enabled: bool = True,
         namespace: str = "default",
         target_steps: int | None = None,
+        tracking: TrackingTarget | None = None,
     ):
-        """`target_steps`: the steps the job trains (exported for the dashboard's progress and ETA)."""
+        """`target_steps`: the steps the job trains (exported for the dashboard's progress and ETA);
+        `tracking`: rank 0's tracking target (spec.tracking), if any."""
         self.enabled = enabled
         labels = {names.LABEL_JOB: job, names.LABEL_NAMESPACE: namespace, names.LABEL_RANK: str(rank),
                   names.LABEL_MODE: mode}  # fmt: skip
         log_path = run_dir / C.RANK_METRICS_FILENAME.format(rank=rank) if enabled and run_dir is not None else None
-        super().__init__(labels=labels, port=port if enabled else 0, log_path=log_path)
+        super().__init__(labels=labels, port=port if enabled else 0, log_path=log_path,
+                         tracking=tracking if enabled else None)  # fmt: skip
         gauge, counter = self.gauge, self.counter
         n = names
         self.times = StepTimeSeries(self, step_doc="Wall time of one optimizer step.", buckets=STEP_BUCKETS, docs={
@@ -200,11 +204,12 @@ class Metrics(MetricsSink):
 
     def observe_interval(self, *, step: int, loss: float, lr: float, tally: Tally,
                          gradient_bytes: int, extra: dict[str, Any] | None = None,
-                         mfu: float | None = None) -> None:  # fmt: skip
+                         mfu: float | None = None, data_degree: int = 1) -> None:  # fmt: skip
         """The steps since the last log interval: counters grow by their sums, gauges show per-step means.
 
         `extra`: mode-specific fields added to the JSON-lines record (a pipeline stage's bubble, ...);
-        `mfu`: the job's model FLOPs utilisation over the interval, where it is known."""
+        `mfu`: the job's model FLOPs utilisation over the interval, where it is known; `data_degree`:
+        the replicas whose samples add up to the job's (the record's job_samples_per_s)."""
         tally.settle()
         if not self.enabled:
             return
@@ -230,8 +235,8 @@ class Metrics(MetricsSink):
                 self.mfu = self.gauge(names.MFU, "Model FLOPs utilisation of the job, last log interval.")
             self.mfu.set(mfu)
             rec["mfu"] = mfu
-        self.write({"step": step, "loss": loss, "lr": lr, **rec, "gradient_bytes": gradient_bytes,
-                    **(extra or {})})  # fmt: skip
+        self.write({"step": step, "loss": loss, "lr": lr, **rec, "job_samples_per_s": rec["samples_per_s"] * data_degree,
+                    "gradient_bytes": gradient_bytes, **(extra or {})})  # fmt: skip
 
     def forecast_due(self) -> bool:
         """Whether rank 0 should measure and publish its forecast inputs now: at the first steady
@@ -281,11 +286,12 @@ class Metrics(MetricsSink):
         self.ckpt_total.inc()
         self.write({"event": "checkpoint", "step": step, "write_s": write_s, "checkpoint_bytes": nbytes})
 
-    def observe_eval(self, step: int, name: str, value: float) -> None:
+    def observe_eval(self, step: int, name: str, value: float, seconds: float | None = None) -> None:
+        """An evaluation's result and, where timed, how long it took (`eval_s`)."""
         if not self.enabled:
             return
         self.eval_value.set(value)
-        self.write({"event": "eval", "step": step, name: value})
+        self.write({"event": "eval", "step": step, name: value, **({"eval_s": seconds} if seconds is not None else {})})
 
 
 def observe_single_step(m: Metrics, *, step: int, loss: float, lr: float, samples: int, t0: float, t1: float,

@@ -85,10 +85,11 @@ def _evaluate_run(run: Run) -> tuple[str, float] | None:
     """Evaluate on rank 0, or on every rank for a sharded model; rank 0 records it and returns it."""
     if not (run.ctx.is_main or run.sharded):
         return None
+    t0 = time.perf_counter()
     result = evaluate_model(run.inner, run.ds, run.amp)
     if not run.ctx.is_main:
         return None
-    run.metrics.observe_eval(run.step, *result)
+    run.metrics.observe_eval(run.step, *result, seconds=time.perf_counter() - t0)
     return result
 
 
@@ -274,7 +275,7 @@ def _log_interval(run: Run, interval: Tally, losses: list[torch.Tensor], grad_by
     mfu = throughput_fields(spec, vocab=run.ds.num_classes, samples_per_s=job_samples_per_s, device=ctx.device,
                             accelerators=ctx.world_size).get("mfu")  # fmt: skip
     run.metrics.observe_interval(step=run.step, loss=loss, lr=lr, tally=interval, gradient_bytes=grad_bytes,
-                                 extra=extra, mfu=mfu)  # fmt: skip
+                                 extra=extra, mfu=mfu, data_degree=dp)  # fmt: skip
     run.report_checkpoints()
     if run.ctx.is_main:
         rec = interval.record()

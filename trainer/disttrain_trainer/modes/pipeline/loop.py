@@ -174,7 +174,7 @@ def loop(run: PipeRun, amp: Amp) -> dict[str, Any] | None:
                     extra={"stage": run.pp_rank, "p2p_s": times.p2p_s, "allreduce_s": ar_s, "bubble_s": times.bubble_s,
                            "bubble_fraction": times.bubble_fraction, "window_s": times.window_s,
                            "act_peak_bytes": out.act_peak_bytes},
-                    mfu=mfu,
+                    mfu=mfu, data_degree=run.dp_size,
                 )  # fmt: skip
                 if ctx.is_main:
                     rec = interval.record()
@@ -237,11 +237,12 @@ def _scaling_block(run: PipeRun) -> dict[str, Any]:
 
 def _evaluate(run: PipeRun, amp: Amp) -> tuple[str, float] | None:
     """Rank 0 gathers every stage's blocks into its whole model and evaluates it."""
+    t0 = time.perf_counter()
     state = run.gather_blocks()
     result = None
     if state is not None:
         load_block_state(run.full_blocks, range(len(run.full_blocks)), state)
         run.full.to(run.ctx.device)
         result = evaluate(run.full, run.ds, amp)
-        run.metrics.observe_eval(run.step, *result)
+        run.metrics.observe_eval(run.step, *result, seconds=time.perf_counter() - t0)
     return result
