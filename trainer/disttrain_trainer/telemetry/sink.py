@@ -124,6 +124,20 @@ class MetricsSink:
             self._server = None
 
 
+class LazyGauge:
+    """A gauge registered on the sink at its first `set`: until then a scrape finds no series, where
+    a plain gauge would read 0 (a step count of 0 during start-up would anchor a rate window)."""
+
+    def __init__(self, sink: MetricsSink, name: str, doc: str) -> None:
+        self._sink, self._name, self._doc = sink, name, doc
+        self._gauge: Any = None
+
+    def set(self, value: float) -> None:
+        if self._gauge is None:
+            self._gauge = self._sink.gauge(self._name, self._doc)
+        self._gauge.set(value)
+
+
 class StepTimeSeries:
     """Where a step's wall time went, in the series every mode exports (disttrain_api.metric_names):
     the step-time histogram and the compute, data, exposed and busy communication and idle

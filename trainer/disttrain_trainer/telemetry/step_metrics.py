@@ -21,7 +21,8 @@ from disttrain_api import metric_names as names
 from disttrain_api.scaling.hint import propose
 
 from ..tracking.tracker import TrackingTarget
-from .sink import MetricsSink, StepTimeSeries, time_fractions
+from .finish_estimate import FinishEstimate
+from .sink import LazyGauge, MetricsSink, StepTimeSeries, time_fractions
 
 # Rank 0 republishes its forecast inputs (and the forecast gauges) at most this often.
 FORECAST_PUBLISH_S = 10.0
@@ -187,7 +188,12 @@ class Metrics(MetricsSink):
         self._forecast_next = float("-inf")
         self.loss = gauge(n.LOSS, "Mean training loss on this rank over the last log interval.")
         self.lr = gauge(n.LEARNING_RATE, "Learning rate of the last step.")
-        self.step = gauge(n.STEP, "Optimizer steps completed.")
+        # Exported from the first log interval on: a scrape during start-up (data preparation) finds
+        # no count, so the operator's first rate window starts when training does.
+        self.step = LazyGauge(self, n.STEP, "Optimizer steps completed.")
+        self.finish = FinishEstimate()
+        self.finish_seconds = LazyGauge(self, n.FINISH_SECONDS, "Seconds the run will take after its last step "
+                                        "(final evaluation, export, final checkpoint), from what it measured so far.")
         if target_steps is not None:
             gauge(n.TARGET_STEPS, "Optimizer steps the job trains (spec.training.steps).").set(target_steps)
         self.last_ckpt = gauge(n.LAST_CHECKPOINT_STEP, "Step of the newest checkpoint completely written.")
@@ -230,6 +236,9 @@ class Metrics(MetricsSink):
         self.loss.set(loss)
         self.lr.set(lr)
         self.step.set(step)
+        finish_s = self.finish.seconds()
+        self.finish_seconds.set(finish_s)
+        rec["finish_s"] = finish_s
         if mfu is not None:
             if self.mfu is None:
                 self.mfu = self.gauge(names.MFU, "Model FLOPs utilisation of the job, last log interval.")
@@ -274,6 +283,7 @@ class Metrics(MetricsSink):
         if not self.enabled:
             return
         self.ckpt_stall.set(seconds)
+        self.finish.checkpoint_stall_s = seconds
         self.write({"event": "checkpoint_stall", "step": step, "stall_s": seconds})
 
     def observe_checkpoint(self, step: int, write_s: float, nbytes: int) -> None:
@@ -284,6 +294,7 @@ class Metrics(MetricsSink):
         self.ckpt_write.set(write_s)
         self.ckpt_bytes.set(nbytes)
         self.ckpt_total.inc()
+        self.finish.checkpoint_write_s, self.finish.checkpoint_bytes = write_s, nbytes
         self.write({"event": "checkpoint", "step": step, "write_s": write_s, "checkpoint_bytes": nbytes})
 
     def observe_eval(self, step: int, name: str, value: float, seconds: float | None = None) -> None:
@@ -291,6 +302,8 @@ class Metrics(MetricsSink):
         if not self.enabled:
             return
         self.eval_value.set(value)
+        if seconds is not None:
+            self.finish.eval_s, self.finish.eval_timed = seconds, True
         self.write({"event": "eval", "step": step, name: value, **({"eval_s": seconds} if seconds is not None else {})})
 
 

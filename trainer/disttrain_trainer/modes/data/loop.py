@@ -37,6 +37,7 @@ from ...process.loop_gc import LoopGC
 from ...process.precision import Amp
 from ...run_common import SUMMARY_EVAL_KEY, Summary, evaluate, loss_fn_for
 from ...telemetry import scaling_record
+from ...telemetry.finish_estimate import model_bytes, probe_due, probe_eval_seconds
 from ...telemetry.model_flops import throughput_fields
 from ...telemetry.step_metrics import StepRecord, Tally, ends_interval, fold_steps
 from . import layouts
@@ -134,6 +135,14 @@ def train(run: Run) -> Summary | None:
     def last_of_interval(step: int) -> bool:
         return ends_interval(step, log_every=log_every, steps=tr.steps)
 
+    # What the run will cost after its last step (the ETA adds it): rank 0 probes the evaluation (a
+    # sharded model is evaluated by every rank together: only a real evaluation is timed there).
+    probe = ctx.is_main and metrics.enabled and not run.sharded
+    if ctx.is_main and metrics.enabled:
+        metrics.finish.export_bytes = model_bytes(run.inner)
+    if probe:
+        metrics.finish.observe_probe(probe_eval_seconds(run.inner, run.ds, run.amp))
+    intervals = 0
     stop = run.stop
     stopped = False
     start = time.perf_counter()
@@ -179,6 +188,9 @@ def train(run: Run) -> Summary | None:
                     if ctx.is_main and run.scaling.steady.steps and metrics.forecast_due():
                         run.metrics.observe_forecast(_forecast_inputs(run, layout, interval))
                     interval, losses = Tally(), []
+                    intervals += 1
+                    if probe and not metrics.finish.eval_timed and probe_due(intervals) and run.step < tr.steps:
+                        metrics.finish.observe_probe(probe_eval_seconds(run.inner, run.ds, run.amp))
                 loop_gc.after_step(run.step)
                 if stop is not None and run.step < tr.steps and stop.should_stop(run.step):
                     stopped = True
