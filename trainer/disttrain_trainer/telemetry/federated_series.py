@@ -14,7 +14,7 @@ from disttrain_api import metric_names as names
 from prometheus_client import Counter, Histogram
 
 from ..tracking.tracker import TrackingTarget
-from .sink import MetricsSink, StepTimeSeries
+from .sink import LazyGauge, MetricsSink, StepTimeSeries
 
 ROUND_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 AGGREGATOR = "aggregator"  # the process label of the aggregator
@@ -31,7 +31,8 @@ class FedMetrics(MetricsSink):
 
         # Only the aggregator sees whole rounds; clients export their own series below.
         self.times = StepTimeSeries(self, step_doc="Wall time of one completed round.") if process == AGGREGATOR else None
-        self.step = gauge(names.STEP, "Federated rounds completed.")
+        # From the first round (or the round a resumed aggregator restored) on: none during start-up.
+        self.step = LazyGauge(self, names.STEP, "Federated rounds completed.")
         self.last_ckpt = gauge(names.LAST_CHECKPOINT_STEP, "Round of the newest checkpoint.")
         self.round = gauge(names.FED_ROUND, "Federated rounds completed.")
         self.round_seconds = Histogram(

@@ -15,7 +15,7 @@ from disttrain_api import metric_names as names
 from prometheus_client import Counter, Histogram
 
 from ..tracking.tracker import TrackingTarget
-from .sink import MetricsSink, StepTimeSeries
+from .sink import LazyGauge, MetricsSink, StepTimeSeries
 
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
 APPLY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
@@ -110,7 +110,8 @@ class WorkerMetrics(MetricsSink):
         """`tracking`: worker 0's tracking target (spec.tracking), if any."""
         super().__init__(labels={names.LABEL_JOB: job, names.LABEL_RANK: str(rank), names.LABEL_MODE: "paramserver"},
                          port=port, log_path=log_path, tracking=tracking)  # fmt: skip
-        self.step = self.gauge(names.STEP, "Iterations this worker has completed.")
+        # From the first log interval on: none during start-up.
+        self.step = LazyGauge(self, names.STEP, "Iterations this worker has completed.")
         self.loss = self.gauge(names.PREFIX + "loss", "Mean training loss over the last log interval.")
         # The series every mode exports (compute, data, exposed = busy communication: pull + push, idle).
         self.times = StepTimeSeries(self, step_doc="Seconds per worker iteration (pull, compute, push).")
