@@ -31,6 +31,7 @@ from ...process.loop_gc import LoopGC
 from ...process.precision import Amp
 from ...run_common import SUMMARY_EVAL_KEY, evaluate
 from ...telemetry import scaling_record
+from ...telemetry.finish_estimate import model_bytes
 from ...telemetry.model_flops import throughput_fields
 from ...telemetry.step_metrics import Tally, ends_interval
 from ...weights.export import export_on_rank0
@@ -125,6 +126,8 @@ def loop(run: PipeRun, amp: Amp) -> dict[str, Any] | None:
     eval_result: tuple[str, float] | None = None
     last_loss = float("nan")
     interval, losses = Tally(), []
+    if ctx.is_main and run.metrics.enabled:  # the export's share of the run's end (the ETA adds it)
+        run.metrics.finish.export_bytes = model_bytes(run.full)
     start = time.perf_counter()
     with LoopGC() as loop_gc:
         while run.step < tr.steps:
