@@ -97,7 +97,9 @@ class Tracker:
         deliver what is queued. Returns the records each could not deliver."""
         export = self.target.checkpoint_dir / C.EXPORT_DIRNAME
         has_export = summary is not None and summary.get("export") is not None and export.is_dir()
-        final = Final(summary=summary, step=self.last_step, export_dir=str(export) if has_export else None)
+        # A finished run resumed logs no record: its summary's steps are its last step.
+        step = self.last_step or int((summary or {}).get("steps") or 0)
+        final = Final(summary=summary, step=step, export_dir=str(export) if has_export else None)
         mlflow = self.target.spec.tracking.mlflow
         errors = {}
         for w in self.writers:
