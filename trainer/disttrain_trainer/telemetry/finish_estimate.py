@@ -5,7 +5,7 @@ After the last step rank 0 evaluates the model on the whole held-out set, export
 writes the final checkpoint in the foreground (its snapshot, then the write the trainer waits
 for). Their costs:
 - evaluation: the last periodic evaluation's duration; until one, a timed forward pass over a
-  few batches of the held-out set, scaled to all of it (`probe_eval_seconds`), taken before the
+  few batches of the held-out set, scaled to all of it (run_common.probe_eval_seconds), taken before the
   first step and again after log intervals 1, 4, 16, 64, ... (`probe_due`), the fastest one
   standing (`observe_probe`): anything else on the host (the background checkpoint write, another
   process) only ever slows a probe down, and the final evaluation runs alone;
@@ -17,19 +17,10 @@ A cost not measured yet counts 0: the estimate says what is known, never a guess
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch import nn
-
-from ..datasets import Dataset
-from ..process.precision import Amp
-
-PROBE_BATCH = 512  # run_common.EVAL_BATCH: the batch the evaluation runs
-PROBE_MAX_BATCHES = 8  # timed, after one that warms up
-PROBE_MAX_S = 0.25  # or fewer, once this much time was timed
 
 
 @dataclass(kw_only=True, slots=True)
@@ -67,35 +58,3 @@ def probe_due(interval: int) -> bool:
 def model_bytes(model: nn.Module) -> int:
     """Bytes of the model's state (a sharded tensor counts whole: the export gathers it)."""
     return sum(t.numel() * t.element_size() for t in model.state_dict().values() if isinstance(t, torch.Tensor))
-
-
-@torch.no_grad()
-def probe_eval_seconds(model: nn.Module, ds: Dataset, amp: Amp) -> float:
-    """Seconds a whole evaluation (run_common.evaluate) would take, from timing a forward pass over a
-    few batches of the held-out set after a warm-up batch: at most about PROBE_MAX_S. The median
-    batch counts, so a batch the OS preempted does not make the estimate."""
-    x_all, _ = ds.test_batches()
-    n = len(x_all)
-    if n == 0:
-        return 0.0
-    was_training = model.training
-    model.eval()
-    per_sample: list[float] = []
-    try:
-        spent = 0.0
-        for i in range(PROBE_MAX_BATCHES + 1):
-            lo = (i * PROBE_BATCH) % n
-            x = torch.from_numpy(np.asarray(x_all[lo : lo + PROBE_BATCH])).to(amp.device)
-            t0 = time.perf_counter()
-            with amp.autocast():
-                out = model(x).float()
-            float(out.sum())  # waits for the device
-            took = time.perf_counter() - t0
-            if i:  # the first one warms up
-                per_sample.append(took / len(x))
-                spent += took
-                if spent >= PROBE_MAX_S:
-                    break
-    finally:
-        model.train(was_training)
-    return float(np.median(per_sample)) * n

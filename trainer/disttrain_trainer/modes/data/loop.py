@@ -35,9 +35,9 @@ from ...parallel.mesh import Layout
 from ...process import stop_request
 from ...process.loop_gc import LoopGC
 from ...process.precision import Amp
-from ...run_common import SUMMARY_EVAL_KEY, Summary, evaluate, loss_fn_for
+from ...run_common import SUMMARY_EVAL_KEY, Summary, evaluate, loss_fn_for, probe_eval_seconds
 from ...telemetry import scaling_record
-from ...telemetry.finish_estimate import model_bytes, probe_due, probe_eval_seconds
+from ...telemetry.finish_estimate import model_bytes, probe_due
 from ...telemetry.model_flops import throughput_fields
 from ...telemetry.step_metrics import StepRecord, Tally, ends_interval, fold_steps
 from . import layouts
@@ -75,11 +75,11 @@ def _between_steps(run: Run, *, evaluate_now: bool, checkpoint_now: bool) -> tup
     return result
 
 
-def evaluate_model(model: nn.Module, ds: Dataset, amp: Amp) -> tuple[str, float]:
+def evaluate_model(model: nn.Module, ds: Dataset, amp: Amp, rows: tuple[int, int] | None = None) -> tuple[str, float]:
     """run_common.evaluate under loss_parallel: a tensor-parallel model's vocabulary-sharded logits
     meet a vocabulary-parallel cross-entropy (a no-op for plain tensors)."""
     with loss_parallel():
-        return evaluate(model, ds, amp)
+        return evaluate(model, ds, amp, rows=rows)
 
 
 def _evaluate_run(run: Run) -> tuple[str, float] | None:
@@ -141,7 +141,7 @@ def train(run: Run) -> Summary | None:
     if ctx.is_main and metrics.enabled:
         metrics.finish.export_bytes = model_bytes(run.inner)
     if probe:
-        metrics.finish.observe_probe(probe_eval_seconds(run.inner, run.ds, run.amp))
+        metrics.finish.observe_probe(probe_eval_seconds(run.inner, run.ds, run.amp, evaluate_model))
     intervals = 0
     stop = run.stop
     stopped = False
@@ -190,7 +190,7 @@ def train(run: Run) -> Summary | None:
                     interval, losses = Tally(), []
                     intervals += 1
                     if probe and not metrics.finish.eval_timed and probe_due(intervals) and run.step < tr.steps:
-                        metrics.finish.observe_probe(probe_eval_seconds(run.inner, run.ds, run.amp))
+                        metrics.finish.observe_probe(probe_eval_seconds(run.inner, run.ds, run.amp, evaluate_model))
                 loop_gc.after_step(run.step)
                 if stop is not None and run.step < tr.steps and stop.should_stop(run.step):
                     stopped = True
