@@ -270,3 +270,82 @@ def s3_servers() -> Iterator[Callable[[str], S3Server]]:
 @pytest.fixture(scope="session")
 def s3_server(s3_servers: Callable[[str], S3Server]) -> S3Server:
     return s3_servers("127.0.0.1")
+
+
+# ------------------------------------------------------------ a real MLflow tracking server
+
+
+@dataclasses.dataclass(frozen=True)
+class MlflowServer:
+    """PyPI's `mlflow server`: runs in SQLite, artifacts served from a temp dir (the dev extra)."""
+
+    url: str
+    artifacts: Path
+
+    def client(self) -> object:
+        from mlflow.tracking import MlflowClient  # noqa: PLC0415 - mlflow, only for the tracking tests
+
+        return MlflowClient(tracking_uri=self.url)
+
+
+@contextlib.contextmanager
+def mlflow_server(host: str) -> Iterator[MlflowServer]:
+    """`mlflow server` on `host` (loopback for host-side tests; the cluster's node bridge address for
+    pods: tests/e2e). Its start-up creates the SQLite schema: tens of seconds on a busy 2-core host."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory(prefix="mlflow-") as tmp:
+        root = Path(tmp)
+        # No background job runner (the server's own task queue): nothing here uses it.
+        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+        mlflow = Path(sys.executable).parent / "mlflow"
+        log = (root / "server.log").open("w")
+        proc = subprocess.Popen([str(mlflow), "server", "--host", host, "--port", str(port), "--workers", "1",
+                                 "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
+                                 "--artifacts-destination", str(root / "artifacts"),
+                                 # Pods call it by the bridge address: its host-header check must allow it.
+                                 "--allowed-hosts", f"{host}:{port},{host},localhost:{port},127.0.0.1:{port}"],
+                                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        url = f"http://{host}:{port}"
+        try:
+            deadline = time.monotonic() + 240
+            while True:
+                try:
+                    urllib.request.urlopen(f"{url}/health", timeout=2).close()
+                    break
+                except OSError:
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError(f"mlflow server did not start on {url}:\n"
+                                           f"{(root / 'server.log').read_text()[-3000:]}") from None  # fmt: skip
+                    time.sleep(0.2)
+            yield MlflowServer(url=url, artifacts=root / "artifacts")
+        finally:
+            # Its own session: uvicorn's worker goes with it.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, 15)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, 9)
+                proc.wait()
+            log.close()
+
+
+@pytest.fixture(scope="session")
+def mlflow_servers() -> Iterator[Callable[[str], MlflowServer]]:
+    """One MLflow server per listening address, started on first use, stopped at session end."""
+    with contextlib.ExitStack() as stack:
+        started: dict[str, MlflowServer] = {}
+
+        def on(host: str) -> MlflowServer:
+            if host not in started:
+                started[host] = stack.enter_context(mlflow_server(host))
+            return started[host]
+
+        yield on
+
+
+@pytest.fixture(scope="session")
+def mlflow_tracking_server(mlflow_servers: Callable[[str], MlflowServer]) -> MlflowServer:
+    return mlflow_servers("127.0.0.1")

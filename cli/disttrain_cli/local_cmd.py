@@ -57,6 +57,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         metavar="PORT",
         help="rank r serves Prometheus /metrics on PORT + r; 0 turns it off (default: free ports)",
     )
+    p.add_argument(
+        "--progress-interval",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="rewrite the run dir's progress.json at most this often (default 10, like the operator's status)",
+    )
     p.set_defaults(handler=run)
 
 
@@ -122,6 +129,9 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_INVALID
+    if args.progress_interval is not None and not args.progress_interval > 0:
+        print(f"--progress-interval {args.progress_interval}: use a positive number of seconds", file=sys.stderr)
+        return EXIT_INVALID
 
     # The trainer package: only `disttrain local` loads it (its processes need the trainer extra).
     from disttrain_trainer.launcher import LocalOptions, run_local  # noqa: PLC0415 - disttrain_trainer
@@ -135,5 +145,6 @@ def run(args: argparse.Namespace) -> int:
         fresh=args.fresh,
         progress=not args.no_progress,
         metrics_port=args.metrics_port,
+        **({"progress_interval_s": args.progress_interval} if args.progress_interval is not None else {}),
     )
     return run_local(job, options).exit_code

@@ -38,9 +38,15 @@ MFU = PREFIX + "mfu"
 # figure the operator's scaling hint is decided on (disttrain_api/scaling/hint.py).
 COMM_EXPOSED_FRACTION = PREFIX + "comm_exposed_fraction"
 
+# Seconds the run will still take after its last step (the final evaluation, the export, the final
+# checkpoint), as rank 0 predicts them from what it measured so far (a gauge; trainer
+# telemetry/finish_estimate.py): the ETA adds them (disttrain_api/progress.py).
+FINISH_SECONDS = PREFIX + "finish_seconds"
+
 # Series the operator reads from rank 0's /metrics for status.step / lastCheckpointStep /
 # commFraction / progress / hint.
-PROGRESS_SERIES = (STEP, LAST_CHECKPOINT_STEP, COMM_SECONDS_TOTAL, STEP_SECONDS_SUM, MFU, COMM_EXPOSED_FRACTION)
+PROGRESS_SERIES = (STEP, LAST_CHECKPOINT_STEP, COMM_SECONDS_TOTAL, STEP_SECONDS_SUM, MFU, COMM_EXPOSED_FRACTION,
+                   FINISH_SECONDS)  # fmt: skip
 
 # Beside /metrics, a data-parallel rank 0 serves the scaling forecast's inputs as measured so far
 # (a JSON object shaped like its summary: mode, layout, worldSize, ..., scaling): the operator
@@ -130,3 +136,10 @@ PS_PUSH_SECONDS = PREFIX + "paramserver_push_seconds"
 PS_PULL_SECONDS = PREFIX + "paramserver_pull_seconds"
 PS_PUSH_BYTES = PREFIX + "paramserver_push_bytes"
 PS_PULL_BYTES = PREFIX + "paramserver_pull_bytes"
+
+# --- experiment tracking (spec.tracking) ----------------------------------------
+# Counter (prometheus_client appends _total), label LABEL_TRACKING_BACKEND (tensorboard, mlflow):
+# records the tracking process could not deliver (after its retries) or dropped (its queue was
+# full); training never waits for them or fails with them.
+TRACKING_ERRORS = PREFIX + "tracking_errors"
+LABEL_TRACKING_BACKEND = "backend"

@@ -4,12 +4,23 @@ operator feeds it rank 0's scraped step (the aggregator's round), `disttrain loc
 trainer's metrics log, so both report the same figures.
 
 The rate is the recent one, not the run's mean: each update measures the rate over the
-window since the previous update, and blends it into the previous rate with a weight that
-halves the old rate's share every RATE_HALF_LIFE_S. A run that slowed down (a smaller gang
+window since the previous update, and blends it into the previous rate, each window weighted by
+its length, a weight that halves every RATE_HALF_LIFE_S after it (`blend`; the block keeps the
+weight the rate stands for, `rateSeconds`). So a run observed for less than a half-life gets
+about its mean since its first reading (a short first window, often a slow one, does not
+outweigh the ones after it), and a long run the rate of its last minute or so. A run that slowed down (a smaller gang
 after an elastic shrink, a contended node, a slower phase of a schedule) gets an ETA from
 its present speed within a minute or so, which a whole-run mean would take the rest of the
 run to learn. A count that goes back (a gang resumed from an older checkpoint) starts the
 rate over.
+
+What the ETA adds up: the steps left at the recent rate, and the seconds the run takes after its
+last step (the final evaluation, the export, the final checkpoint), which rank 0 estimates from
+their measured costs and exports (metric_names.FINISH_SECONDS, `finish_s` in its metrics log).
+Start-up is kept out of the rate: the trainer reports no step count before its first log interval
+(data preparation, model build), and a restarted gang's first reading re-anchors the window
+(`restarted`) so the pause between two gangs never counts as a slow window; the rate measured
+before the restart stands until the new gang's second reading.
 """
 
 from __future__ import annotations
@@ -91,27 +102,60 @@ def blended_rate(prev_rate: float | None, window_rate: float, window_s: float,
     return w * window_rate + (1.0 - w) * prev_rate
 
 
+def blend(prev_rate: float | None, prev_seconds: float | None, window_rate: float, window_s: float,
+          half_life_s: float = RATE_HALF_LIFE_S) -> tuple[float, float]:  # fmt: skip
+    """(rate, seconds): the windows' rates averaged by their lengths, each length halved every
+    `half_life_s` since; `prev_seconds` is the weight `prev_rate` stands for (None: a block written
+    before it was kept, taken as the steady state: blended_rate). In the steady state (windows of
+    one length) it is blended_rate."""
+    if prev_rate is None:
+        return window_rate, window_s
+    if prev_seconds is None:
+        return blended_rate(prev_rate, window_rate, window_s, half_life_s), window_s / (1.0 - 0.5 ** (window_s / half_life_s))
+    kept = prev_seconds * 0.5 ** (window_s / half_life_s)
+    total = kept + window_s
+    return (prev_rate * kept + window_rate * window_s) / total, total
+
+
 def _num(value: object) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def build(prev: dict[str, object] | None, *, completed: int, basis: Basis, now: datetime,
-          mfu: float | None = None) -> dict[str, object]:  # fmt: skip
+          mfu: float | None = None, finish_s: float | None = None) -> dict[str, object]:  # fmt: skip
     """The progress block after a reading of `completed` units at `now`; `prev`: the block
-    last reported (its count and time are the start of this window).
+    last reported (its count and time are the start of this window); `finish_s`: the seconds
+    after the last step, as the trainer estimates them (added to the ETA).
 
     The same count as before returns `prev` unchanged (its time stays that of the last
-    advance): a stalled job is not rewritten, and its next advance is measured over the stall."""
+    advance): a stalled job is not rewritten, and its next advance is measured over the stall.
+    A `prev` that `restarted` returned is an anchor only: its rate carries over."""
     prev = prev if isinstance(prev, dict) else None
     prev_done, prev_time = (_num(prev.get("completed")), parse_time(prev.get("lastUpdateTime"))) if prev else (None, None)
-    if prev is not None and prev_done == completed and prev.get("total") == basis.total:
+    if prev is not None and prev_time is not None and prev_done == completed and prev.get("total") == basis.total:
         return prev
     rate: float | None = None
-    if prev_done is not None and prev_time is not None and completed > prev_done:
+    weight: float | None = None
+    if prev is not None and prev_time is None:  # the first reading of a restarted gang: the window starts here
+        rate, weight = _num(prev.get("rate")), _num(prev.get("rateSeconds"))
+    elif prev_done is not None and prev_time is not None and completed > prev_done:
         window_s = (now - prev_time).total_seconds()
         if window_s > 0:
-            rate = blended_rate(_num(prev.get("rate")) if prev else None, (completed - prev_done) / window_s, window_s)
-    return _block(completed=completed, basis=basis, rate=rate, now=now, mfu=mfu)
+            rate, weight = blend(_num(prev.get("rate")) if prev else None, _num(prev.get("rateSeconds")) if prev else None,
+                                 (completed - prev_done) / window_s, window_s)  # fmt: skip
+    block = _block(completed=completed, basis=basis, rate=rate, now=now, mfu=mfu, finish_s=finish_s)
+    if rate is not None and weight is not None:
+        block["rateSeconds"] = round(weight, 3)
+    return block
+
+
+def restarted(prev: dict[str, object] | None) -> dict[str, object] | None:
+    """The block of a job whose gang was just restarted: its figures stay on show, but it no longer
+    anchors a window (its time is dropped): the next reading, the new gang's first, starts one,
+    with the rate measured before the restart until then."""
+    if not isinstance(prev, dict):
+        return prev
+    return {k: v for k, v in prev.items() if k != "lastUpdateTime"}
 
 
 def finished(prev: dict[str, object] | None, *, completed: int, basis: Basis, now: datetime,
@@ -130,7 +174,7 @@ def finished(prev: dict[str, object] | None, *, completed: int, basis: Basis, no
 
 
 def _block(*, completed: int, basis: Basis, rate: float | None, now: datetime, mfu: float | None,
-           eta_s: float | None = None) -> dict[str, object]:  # fmt: skip
+           eta_s: float | None = None, finish_s: float | None = None) -> dict[str, object]:  # fmt: skip
     total = basis.total
     block: dict[str, object] = {
         "completed": completed,
@@ -147,7 +191,7 @@ def _block(*, completed: int, basis: Basis, rate: float | None, now: datetime, m
             if basis.tokens_per_sample is not None:
                 block["tokensPerSecond"] = round(samples * basis.tokens_per_sample, 1)
         if eta_s is None:
-            eta_s = max(0, total - completed) / rate
+            eta_s = max(0, total - completed) / rate + max(0.0, finish_s or 0.0)
     if eta_s is not None:
         block["etaSeconds"] = int(round(eta_s))
         block["eta"] = format_eta(eta_s)

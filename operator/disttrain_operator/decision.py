@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from disttrain_api import progress as job_progress
 from disttrain_api.model import JobSpec
 
 from .observe import PodView, format_time
@@ -139,6 +140,8 @@ def restart(
     if count:
         st["restarts"] = int(st.get("restarts") or 0) + 1
     st["attempt"], st["replicas"] = attempt, replicas
+    if st.get("progress"):  # the new gang's first reading starts the next rate window, not this gang's last
+        st["progress"] = job_progress.restarted(st["progress"])
     b.condition("Restarting", True, reason, message)
     b.condition("Running", False, reason, message)
     b.condition("Created", False, "Restarting", message)

@@ -141,7 +141,8 @@ def decide_running(b: StatusBuilder, finish: Callable[..., Plan], plan: dict[str
             if names.STEP in obs.progress:
                 st["progress"] = job_progress.build(st.get("progress"), completed=int(obs.progress[names.STEP]),
                                                     basis=job_progress.basis_for(spec), now=obs.progress_time or obs.now,
-                                                    mfu=obs.progress.get(names.MFU))  # fmt: skip
+                                                    mfu=obs.progress.get(names.MFU),
+                                                    finish_s=obs.progress.get(names.FINISH_SECONDS))  # fmt: skip
             _running_hint(b, obs.progress, world_size=replicas * spec.workers.procs_per_worker)
         return finish()
 

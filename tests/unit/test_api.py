@@ -97,7 +97,7 @@ def test_explicit_null_means_default() -> None:
         ({"metrics": {"port": 80}}, "spec.metrics.port: 80 must be >= 1024"),
         ({"federated": {"partition": {"alpha": 0}}}, "spec.federated.partition.alpha: 0.0 must be greater than 0"),
         ({"replicas": 2}, "spec.replicas: unknown field (known fields: checkpoint, data, elastic, federated, image, "
-                          "metrics, mode, model, objectStore, optimizer, parallelism, paramServer, runPolicy, training, workers)"),
+                          "metrics, mode, model, objectStore, optimizer, parallelism, paramServer, runPolicy, tracking, training, workers)"),
     ],
 )
 def test_schema_error_messages(spec: dict[str, Any], expected: str) -> None:

@@ -38,15 +38,45 @@ def test_eta_follows_the_recent_rate_not_the_whole_run_mean() -> None:
     for _ in range(12):
         now += timedelta(seconds=10)
         block = p.build(block, completed=int(block["completed"]) + 5, basis=basis, now=now)
-    # Each 10 s window keeps 2^(-10/30) of the previous rate: after 120 s, 2^-4 of the old 2/s is left.
-    expected_rate = 0.5 + (2.0 - 0.5) * 0.5 ** (120 / p.RATE_HALF_LIFE_S)
+    # Each window weighs its length, halved every 30 s since: after 120 s the first (100 s at 2/s)
+    # weighs 100 x 2^-4, the twelve 10 s windows at 0.5/s the rest.
+    old = 100 * 0.5 ** (120 / p.RATE_HALF_LIFE_S)
+    recent = sum(10 * 0.5 ** (10 * k / p.RATE_HALF_LIFE_S) for k in range(12))
+    expected_rate = (2.0 * old + 0.5 * recent) / (old + recent)
     assert block["completed"] == 260 and block["rate"] == pytest.approx(expected_rate, abs=5e-4)
     assert block["etaSeconds"] == pytest.approx(740 / expected_rate, abs=2)  # ~1246 s
     whole_run_mean = 260 / 220
-    assert block["etaSeconds"] > 1.9 * (740 / whole_run_mean)  # the mean (~626 s) would promise half the time
+    assert block["etaSeconds"] > 1.6 * (740 / whole_run_mean)  # the mean (~626 s) would promise far less
     assert block["samplesPerSecond"] == pytest.approx(block["rate"] * 128, abs=0.1)
     assert block["percent"] == 26.0 and block["total"] == 1000 and block["unit"] == "steps"
     assert block["lastUpdateTime"] == "2026-01-01T12:03:40.000Z"
+
+
+def test_a_short_slow_first_window_does_not_outweigh_the_windows_after_it() -> None:
+    """A run observed for less than a half-life gets about its mean since the first reading: a slow
+    first window (warm-up, a probe) weighs its length, not the whole rate until 30 s have passed."""
+    basis = p.basis_for(spec())
+    block = p.build(None, completed=25, basis=basis, now=T0)
+    block = p.build(block, completed=50, basis=basis, now=T0 + timedelta(seconds=1.0))  # 25/s
+    now = T0 + timedelta(seconds=1.0)
+    for _ in range(10):  # then 50/s for 5 s
+        now += timedelta(seconds=0.5)
+        block = p.build(block, completed=int(block["completed"]) + 25, basis=basis, now=now)
+    assert block["rate"] == pytest.approx(275 / 6.0, rel=0.06)  # the mean since the first reading
+    assert p.blend(2.0, None, 4.0, 30.0) == (pytest.approx(p.blended_rate(2.0, 4.0, 30.0)), pytest.approx(60.0))
+
+
+def test_the_eta_adds_the_finish_and_a_restart_re_anchors_the_window_keeping_the_rate() -> None:
+    basis = p.basis_for(spec())
+    first = p.build(None, completed=100, basis=basis, now=T0, finish_s=30.0)
+    second = p.build(first, completed=150, basis=basis, now=T0 + timedelta(seconds=10), finish_s=30.0)
+    assert second["rate"] == 5.0 and second["etaSeconds"] == 850 / 5 + 30
+    anchor = p.restarted(second)
+    assert anchor is not None and "lastUpdateTime" not in anchor and anchor["rate"] == 5.0
+    # The new gang's first reading, a minute later, from its checkpoint at 140: no slow window, the rate stands.
+    resumed = p.build(anchor, completed=140, basis=basis, now=T0 + timedelta(seconds=70))
+    assert resumed["completed"] == 140 and resumed["rate"] == 5.0 and resumed["etaSeconds"] == 860 / 5
+    assert resumed["lastUpdateTime"] == "2026-01-01T12:01:10.000Z"
 
 
 def test_a_stalled_count_is_not_rewritten_and_a_count_going_back_starts_the_rate_over() -> None:

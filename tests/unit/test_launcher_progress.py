@@ -93,3 +93,16 @@ def test_the_run_dir_keeps_what_status_progress_would_say(tmp_path: Path) -> Non
     done = rec.finish(succeeded=True, result={"samplesPerS": 120.0})
     saved = json.loads((tmp_path / "progress.json").read_text())
     assert done == saved and saved["percent"] == 100.0 and saved["eta"] == "0s" and saved["samplesPerSecond"] == 120.0
+
+
+def test_the_eta_adds_rank0s_finish_estimate_and_a_new_gang_re_anchors_the_window(tmp_path: Path) -> None:
+    spec = parse_spec({"mode": "data", "data": {"batchSize": 64}, "training": {"steps": 100}})
+    rec = ProgressRecord(spec, tmp_path / "progress.json", interval_s=0.0)
+    t0 = 1_767_268_800.0
+    rec.update({"step": 10, "time": t0, "finish_s": 12.0})
+    block = rec.update({"step": 30, "time": t0 + 10.0, "finish_s": 12.0})
+    assert block is not None and block["etaSeconds"] == 70 / 2 + 12  # steps left at 2/s, then the run's end
+    rec.restarted()  # the gang restarts: its first record, 60 s later, is no slow window
+    block = rec.update({"step": 20, "time": t0 + 70.0, "finish_s": 12.0})
+    assert block is not None and block["rate"] == 2.0 and block["etaSeconds"] == 80 / 2 + 12
+    assert json.loads((tmp_path / "progress.json").read_text())["completed"] == 20  # interval 0: every update

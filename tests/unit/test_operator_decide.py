@@ -83,6 +83,15 @@ def test_failed_worker_restarts_gang_with_next_attempt() -> None:
     assert any(t == "Warning" and r == "WorkerFailed" for t, r, _ in plan.events)
 
 
+def test_a_restart_keeps_the_rate_but_not_the_window_of_the_gang_it_replaces() -> None:
+    progress = {"completed": 120, "total": 500, "unit": "steps", "percent": 24.0, "rate": 2.0,
+                "lastUpdateTime": format_time(NOW - timedelta(seconds=5))}  # fmt: skip
+    plan = decide(obs({**RUNNING_STATUS, "progress": progress}, [pod(0, "Failed", exit_code=1), pod(1)]))
+    st = plan.status
+    assert st["phase"] == "Restarting" and st["progress"]["rate"] == 2.0
+    assert "lastUpdateTime" not in st["progress"]  # the new gang's first reading starts the next window
+
+
 def test_restart_waits_for_old_pods_then_recreates() -> None:
     st = {**RUNNING_STATUS, "phase": "Restarting", "attempt": 1, "restarts": 1}
     old = [pod(0, "Failed", deleting=True, deleting_for_s=2), pod(1, deleting=True, deleting_for_s=2)]

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ from .datasets import Dataset
 from .process.config import SUMMARY_FILE, TrainerConfig, finished_path
 from .process.precision import Amp
 from .telemetry.scaling_record import termination_message
+from .telemetry.sink import MetricsSink
 
 EVAL_BATCH = 512
 # evaluate() names its figure like the metrics log does; the summary speaks the API's camelCase.
@@ -39,18 +42,21 @@ def loss_fn_for(ds: Dataset):  # noqa: ANN201
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, ds: Dataset, amp: Amp) -> tuple[str, float]:
-    """Test accuracy (classification) or validation loss (text) of the full held-out set.
+def evaluate(model: nn.Module, ds: Dataset, amp: Amp, rows: tuple[int, int] | None = None) -> tuple[str, float]:
+    """Test accuracy (classification) or validation loss (text) of the full held-out set (of its
+    rows lo..hi, `rows`: what probe_eval_seconds times).
 
     A model with vocabulary-sharded logits (tensor parallel) runs this under loss_parallel
     (modes/data/loop.py); every other model is a plain module here."""
     was_training = model.training
     model.eval()
     x_all, y_all = ds.test_batches()
+    lo, hi = rows if rows is not None else (0, len(x_all))
     correct, loss_sum, count = 0, 0.0, 0
-    for i in range(0, len(x_all), EVAL_BATCH):
-        x = torch.from_numpy(np.asarray(x_all[i : i + EVAL_BATCH])).to(amp.device)
-        y = torch.from_numpy(np.asarray(y_all[i : i + EVAL_BATCH])).to(amp.device)
+    for i in range(lo, min(hi, len(x_all)), EVAL_BATCH):
+        j = min(i + EVAL_BATCH, hi)
+        x = torch.from_numpy(np.asarray(x_all[i:j])).to(amp.device)
+        y = torch.from_numpy(np.asarray(y_all[i:j])).to(amp.device)
         with amp.autocast():
             logits = model(x).float()
         if ds.kind == "lm":
@@ -62,7 +68,40 @@ def evaluate(model: nn.Module, ds: Dataset, amp: Amp) -> tuple[str, float]:
             correct += int((logits.argmax(1) == y).sum())
             count += len(y)
     model.train(was_training)
+    count = max(1, count)
     return ("val_loss", loss_sum / count) if ds.kind == "lm" else ("test_accuracy", correct / count)
+
+
+# probe_eval_seconds: batches timed after a warm-up one, and the most time they may take in all.
+PROBE_MAX_BATCHES = 8
+PROBE_MAX_S = 0.25
+
+
+def probe_eval_seconds(model: nn.Module, ds: Dataset, amp: Amp,
+                       evaluate_fn: Callable[..., tuple[str, float]] = evaluate) -> float:  # fmt: skip
+    """Seconds a whole `evaluate` would take, from timing `evaluate` itself on a few of its
+    batches after a warm-up one, scaled to every held-out row: at most about PROBE_MAX_S. The
+    median batch counts, so a batch the OS preempted does not make the estimate.
+    `evaluate_fn`: the mode's own (the data loop's runs under loss_parallel)."""
+    n = len(ds.test_batches()[0])
+    per_row: list[float] = []
+    spent = 0.0
+    for k in range(PROBE_MAX_BATCHES + 1):
+        # Batches spread over the held-out set, as the evaluation reads it: rows next to each other
+        # would sit in the CPU's caches and time a small model's evaluation several times too fast.
+        lo = (k * n // (PROBE_MAX_BATCHES + 1)) // EVAL_BATCH * EVAL_BATCH
+        hi = min(lo + EVAL_BATCH, n)
+        if hi <= lo:
+            return 0.0
+        t0 = time.perf_counter()
+        evaluate_fn(model, ds, amp, rows=(lo, hi))
+        took = time.perf_counter() - t0
+        if k:  # the first one warms up
+            per_row.append(took / (hi - lo))
+            spent += took
+            if spent >= PROBE_MAX_S:
+                break
+    return float(np.median(per_row)) * n
 
 
 def mark_finished(cfg: TrainerConfig, rank: int, step: int) -> None:
@@ -72,7 +111,11 @@ def mark_finished(cfg: TrainerConfig, rank: int, step: int) -> None:
     path.write_text(json.dumps({"step": step, "restartAttempt": cfg.restart_attempt}))
 
 
-def write_summary(cfg: TrainerConfig, summary: Summary) -> None:
+def write_summary(cfg: TrainerConfig, summary: Summary, sink: MetricsSink | None = None) -> None:
+    """summary.json, the termination message, and the summary for the trackers of `sink` (the
+    tracking process's metrics sink: they log it when it closes)."""
+    if sink is not None:
+        sink.finished(summary)
     text = json.dumps(summary, indent=2, sort_keys=True)
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     tmp = cfg.run_dir / (SUMMARY_FILE + ".tmp")

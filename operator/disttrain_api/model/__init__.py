@@ -8,7 +8,7 @@ the standard library so that the trainer image and the CLI can use it without ko
 
 One module per part of the spec: vocabulary.py (group, kind, enumerations, patterns),
 workers.py, training.py (parallelism, model, data, optimizer, training, checkpoint,
-elastic), federated.py, paramserver.py, object_store.py, run_policy.py, job.py (JobSpec, the whole job and
+elastic), federated.py, paramserver.py, object_store.py, tracking.py, run_policy.py, job.py (JobSpec, the whole job and
 its parsing) and status.py. `disttrain_api.model` is where every name is imported from.
 
 Field metadata (`fld(...)`, see `dataparse.py`) carries what the schema needs:
@@ -46,6 +46,7 @@ from .object_store import ObjectStoreSpec
 from .paramserver import ParamServerSpec
 from .run_policy import RunPolicy
 from .status import Condition, JobStatus, Progress, WorkerCounts, parse_status
+from .tracking import MlflowSpec, TrackingSpec
 from .training import (
     CheckpointSpec,
     DataSpec,
@@ -126,6 +127,7 @@ __all__ = [
     "HF_MODEL_PREFIX",
     "MODEL_NAME_PATTERN",
     "Metadata",
+    "MlflowSpec",
     "MetricsSpec",
     "Mode",
     "ModelSpec",
@@ -151,6 +153,7 @@ __all__ = [
     "SpecError",
     "TOP_LEVEL_FIELDS",
     "Time",
+    "TrackingSpec",
     "TrainingSpec",
     "VERSION",
     "WorkerCounts",

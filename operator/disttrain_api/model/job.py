@@ -12,6 +12,7 @@ from .federated import FederatedSpec
 from .object_store import ObjectStoreSpec
 from .paramserver import ParamServerSpec
 from .run_policy import RunPolicy
+from .tracking import TrackingSpec
 from .training import (
     CheckpointSpec,
     DataSpec,
@@ -52,6 +53,11 @@ class JobSpec:
     param_server: ParamServerSpec | None = fld(None, json="paramServer", desc="Only in paramserver mode.")
     run_policy: RunPolicy = fld(factory=RunPolicy, desc="Restarts, deadlines, cleanup, suspension.")
     metrics: MetricsSpec = fld(factory=MetricsSpec, desc="Prometheus endpoint of each rank.")
+    tracking: TrackingSpec = fld(
+        factory=TrackingSpec,
+        desc="Experiment tracking (TensorBoard, MLflow) by the process that sees the whole job: rank 0, the "
+        "federated aggregator, parameter-server worker 0.",
+    )
 
     @property
     def world_size(self) -> int:

@@ -40,8 +40,13 @@ class Progress:
     percent: float = fld(0.0, minimum=0.0, maximum=100.0, desc="completed / total, in percent.")
     rate: float | None = fld(
         None, minimum=0.0,
-        desc="Recent steps (rounds) per second: the rate since the previous update, blended with the rate "
-        "before it (its share halves every 30 s), not the whole run's mean.",
+        desc="Recent steps (rounds) per second: the rates measured between updates, each weighted by its "
+        "window's length halved every 30 s since (about the mean over a short run; the last minute or so "
+        "of a long one).",
+    )
+    rate_seconds: float | None = fld(
+        None, minimum=0.0,
+        desc="The weight of the rate: seconds of progress it was measured over, each halved every 30 s since.",
     )
     samples_per_second: float | None = fld(
         None, minimum=0.0, desc="Recent samples per second of the whole job (rate x data.batchSize); not in federated mode."
@@ -53,7 +58,11 @@ class Progress:
         None, minimum=0.0,
         desc="Model FLOPs utilisation, where the trainer knows the accelerators' peak (a GPT on a known GPU).",
     )
-    eta_seconds: int | None = fld(None, minimum=0, desc="Seconds left at the recent rate.")
+    eta_seconds: int | None = fld(
+        None, minimum=0,
+        desc="Seconds left: the steps left at the recent rate, plus what the run takes after its last step "
+        "(final evaluation, export, final checkpoint) as rank 0 measured their costs.",
+    )
     eta: str | None = fld(None, desc="etaSeconds for people, e.g. 12m05s.")
     last_update_time: Time | None = fld(None, desc="When these figures were measured.")
 

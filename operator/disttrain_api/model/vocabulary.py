@@ -53,6 +53,8 @@ DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 # A Secret's name (RFC 1123 subdomain) and an object store's endpoint URL.
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 ENDPOINT_PATTERN = r"^https?://[^/\s]+/?$"
+# An experiment-tracking server (spec.tracking.mlflow.uri): a URL that may carry a path prefix.
+TRACKING_URI_PATTERN = r"^https?://[^/\s]+(/\S*)?$"
 # A job's name is its headless Service's name, so it must be a DNS-1035 label (a Service
 # name starts with a letter), short enough that every derived name stays a 63-character
 # label: pods and hostnames "<job>-worker-<index>" / "<job>-client-<index>" (index < 1024),

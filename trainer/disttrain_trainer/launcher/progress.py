@@ -211,10 +211,14 @@ class ProgressRecord:
             return self.block
         now = datetime.fromtimestamp(at, UTC) if at is not None else datetime.now(UTC)
         self.block = job_progress.build(self.block, completed=int(step), basis=self.basis, now=now,
-                                        mfu=_num(record, "mfu"))  # fmt: skip
+                                        mfu=_num(record, "mfu"), finish_s=_num(record, "finish_s"))  # fmt: skip
         if self._clock() - self._written >= self.interval_s:
             self._write()
         return self.block
+
+    def restarted(self) -> None:
+        """A new gang starts: its first record starts the next rate window (job_progress.restarted)."""
+        self.block = job_progress.restarted(self.block)
 
     def finish(self, *, succeeded: bool, result: dict[str, Any] | None) -> dict[str, Any] | None:
         """The last block: a succeeded run's is done (100 %, the trainer's own throughput)."""

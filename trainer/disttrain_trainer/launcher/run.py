@@ -75,6 +75,7 @@ class LocalOptions:
     metrics_port: int | None = None  # None: free ports; 0: off; N: rank r serves N + r
     python: str = field(default_factory=lambda: sys.executable)
     poll_interval_s: float = 0.2
+    progress_interval_s: float = job_progress.PROGRESS_INTERVAL_S  # progress.json rewritten at most this often
     grace_s: float | None = None  # None: the job's runPolicy.terminationGracePeriodSeconds
     out: TextIO | None = None  # default sys.stdout
     err: TextIO | None = None  # default sys.stderr
@@ -183,7 +184,8 @@ def run_local(job: api.DistTrainJob, options: LocalOptions) -> LocalResult:
     # failed process (worker or shard) is replaced alone, never the gang.
     shards = spec.param_server.shards if spec.mode == "paramserver" and spec.param_server else 0
     printer = ProgressPrinter(out, total=total_steps) if options.progress else None
-    tracker = ProgressRecord(spec, run_dir / PROGRESS_FILE)  # what the operator's status.progress would say
+    # What the operator's status.progress would say.
+    tracker = ProgressRecord(spec, run_dir / PROGRESS_FILE, interval_s=options.progress_interval_s)
     print(
         f"disttrain local: {name}: {spec.world_size} processes ({spec.workers.replicas} x "
         f"{spec.workers.procs_per_worker}) on {plan.device}, run dir {run_dir}",
@@ -229,6 +231,8 @@ def run_local(job: api.DistTrainJob, options: LocalOptions) -> LocalResult:
             if federated or shards:
                 envs = identity.provision(run_dir, spec, envs)
             clear_finished(run_dir)
+            if attempt:
+                tracker.restarted()
             gang = Gang.start(
                 command=envmod.trainer_command(options.python),
                 envs=envs,

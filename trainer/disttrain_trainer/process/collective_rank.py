@@ -20,6 +20,7 @@ from torch import nn
 from ..datasets import Dataset, load_dataset
 from ..models import build_model
 from ..telemetry.step_metrics import Metrics
+from ..tracking.tracker import target_for
 from .config import TrainerConfig
 from .dist_env import DistContext, cleanup, finish, init_distributed, spawn_local_ranks
 from .precision import Amp, make_amp
@@ -52,6 +53,7 @@ def collective_rank(cfg: TrainerConfig, metrics: Metrics | None = None) -> Itera
     m = metrics or Metrics(
         job=cfg.job, rank=ctx.rank, mode=spec.mode, port=cfg.metrics_port, run_dir=cfg.run_dir,
         namespace=cfg.namespace, target_steps=spec.training.steps,
+        tracking=target_for(cfg) if ctx.rank == 0 else None,  # rank 0 sees the whole job
     )
     finished = False
     try:

@@ -20,7 +20,8 @@ from pathlib import Path
 from disttrain_api import metric_names as names
 from prometheus_client import Counter, Histogram
 
-from .sink import STEP_BUCKETS, MetricsSink, StepTimeSeries
+from ..tracking.tracker import TrackingTarget
+from .sink import STEP_BUCKETS, LazyGauge, MetricsSink, StepTimeSeries
 
 ROUND_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 AGGREGATOR = "aggregator"  # the process label of the aggregator
@@ -41,10 +42,13 @@ WITHHELD = Withheld()
 
 
 class FedMetrics(MetricsSink):
-    def __init__(self, *, job: str, process: str, port: int, log_path: Path | None, private: bool = False):
-        """`private`: the aggregator of a job with central DP (see the module docstring)."""
+    def __init__(self, *, job: str, process: str, port: int, log_path: Path | None, private: bool = False,
+                 tracking: TrackingTarget | None = None):  # fmt: skip
+        """`private`: the aggregator of a job with central DP (see the module docstring); it
+        tracks (spec.tracking) only what its records release. `tracking`: the aggregator's
+        tracking target, if any."""
         labels = {names.LABEL_JOB: job, "process": process, names.LABEL_MODE: "federated"}
-        super().__init__(labels=labels, port=port, log_path=log_path)
+        super().__init__(labels=labels, port=port, log_path=log_path, tracking=tracking)
         r, keys = self.registry, tuple(labels)
         gauge, counter = self.gauge, self.counter
         self.private = private and process == AGGREGATOR
@@ -59,7 +63,8 @@ class FedMetrics(MetricsSink):
                                        registry=r).labels(**labels)  # fmt: skip
         elif process == AGGREGATOR:
             self.times = StepTimeSeries(self, step_doc=ROUND_DOC)
-        self.step = gauge(names.STEP, "Federated rounds completed.")
+        # From the first round (or the round a resumed aggregator restored) on: none during start-up.
+        self.step = LazyGauge(self, names.STEP, "Federated rounds completed.")
         self.last_ckpt = gauge(names.LAST_CHECKPOINT_STEP, "Round of the newest checkpoint.")
         self.round = gauge(names.FED_ROUND, "Federated rounds completed.")
         self.round_seconds = Histogram(

@@ -14,7 +14,8 @@ from pathlib import Path
 from disttrain_api import metric_names as names
 from prometheus_client import Counter, Histogram
 
-from .sink import MetricsSink, StepTimeSeries
+from ..tracking.tracker import TrackingTarget
+from .sink import LazyGauge, MetricsSink, StepTimeSeries
 
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
 APPLY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
@@ -104,10 +105,13 @@ class WorkerTally:
 
 
 class WorkerMetrics(MetricsSink):
-    def __init__(self, *, job: str, rank: int, port: int, log_path: Path | None):
+    def __init__(self, *, job: str, rank: int, port: int, log_path: Path | None,
+                 tracking: TrackingTarget | None = None):  # fmt: skip
+        """`tracking`: worker 0's tracking target (spec.tracking), if any."""
         super().__init__(labels={names.LABEL_JOB: job, names.LABEL_RANK: str(rank), names.LABEL_MODE: "paramserver"},
-                         port=port, log_path=log_path)  # fmt: skip
-        self.step = self.gauge(names.STEP, "Iterations this worker has completed.")
+                         port=port, log_path=log_path, tracking=tracking)  # fmt: skip
+        # From the first log interval on: none during start-up.
+        self.step = LazyGauge(self, names.STEP, "Iterations this worker has completed.")
         self.loss = self.gauge(names.PREFIX + "loss", "Mean training loss over the last log interval.")
         # The series every mode exports (compute, data, exposed = busy communication: pull + push, idle).
         self.times = StepTimeSeries(self, step_doc="Seconds per worker iteration (pull, compute, push).")
@@ -120,8 +124,9 @@ class WorkerMetrics(MetricsSink):
         """The one per-iteration call: the step-time histogram needs every iteration."""
         self.times.step_time.observe(step_s)
 
-    def observe(self, step: int, t: WorkerTally) -> None:
-        """A log interval's sums (the histogram has had its iterations from observe_iteration)."""
+    def observe(self, step: int, t: WorkerTally, *, version: int | None = None) -> None:
+        """A log interval's sums (the histogram has had its iterations from observe_iteration);
+        `version`: the parameters' version as last pulled from shard 0 (the tracked step)."""
         self.step.set(step)
         self.loss.set(t.loss_sum / max(1, t.steps))
         # Nothing overlaps a pull or a push: exposed = busy = their sum.
@@ -130,4 +135,4 @@ class WorkerMetrics(MetricsSink):
         self.push_s.inc(t.push_s)
         self.pull_bytes.inc(t.pull_bytes)
         self.push_bytes.inc(t.push_bytes)
-        self.write({"step": step, **t.record()})
+        self.write({"step": step, **t.record(), **({"version": version} if version is not None else {})})

@@ -5,6 +5,10 @@ Every process owns one: a rank of the data and pipeline modes (step_metrics.Metr
 federated aggregator and client processes (federated_series.py), the parameter-server shards
 and workers (paramserver_series.py). All of them export the time categories through
 `StepTimeSeries`.
+
+The job's tracking process (rank 0, the federated aggregator, parameter-server worker 0) opens its
+sink with a tracking target (spec.tracking): every record the sink logs then also goes to
+TensorBoard and MLflow (disttrain_trainer.tracking), from this one place for every mode.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from disttrain_api import metric_names as names
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+
+from ..tracking.tracker import Tracker, TrackingTarget
 
 # Paths a process may publish a document at (`MetricsSink.publish`): 404 until it does.
 DOCUMENT_PATHS = (names.FORECAST_INPUTS_PATH,)
@@ -41,9 +47,13 @@ class MetricsSink:
     The server also answers the paths `publish` was given (JSON documents the operator reads
     beside the metrics, e.g. the forecast inputs); every other path is prometheus-client's."""
 
-    def __init__(self, *, labels: dict[str, str], port: int, log_path: Path | None):
+    def __init__(self, *, labels: dict[str, str], port: int, log_path: Path | None,
+                 tracking: TrackingTarget | None = None):  # fmt: skip
+        """`tracking`: given to the job's tracking process only (see the module's doc)."""
         self.registry = CollectorRegistry()
         self.labels = labels
+        self.tracker: Tracker | None = None
+        self._summary: dict[str, Any] | None = None
         self._server: Any = None
         self._documents: dict[str, bytes] = {}
         self._doc_lock = threading.Lock()
@@ -55,6 +65,11 @@ class MetricsSink:
         if log_path is not None:
             log_path.parent.mkdir(parents=True, exist_ok=True)
             self._log = open(log_path, "a", buffering=1)  # noqa: SIM115
+        if tracking is not None:
+            errors = Counter(names.TRACKING_ERRORS, "Tracking records not delivered (after retries) or dropped, "
+                             "by backend; training went on.", (*labels, names.LABEL_TRACKING_BACKEND),
+                             registry=self.registry)  # fmt: skip
+            self.tracker = Tracker(tracking, on_error=lambda backend, n: errors.labels(**labels, backend=backend).inc(n))
 
     def gauge(self, name: str, doc: str) -> Any:
         return Gauge(name, doc, tuple(self.labels), registry=self.registry).labels(**self.labels)
@@ -83,10 +98,23 @@ class MetricsSink:
             self._documents[path] = body
 
     def write(self, record: dict[str, Any]) -> None:
+        """One record into the JSON-lines log and, in the tracking process, to the trackers."""
+        stamped = {**record, "time": time.time()}
         if self._log is not None:
-            self._log.write(json.dumps({**record, "time": time.time()}) + "\n")
+            self._log.write(json.dumps(stamped) + "\n")
+        if self.tracker is not None:
+            self.tracker.record(stamped)
+
+    def finished(self, summary: dict[str, Any]) -> None:
+        """The run's summary: the trackers log it (and the exported model it names) at `close`."""
+        self._summary = summary
 
     def close(self) -> None:
+        if self.tracker is not None:
+            tracker, self.tracker = self.tracker, None
+            errors = tracker.close(self._summary)
+            if any(errors.values()):
+                self.write({"event": "tracking_errors", **errors})
         if self._log is not None:
             self._log.close()
             self._log = None
@@ -94,6 +122,20 @@ class MetricsSink:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+
+class LazyGauge:
+    """A gauge registered on the sink at its first `set`: until then a scrape finds no series, where
+    a plain gauge would read 0 (a step count of 0 during start-up would anchor a rate window)."""
+
+    def __init__(self, sink: MetricsSink, name: str, doc: str) -> None:
+        self._sink, self._name, self._doc = sink, name, doc
+        self._gauge: Any = None
+
+    def set(self, value: float) -> None:
+        if self._gauge is None:
+            self._gauge = self._sink.gauge(self._name, self._doc)
+        self._gauge.set(value)
 
 
 class StepTimeSeries:

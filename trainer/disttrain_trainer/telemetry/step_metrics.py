@@ -20,7 +20,9 @@ from disttrain_api import constants as C
 from disttrain_api import metric_names as names
 from disttrain_api.scaling.hint import propose
 
-from .sink import MetricsSink, StepTimeSeries, time_fractions
+from ..tracking.tracker import TrackingTarget
+from .finish_estimate import FinishEstimate
+from .sink import LazyGauge, MetricsSink, StepTimeSeries, time_fractions
 
 # Rank 0 republishes its forecast inputs (and the forecast gauges) at most this often.
 FORECAST_PUBLISH_S = 10.0
@@ -152,13 +154,16 @@ class Metrics(MetricsSink):
         enabled: bool = True,
         namespace: str = "default",
         target_steps: int | None = None,
+        tracking: TrackingTarget | None = None,
     ):
-        """`target_steps`: the steps the job trains (exported for the dashboard's progress and ETA)."""
+        """`target_steps`: the steps the job trains (exported for the dashboard's progress and ETA);
+        `tracking`: rank 0's tracking target (spec.tracking), if any."""
         self.enabled = enabled
         labels = {names.LABEL_JOB: job, names.LABEL_NAMESPACE: namespace, names.LABEL_RANK: str(rank),
                   names.LABEL_MODE: mode}  # fmt: skip
         log_path = run_dir / C.RANK_METRICS_FILENAME.format(rank=rank) if enabled and run_dir is not None else None
-        super().__init__(labels=labels, port=port if enabled else 0, log_path=log_path)
+        super().__init__(labels=labels, port=port if enabled else 0, log_path=log_path,
+                         tracking=tracking if enabled else None)  # fmt: skip
         gauge, counter = self.gauge, self.counter
         n = names
         self.times = StepTimeSeries(self, step_doc="Wall time of one optimizer step.", buckets=STEP_BUCKETS, docs={
@@ -183,7 +188,12 @@ class Metrics(MetricsSink):
         self._forecast_next = float("-inf")
         self.loss = gauge(n.LOSS, "Mean training loss on this rank over the last log interval.")
         self.lr = gauge(n.LEARNING_RATE, "Learning rate of the last step.")
-        self.step = gauge(n.STEP, "Optimizer steps completed.")
+        # Exported from the first log interval on: a scrape during start-up (data preparation) finds
+        # no count, so the operator's first rate window starts when training does.
+        self.step = LazyGauge(self, n.STEP, "Optimizer steps completed.")
+        self.finish = FinishEstimate()
+        self.finish_seconds = LazyGauge(self, n.FINISH_SECONDS, "Seconds the run will take after its last step "
+                                        "(final evaluation, export, final checkpoint), from what it measured so far.")
         if target_steps is not None:
             gauge(n.TARGET_STEPS, "Optimizer steps the job trains (spec.training.steps).").set(target_steps)
         self.last_ckpt = gauge(n.LAST_CHECKPOINT_STEP, "Step of the newest checkpoint completely written.")
@@ -200,11 +210,12 @@ class Metrics(MetricsSink):
 
     def observe_interval(self, *, step: int, loss: float, lr: float, tally: Tally,
                          gradient_bytes: int, extra: dict[str, Any] | None = None,
-                         mfu: float | None = None) -> None:  # fmt: skip
+                         mfu: float | None = None, data_degree: int = 1) -> None:  # fmt: skip
         """The steps since the last log interval: counters grow by their sums, gauges show per-step means.
 
         `extra`: mode-specific fields added to the JSON-lines record (a pipeline stage's bubble, ...);
-        `mfu`: the job's model FLOPs utilisation over the interval, where it is known."""
+        `mfu`: the job's model FLOPs utilisation over the interval, where it is known; `data_degree`:
+        the replicas whose samples add up to the job's (the record's job_samples_per_s)."""
         tally.settle()
         if not self.enabled:
             return
@@ -225,13 +236,16 @@ class Metrics(MetricsSink):
         self.loss.set(loss)
         self.lr.set(lr)
         self.step.set(step)
+        finish_s = self.finish.seconds()
+        self.finish_seconds.set(finish_s)
+        rec["finish_s"] = finish_s
         if mfu is not None:
             if self.mfu is None:
                 self.mfu = self.gauge(names.MFU, "Model FLOPs utilisation of the job, last log interval.")
             self.mfu.set(mfu)
             rec["mfu"] = mfu
-        self.write({"step": step, "loss": loss, "lr": lr, **rec, "gradient_bytes": gradient_bytes,
-                    **(extra or {})})  # fmt: skip
+        self.write({"step": step, "loss": loss, "lr": lr, **rec, "job_samples_per_s": rec["samples_per_s"] * data_degree,
+                    "gradient_bytes": gradient_bytes, **(extra or {})})  # fmt: skip
 
     def forecast_due(self) -> bool:
         """Whether rank 0 should measure and publish its forecast inputs now: at the first steady
@@ -269,6 +283,7 @@ class Metrics(MetricsSink):
         if not self.enabled:
             return
         self.ckpt_stall.set(seconds)
+        self.finish.checkpoint_stall_s = seconds
         self.write({"event": "checkpoint_stall", "step": step, "stall_s": seconds})
 
     def observe_checkpoint(self, step: int, write_s: float, nbytes: int) -> None:
@@ -279,13 +294,17 @@ class Metrics(MetricsSink):
         self.ckpt_write.set(write_s)
         self.ckpt_bytes.set(nbytes)
         self.ckpt_total.inc()
+        self.finish.checkpoint_write_s, self.finish.checkpoint_bytes = write_s, nbytes
         self.write({"event": "checkpoint", "step": step, "write_s": write_s, "checkpoint_bytes": nbytes})
 
-    def observe_eval(self, step: int, name: str, value: float) -> None:
+    def observe_eval(self, step: int, name: str, value: float, seconds: float | None = None) -> None:
+        """An evaluation's result and, where timed, how long it took (`eval_s`)."""
         if not self.enabled:
             return
         self.eval_value.set(value)
-        self.write({"event": "eval", "step": step, name: value})
+        if seconds is not None:
+            self.finish.eval_s, self.finish.eval_timed = seconds, True
+        self.write({"event": "eval", "step": step, name: value, **({"eval_s": seconds} if seconds is not None else {})})
 
 
 def observe_single_step(m: Metrics, *, step: int, loss: float, lr: float, samples: int, t0: float, t1: float,

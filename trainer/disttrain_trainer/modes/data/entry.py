@@ -71,7 +71,7 @@ def run(cfg: TrainerConfig, *, metrics: Metrics | None = None) -> Summary:
         if r.summary is not None and r.step >= spec.training.steps:
             summary = r.summary  # a finished run resumed: nothing to train, its figures stand
             if ctx.is_main:
-                write_summary(cfg, summary)
+                write_summary(cfg, summary, rank.metrics)
             mark_finished(cfg, ctx.rank, r.step)
             return summary
         r.stop = StopAgreement(grace_s=spec.run_policy.termination_grace_period_seconds)
@@ -88,6 +88,6 @@ def run(cfg: TrainerConfig, *, metrics: Metrics | None = None) -> Summary:
             r.save_checkpoint()
             r.report_checkpoints(wait=True)  # the final write finishes before the trainer reports success
             if ctx.is_main:
-                write_summary(cfg, summary)
+                write_summary(cfg, summary, rank.metrics)
             mark_finished(cfg, ctx.rank, r.step)
         return summary

@@ -35,8 +35,9 @@ from ...parallel.mesh import Layout
 from ...process import stop_request
 from ...process.loop_gc import LoopGC
 from ...process.precision import Amp
-from ...run_common import SUMMARY_EVAL_KEY, Summary, evaluate, loss_fn_for
+from ...run_common import SUMMARY_EVAL_KEY, Summary, evaluate, loss_fn_for, probe_eval_seconds
 from ...telemetry import scaling_record
+from ...telemetry.finish_estimate import model_bytes, probe_due
 from ...telemetry.model_flops import throughput_fields
 from ...telemetry.step_metrics import StepRecord, Tally, ends_interval, fold_steps
 from . import layouts
@@ -74,21 +75,22 @@ def _between_steps(run: Run, *, evaluate_now: bool, checkpoint_now: bool) -> tup
     return result
 
 
-def evaluate_model(model: nn.Module, ds: Dataset, amp: Amp) -> tuple[str, float]:
+def evaluate_model(model: nn.Module, ds: Dataset, amp: Amp, rows: tuple[int, int] | None = None) -> tuple[str, float]:
     """run_common.evaluate under loss_parallel: a tensor-parallel model's vocabulary-sharded logits
     meet a vocabulary-parallel cross-entropy (a no-op for plain tensors)."""
     with loss_parallel():
-        return evaluate(model, ds, amp)
+        return evaluate(model, ds, amp, rows=rows)
 
 
 def _evaluate_run(run: Run) -> tuple[str, float] | None:
     """Evaluate on rank 0, or on every rank for a sharded model; rank 0 records it and returns it."""
     if not (run.ctx.is_main or run.sharded):
         return None
+    t0 = time.perf_counter()
     result = evaluate_model(run.inner, run.ds, run.amp)
     if not run.ctx.is_main:
         return None
-    run.metrics.observe_eval(run.step, *result)
+    run.metrics.observe_eval(run.step, *result, seconds=time.perf_counter() - t0)
     return result
 
 
@@ -133,6 +135,14 @@ def train(run: Run) -> Summary | None:
     def last_of_interval(step: int) -> bool:
         return ends_interval(step, log_every=log_every, steps=tr.steps)
 
+    # What the run will cost after its last step (the ETA adds it): rank 0 probes the evaluation (a
+    # sharded model is evaluated by every rank together: only a real evaluation is timed there).
+    probe = ctx.is_main and metrics.enabled and not run.sharded
+    if ctx.is_main and metrics.enabled:
+        metrics.finish.export_bytes = model_bytes(run.inner)
+    if probe:
+        metrics.finish.observe_probe(probe_eval_seconds(run.inner, run.ds, run.amp, evaluate_model))
+    intervals = 0
     stop = run.stop
     stopped = False
     start = time.perf_counter()
@@ -178,6 +188,9 @@ def train(run: Run) -> Summary | None:
                     if ctx.is_main and run.scaling.steady.steps and metrics.forecast_due():
                         run.metrics.observe_forecast(_forecast_inputs(run, layout, interval))
                     interval, losses = Tally(), []
+                    intervals += 1
+                    if probe and not metrics.finish.eval_timed and probe_due(intervals) and run.step < tr.steps:
+                        metrics.finish.observe_probe(probe_eval_seconds(run.inner, run.ds, run.amp, evaluate_model))
                 loop_gc.after_step(run.step)
                 if stop is not None and run.step < tr.steps and stop.should_stop(run.step):
                     stopped = True
@@ -274,7 +287,7 @@ def _log_interval(run: Run, interval: Tally, losses: list[torch.Tensor], grad_by
     mfu = throughput_fields(spec, vocab=run.ds.num_classes, samples_per_s=job_samples_per_s, device=ctx.device,
                             accelerators=ctx.world_size).get("mfu")  # fmt: skip
     run.metrics.observe_interval(step=run.step, loss=loss, lr=lr, tally=interval, gradient_bytes=grad_bytes,
-                                 extra=extra, mfu=mfu)  # fmt: skip
+                                 extra=extra, mfu=mfu, data_degree=dp)  # fmt: skip
     run.report_checkpoints()
     if run.ctx.is_main:
         rec = interval.record()

@@ -26,6 +26,7 @@ from ...run_common import Summary, evaluate, write_summary, write_termination_me
 from ...telemetry.federated_series import AGGREGATOR, FedMetrics
 from ...tensor_transport import auth
 from ...tensor_transport.channel import add_port, aio_channel
+from ...tracking.tracker import target_for
 from ...weights.export import write_export
 from . import partition, serving
 from .aggregator import Aggregator
@@ -116,7 +117,8 @@ def run_aggregator(cfg: TrainerConfig, s: FedSettings) -> dict[str, Any]:
     ds = load_dataset(spec)
     model = build_model(spec, ds)
     metrics = FedMetrics(job=cfg.job, process=AGGREGATOR, port=cfg.metrics_port, log_path=cfg.run_dir / AGGREGATOR_LOG,
-                         private=s.fed.privacy is not None)
+                         private=s.fed.privacy is not None,
+                         tracking=target_for(cfg))  # fmt: skip - the aggregator sees the whole job
     try:
         agg = Aggregator(
             fed=s.fed, model=model.state_dict(), key=aggregator_key(s), metrics=metrics,
@@ -127,10 +129,10 @@ def run_aggregator(cfg: TrainerConfig, s: FedSettings) -> dict[str, Any]:
         )  # fmt: skip
         agg.restore()
         asyncio.run(serve(agg, s))
+        summary = agg.final_summary or agg.summary()  # the one the clients were sent
+        write_summary(cfg, summary, metrics)
     finally:
         metrics.close()
-    summary = agg.final_summary or agg.summary()  # the one the clients were sent
-    write_summary(cfg, summary)
     return summary
 
 

@@ -72,6 +72,7 @@ def round_record(ra: RoundAttempt, t: RoundTimes, *, round_no: int, answered: li
         "clients_sampled": len(ra.sampled), "clients_answered": len(answered), "clients_dropped": dropped,
         "bytes_up": ra.bytes_up, "bytes_down": sum(len(c.data) for c in ra.model_chunks) * len(ra.served),
         "test_accuracy": accuracy, "samples": ra.samples,
+        "samples_per_s": ra.samples / t.step_s if t.step_s > 0 else 0.0,  # the sampled clients' local training
         # Secure rounds: clients whose masks were removed from shares after they dropped out.
         "unmasked_dropped": len(ra.secure.plan.dropped) if ra.secure and ra.secure.plan else 0,
         **(ra.total.info() if ra.total is not None else {}),

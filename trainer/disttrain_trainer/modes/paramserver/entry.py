@@ -26,6 +26,7 @@ from ...tensor_transport import auth, frames
 from ...tensor_transport.channel import Tls, add_port, server_options
 from ...tensor_transport.gate import Gate
 from ...tensor_transport.limits import Limits, paramserver_limits
+from ...tracking.tracker import target_for
 from ...weights.export import write_export
 from . import service
 from . import shards as shardmap
@@ -170,7 +171,8 @@ def run_worker(cfg: TrainerConfig, s: PSSettings) -> dict[str, Any] | None:
     model = build_model(spec, ds)
     amp = make_amp("fp32", torch.device("cpu"))
     metrics = WorkerMetrics(job=cfg.job, rank=s.index, port=cfg.metrics_port,
-                            log_path=cfg.run_dir / C.RANK_METRICS_FILENAME.format(rank=s.index))  # fmt: skip
+                            log_path=cfg.run_dir / C.RANK_METRICS_FILENAME.format(rank=s.index),
+                            tracking=target_for(cfg) if s.index == 0 else None)  # fmt: skip - worker 0 is rank 0
     worker = Worker(spec=spec, index=s.index, workers=s.workers, addrs=s.addrs, model=model, ds=ds,
                     loss_fn=loss_fn_for(ds), metrics=metrics, creds=worker_credentials(s), tls=s.tls,
                     tls_server_name=s.tls_server_name)  # fmt: skip
@@ -183,16 +185,17 @@ def run_worker(cfg: TrainerConfig, s: PSSettings) -> dict[str, Any] | None:
         if not main:
             return None
         name, value = evaluate(model, ds, amp)
-        metrics.write({"event": "eval", "step": worker.step, name: value})
+        metrics.write({"event": "eval", "step": worker.step, "version": worker.version, name: value})
+        worker.close()
+        summary = summarize(worker, s, eval_name=name, eval_value=value, train_s=train_s,
+                            wall_s=time.perf_counter() - wall0)  # fmt: skip
+        # The worker's last pull, once every shard was done, is the servers' final parameters (buffers,
+        # which no server holds, are this worker's own).
+        summary["export"] = write_export(cfg.checkpoint_dir, model.state_dict(), spec=spec, step=worker.step)
+        write_summary(cfg, summary, metrics)
     finally:
         worker.close()
         metrics.close()
-    summary = summarize(worker, s, eval_name=name, eval_value=value, train_s=train_s,
-                        wall_s=time.perf_counter() - wall0)  # fmt: skip
-    # The worker's last pull, once every shard was done, is the servers' final parameters (buffers,
-    # which no server holds, are this worker's own).
-    summary["export"] = write_export(cfg.checkpoint_dir, model.state_dict(), spec=spec, step=worker.step)
-    write_summary(cfg, summary)
     return summary
 
 

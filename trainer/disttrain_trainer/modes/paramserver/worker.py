@@ -151,6 +151,11 @@ class Worker:
     def done(self) -> bool:
         return all(s.done for s in self.shards)
 
+    @property
+    def version(self) -> int:
+        """The parameters' version as last pulled from shard 0: the updates it applied (every worker's)."""
+        return max(0, self.shards[0].version)
+
     def server_steps(self) -> int:
         return int(min(s.scalars.get("workerSteps", 0.0) for s in self.shards))
 
@@ -202,14 +207,16 @@ class Worker:
             interval.step_s += end - t0
             self.metrics.observe_iteration(end - t0)
             if ends_interval(self.step, log_every=tr.log_interval_steps, steps=tr.steps):
-                self.metrics.observe(self.step, interval)
+                self.metrics.observe(self.step, interval, version=self.version)
                 self.totals.merge(interval)
                 interval = WorkerTally()
             if (evaluate is not None and tr.eval_interval_steps and self.step % tr.eval_interval_steps == 0
                     and self.step < tr.steps):  # fmt: skip - the final evaluation follows the last pull
+                te = time.perf_counter()
                 acc = evaluate(self.model)
                 self.eval_history.append((self.step, acc))
-                self.metrics.write({"event": "eval", "step": self.step, "test_accuracy": acc})
+                self.metrics.write({"event": "eval", "step": self.step, "version": self.version, "test_accuracy": acc,
+                                    "eval_s": time.perf_counter() - te})  # fmt: skip
         self.totals.merge(interval)
 
     def server_stats(self) -> dict[str, float]:

@@ -70,6 +70,6 @@ def run(cfg: TrainerConfig, *, metrics: Metrics | None = None) -> Summary:
         with stop_request.deferred():  # the loop stops at an agreed step on SIGTERM
             summary = run_to_end(prun, rank.amp, wall0)
             if ctx.is_main:
-                write_summary(cfg, summary)
+                write_summary(cfg, summary, rank.metrics)
             mark_finished(cfg, ctx.rank, prun.step)
         return summary

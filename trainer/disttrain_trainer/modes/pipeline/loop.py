@@ -31,6 +31,7 @@ from ...process.loop_gc import LoopGC
 from ...process.precision import Amp
 from ...run_common import SUMMARY_EVAL_KEY, evaluate
 from ...telemetry import scaling_record
+from ...telemetry.finish_estimate import model_bytes
 from ...telemetry.model_flops import throughput_fields
 from ...telemetry.step_metrics import Tally, ends_interval
 from ...weights.export import export_on_rank0
@@ -125,6 +126,8 @@ def loop(run: PipeRun, amp: Amp) -> dict[str, Any] | None:
     eval_result: tuple[str, float] | None = None
     last_loss = float("nan")
     interval, losses = Tally(), []
+    if ctx.is_main and run.metrics.enabled:  # the export's share of the run's end (the ETA adds it)
+        run.metrics.finish.export_bytes = model_bytes(run.full)
     start = time.perf_counter()
     with LoopGC() as loop_gc:
         while run.step < tr.steps:
@@ -174,7 +177,7 @@ def loop(run: PipeRun, amp: Amp) -> dict[str, Any] | None:
                     extra={"stage": run.pp_rank, "p2p_s": times.p2p_s, "allreduce_s": ar_s, "bubble_s": times.bubble_s,
                            "bubble_fraction": times.bubble_fraction, "window_s": times.window_s,
                            "act_peak_bytes": out.act_peak_bytes},
-                    mfu=mfu,
+                    mfu=mfu, data_degree=run.dp_size,
                 )  # fmt: skip
                 if ctx.is_main:
                     rec = interval.record()
@@ -237,11 +240,12 @@ def _scaling_block(run: PipeRun) -> dict[str, Any]:
 
 def _evaluate(run: PipeRun, amp: Amp) -> tuple[str, float] | None:
     """Rank 0 gathers every stage's blocks into its whole model and evaluates it."""
+    t0 = time.perf_counter()
     state = run.gather_blocks()
     result = None
     if state is not None:
         load_block_state(run.full_blocks, range(len(run.full_blocks)), state)
         run.full.to(run.ctx.device)
         result = evaluate(run.full, run.ds, amp)
-        run.metrics.observe_eval(run.step, *result)
+        run.metrics.observe_eval(run.step, *result, seconds=time.perf_counter() - t0)
     return result

@@ -1,0 +1,121 @@
+"""The ETA checked against the real finish: `disttrain local` keeps progress.json as the operator
+keeps status.progress (one arithmetic, disttrain_api/progress.py); read at 25%, 50% and 75% of the
+steps, its predicted finish (lastUpdateTime + etaSeconds) must be within 20% of the time that was
+really left, from 50% on. The job's final evaluation is a large share of what is left after the
+last step (a held-out set of 84,000 samples: about half the steps' time), so an ETA of steps
+left / rate alone misses it by far more than 20%.
+
+The premise is a job whose speed does not change; on a shared 2-core host other processes change
+it. The test checks the premise from the trainer's own step records (the step rate before the
+reading, over the second half of the steps before it, and after it within 15%) and runs the job again when the host broke it, up to 3 times."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.dist
+
+STEPS = 400
+MANIFEST = f"""\
+apiVersion: disttrain.dev/v1alpha1
+kind: DistTrainJob
+metadata: {{name: eta-check}}
+spec:
+  mode: data
+  workers: {{replicas: 1}}
+  model: {{name: mlp, hidden: 1024, layers: 2}}
+  data: {{name: synthetic, syntheticSamples: 420000, batchSize: 32}}
+  training: {{steps: {STEPS}, logIntervalSteps: 25, evalIntervalSteps: 0}}
+  checkpoint: {{intervalSteps: 100}}
+"""
+MARKS = (25.0, 50.0, 75.0)
+CHECKED_FROM = 50.0
+TOLERANCE = 0.20
+STEADY = 0.15  # the premise: the step rate after a reading within 15% of the rate before it
+ATTEMPTS = 3
+
+
+def _t(block: dict[str, Any]) -> float:
+    return datetime.fromisoformat(str(block["lastUpdateTime"]).replace("Z", "+00:00")).timestamp()
+
+
+@dataclass(frozen=True)
+class Reading:
+    mark: float
+    percent: float
+    at: float  # lastUpdateTime
+    eta_s: float
+    left_s: float  # the real time left: the finish - at
+
+    @property
+    def error(self) -> float:
+        return abs(self.eta_s - self.left_s) / self.left_s
+
+
+def run_once(tmp_path: Path, attempt: int) -> tuple[list[Reading], list[str]]:
+    manifest = tmp_path / "eta.yaml"
+    manifest.write_text(MANIFEST)
+    run_dir = tmp_path / f"run{attempt}"
+    progress = run_dir / "progress.json"
+    proc = subprocess.Popen([sys.executable, "-m", "disttrain_cli", "local", str(manifest), "--run-dir", str(run_dir),
+                             "--fresh", "--no-progress", "--metrics-port", "0", "--progress-interval", "0.5"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    blocks: dict[str, dict[str, Any]] = {}
+    deadline = time.monotonic() + 600
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            block = json.loads(progress.read_text())
+        except (OSError, ValueError):
+            block = None
+        if block and block.get("lastUpdateTime"):
+            blocks[block["lastUpdateTime"]] = block
+        time.sleep(0.05)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out[-3000:]
+    final = json.loads(progress.read_text())
+    assert final["percent"] == 100.0 and final["etaSeconds"] == 0
+    finish = _t(final)
+    steps = [r for r in map(json.loads, (run_dir / "metrics-rank0.jsonl").read_text().splitlines()) if "event" not in r]
+    readings, broken = [], []
+    for mark in MARKS:
+        first = min((b for b in blocks.values() if b["percent"] >= mark and b["percent"] < 100 and "etaSeconds" in b),
+                    key=_t, default=None)  # fmt: skip
+        assert first is not None, f"no progress.json with an ETA read at {mark}%: {sorted(blocks)}"
+        at = _t(first)
+        readings.append(Reading(mark=mark, percent=first["percent"], at=at, eta_s=first["etaSeconds"], left_s=finish - at))
+        # The premise: the steps after the reading ran at the rate of the second half of those before it.
+        before = [r for r in steps if (steps[0]["time"] + at) / 2 <= r["time"] <= at]
+        after = [r for r in steps if r["time"] >= at]
+        if len(before) >= 2 and len(after) >= 2:
+            rate_before = (before[-1]["step"] - before[0]["step"]) / (before[-1]["time"] - before[0]["time"])
+            rate_after = (after[-1]["step"] - after[0]["step"]) / (after[-1]["time"] - after[0]["time"])
+            if abs(rate_after / rate_before - 1.0) > STEADY:
+                broken.append(f"at {mark}%: {rate_before:.0f} steps/s before, {rate_after:.0f} after")
+    return readings, broken
+
+
+def test_the_eta_at_half_way_and_later_is_within_20_percent_of_the_real_finish(tmp_path: Path) -> None:
+    history = []
+    for attempt in range(ATTEMPTS):
+        readings, broken = run_once(tmp_path, attempt)
+        summary = ", ".join(f"{r.mark:.0f}%: ETA {r.eta_s:.0f} s, really {r.left_s:.1f} s ({r.error:.0%} off)"
+                            for r in readings)  # fmt: skip
+        history.append(summary + (f"; speed changed: {'; '.join(broken)}" if broken else ""))
+        checked = [r for r in readings if r.mark >= CHECKED_FROM]
+        if all(r.error <= TOLERANCE for r in checked):
+            print("\n".join(history))
+            return
+        if not broken:
+            break  # a steady run whose ETA missed: the prediction is wrong, not the host
+    pytest.fail("ETA off by more than 20% at 50% or later:\n" + "\n".join(history))
