@@ -2,7 +2,7 @@
 file format needs, which models each kind of data fits, and the data volume's mount.
 
 What needs the files themselves (do they exist, is a token file truncated, are the labels
-integers) is checked by the trainer before training starts (disttrain_trainer.file_datasets)."""
+integers) is checked by the trainer before training starts (disttrain_trainer.data)."""
 
 from __future__ import annotations
 

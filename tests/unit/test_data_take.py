@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from disttrain_trainer import datasets as data
+from disttrain_trainer.data import arrays as data
 
 
 @pytest.mark.parametrize("in_memory_max", [data.IN_MEMORY_MAX_BYTES, 0])

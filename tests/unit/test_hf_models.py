@@ -18,7 +18,7 @@ import pytest
 import torch
 from disttrain_api.model import parse_spec
 from disttrain_api.validation import validate_spec
-from disttrain_trainer.datasets import load_dataset
+from disttrain_trainer.data import load_dataset
 from disttrain_trainer.hf_models import HFCausalLM
 from disttrain_trainer.models import build_model
 from disttrain_trainer.parallel.fsdp import units

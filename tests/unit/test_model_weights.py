@@ -14,7 +14,7 @@ from disttrain_api import constants as C
 from disttrain_api.model import parse_spec
 from disttrain_trainer.checkpoints import sharded as sharded_ckpt
 from disttrain_trainer.checkpoints import whole as whole_ckpt
-from disttrain_trainer.datasets import Dataset, load_dataset
+from disttrain_trainer.data import Dataset, load_dataset
 from disttrain_trainer.models import build_model
 from disttrain_trainer.parallel.blocks import block_state, split_blocks
 from disttrain_trainer.process.config import ConfigError

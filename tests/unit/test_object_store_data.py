@@ -12,10 +12,9 @@ from typing import Any
 import numpy as np
 import pytest
 from disttrain_api.model import parse_spec
-from disttrain_trainer import object_store
-from disttrain_trainer.datasets import GlobalBatchSampler, load_dataset
+from disttrain_trainer.data import GlobalBatchSampler, load_dataset, object_store
+from disttrain_trainer.data.formats.tokens_s3 import RemoteTokenFile
 from disttrain_trainer.process.config import ConfigError
-from disttrain_trainer.remote_tokens import RemoteTokenFile
 
 BLOCK = 8
 GPT = {"name": "gpt", "hidden": 16, "layers": 1, "heads": 2, "blockSize": BLOCK}

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from disttrain_api.model import parse_spec
-from disttrain_trainer.datasets import GlobalBatchSampler, load_dataset
+from disttrain_trainer.data import GlobalBatchSampler, load_dataset
 from disttrain_trainer.process.config import ConfigError
 
 

@@ -19,8 +19,10 @@ import torch
 import torch.nn.functional as F
 from disttrain_api.model import HF_MODEL_PREFIX, JobSpec
 from torch import nn
+from torch.distributed.tensor.parallel import ParallelStyle
 
-from .datasets import Dataset
+from .data import Dataset
+from .parallel import tensor as tensor_parallel
 from .parallel.activation_checkpointing import run_blocks
 from .process.config import ConfigError
 from .weights.initial import load_initial
@@ -48,6 +50,12 @@ class MLP(nn.Module):
 
     def pipeline_blocks(self) -> list[nn.Module]:
         return [nn.Sequential(nn.Flatten(1), self.stem), *self.blocks, self.head]
+
+    def tensor_parallel_plan(self, *, sequence_parallel: bool) -> dict[str, ParallelStyle]:
+        return tensor_parallel.mlp_plan(self, sequence_parallel=sequence_parallel)
+
+    def tensor_parallel_block_plans(self, *, sequence_parallel: bool) -> list[dict[str, ParallelStyle]]:
+        return tensor_parallel.mlp_block_plans(self, sequence_parallel=sequence_parallel)
 
 
 class CNN(nn.Module):
@@ -162,6 +170,15 @@ class GPT(nn.Module):
 
     def pipeline_blocks(self) -> list[nn.Module]:
         return [_GPTEmbedding(self), *self.blocks, nn.Sequential(self.ln_f, self.head)]
+
+    def tensor_parallel_plan(self, *, sequence_parallel: bool) -> dict[str, ParallelStyle]:
+        return tensor_parallel.gpt_plan(self, sequence_parallel=sequence_parallel)
+
+    def tensor_parallel_block_plans(self, *, sequence_parallel: bool) -> list[dict[str, ParallelStyle]]:
+        return tensor_parallel.gpt_block_plans(self, sequence_parallel=sequence_parallel)
+
+    def check_tensor_parallel(self, tp: int) -> None:
+        tensor_parallel.check_gpt_heads(self, tp)
 
 
 class _GPTEmbedding(nn.Module):

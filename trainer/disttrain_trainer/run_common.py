@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .datasets import Dataset
+from .data import Dataset
 from .process.config import SUMMARY_FILE, TrainerConfig, finished_path
 from .process.precision import Amp
 from .telemetry.scaling_record import termination_message

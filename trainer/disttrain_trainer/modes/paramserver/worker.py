@@ -22,7 +22,7 @@ import torch
 from disttrain_api.model import JobSpec
 from torch import nn
 
-from ...datasets import Dataset, GlobalBatchSampler, next_batch
+from ...data import Dataset, GlobalBatchSampler, next_batch
 from ...process import stop_request
 from ...process.precision import make_amp
 from ...telemetry.paramserver_series import WorkerMetrics, WorkerTally

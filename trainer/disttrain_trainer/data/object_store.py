@@ -26,8 +26,8 @@ from disttrain_api import constants as C
 from disttrain_api.model import JobSpec
 from disttrain_api.object_store_rules import is_uri
 
-from .data_cache import build_once
-from .process.config import ConfigError
+from ..process.config import ConfigError
+from .cache import build_once
 
 __all__ = ["StoreUnreachable", "Store", "check_bucket", "is_uri", "split", "stage", "store_for"]
 

@@ -22,13 +22,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from disttrain_api.model import JobSpec
 
-from . import object_store
-from .object_store import Store
-from .process.config import ConfigError
+from ...process.config import ConfigError
+from .. import lm, object_store
+from ..dataset import PREFETCH_BATCHES, Dataset
+from ..object_store import Store
+from ..source import Source
 
-# Batches fetched ahead of the loop; each is one burst of concurrent ranged GETs.
-PREFETCH_BATCHES = 4
 FETCH_THREADS = 2
 SCAN_CHUNK_BYTES = 32 << 20  # bytes per read of the one-off max scan: bounded memory on any file size
 
@@ -125,11 +126,12 @@ def _object(store: Store, uri: str, dtype: str, what: str) -> tuple[str, int, st
     return uri, size // item, str(found.get("ETag") or "")
 
 
-def remote_tokens(spec: Any, cache: Path) -> dict[str, Any]:
-    """What file_datasets builds a token FileData from: the train source, the validation windows
-    and the vocabulary, for spec.data.path an s3:// object or prefix (train_file / validation_file)."""
+def read(spec: JobSpec, src: Source, cache: Path) -> Dataset:
+    """The token Dataset of spec.data.path, an s3:// object or a prefix holding train_file (and
+    validation_file, else the tail of the training tokens is held out)."""
     d, block = spec.data, spec.model.block_size
-    store, uri = object_store.store_for(spec), str(d.path).rstrip("/")
+    assert src.uri is not None, "the table reads format tokens on object storage in place"
+    store, uri = object_store.store_for(spec), src.uri.rstrip("/")
     train = _object(store, uri, d.token_dtype, "the training tokens")
     val = None
     if train is None:  # a prefix: nanoGPT's train.bin / val.bin inside it
@@ -139,16 +141,9 @@ def remote_tokens(spec: Any, cache: Path) -> dict[str, Any]:
                               f"{store.describe()}")  # fmt: skip
         val = _object(store, f"{uri}/{d.validation_file}", d.token_dtype, "the validation tokens")
     files = [f for f in (train, val) if f is not None]
-    tops = [_scan_max(store, u, d.token_dtype, n * np.dtype(d.token_dtype).itemsize, cache,
-                      ["v1", u, n, etag, d.token_dtype]) for u, n, etag in files]  # fmt: skip
-    top = max(tops)
-    vocab = d.vocab_size or top + 1
-    if top >= vocab:
-        where = files[tops.index(top)][0]
-        raise ConfigError(
-            f"spec.data.vocabSize: {where} holds token id {top}, outside the vocabulary of {vocab}; raise vocabSize "
-            f"to at least {top + 1} (or leave it 0 to take the largest id + 1)"
-        )
+    tops = [(u, _scan_max(store, u, d.token_dtype, n * np.dtype(d.token_dtype).itemsize, cache,
+                          ["v1", u, n, etag, d.token_dtype])) for u, n, etag in files]  # fmt: skip
+    vocab = lm.vocabulary(spec, tops)
     train_uri, n_train, _ = train
     train_tokens, val_uri, val_start, val_len = n_train, train_uri, 0, 0
     if val is None:  # hold out the tail of the training tokens
@@ -156,9 +151,10 @@ def remote_tokens(spec: Any, cache: Path) -> dict[str, Any]:
         val_start, val_len = train_tokens, n_train - train_tokens
     else:
         val_uri, val_len = val[0], val[1]
-    for what, n, u in (("training", train_tokens, train_uri), ("validation", val_len, val_uri)):
-        if n < block + 2:
-            raise ConfigError(f"spec.data.path: {u} has {n} {what} tokens, fewer than one window of "
-                              f"model.blockSize {block} + 2; give more tokens or a smaller blockSize")  # fmt: skip
-    return {"store": store, "train_uri": train_uri, "train_tokens": train_tokens, "val_uri": val_uri,
-            "val_start": val_start, "val_len": val_len, "vocab": vocab}  # fmt: skip
+    lm.check_lengths(spec, [("training", train_tokens, train_uri), ("validation", val_len, val_uri)])
+    window = lambda u, start, n: RemoteTokenFile(  # noqa: E731
+        store=store, uri=u, dtype=d.token_dtype, start=start, windows=n, block_size=block)
+    windows = train_tokens - block - 1
+    validation = window(val_uri, val_start, val_len - block - 1)
+    return lm.dataset(spec, name=src.name, vocab=vocab, train=window(train_uri, 0, windows), windows=windows,
+                      test_windows=lambda: validation.fetch(lm.eval_starts(spec, val_len)))  # fmt: skip

@@ -1,5 +1,5 @@
 """data.textColumn + data.tokenizer: a text column of parquet or jsonl, tokenized once into a
-token stream in the data cache, then read like format tokens (file_datasets.py).
+token stream in the data cache, then read like format tokens (tokens.token_data).
 
 The tokenizer is a Hugging Face tokenizer directory (what `save_pretrained` writes), loaded with
 AutoTokenizer offline: nothing is downloaded and no code from the directory runs. Each row's text
@@ -11,7 +11,6 @@ source file and the tokenizer's files (path, size, mtime): a change of either to
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,10 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from disttrain_api.model import DataSpec
+from disttrain_api.model import DataSpec, JobSpec
 
-from .data_cache import build_once
-from .process.config import ConfigError
+from ...process.config import ConfigError
+from ..cache import build_once, fingerprint, key_name
+from ..dataset import Dataset
+from ..source import Source
+from .tokens import token_data
 
 FORMAT_VERSION = 1
 TOKENS_FILE = "tokens.bin"
@@ -47,7 +49,7 @@ def load_tokenizer(d: DataSpec) -> Any:
     path = tokenizer_dir(d)
     if not path.is_dir():
         raise ConfigError(f"spec.data.tokenizer: {path} is not a directory (a tokenizer saved with save_pretrained)")
-    from .hf_models import transformers_offline  # noqa: PLC0415 - transformers only for tokenized text
+    from ...hf_models import transformers_offline  # noqa: PLC0415 - transformers only for tokenized text
 
     try:
         return transformers_offline().AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
@@ -119,8 +121,7 @@ def tokenize(d: DataSpec, path: Path, cache: Path, source: list[Any]) -> TokenSt
     dtype = "uint16" if vocab <= 1 << 16 else "uint32"
     key = {"v": FORMAT_VERSION, "format": d.format, "source": source, "column": d.text_column,
            "tokenizer": [str(tokenizer_dir(d)), _fingerprint_dir(tokenizer_dir(d))], "dtype": dtype}  # fmt: skip
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    target = cache / f"text-{digest}"
+    target = cache / key_name("text", key)
 
     def build(tmp: Path) -> None:
         n, rows = _write_stream(tok, d, path, tmp / TOKENS_FILE, dtype)
@@ -130,3 +131,12 @@ def tokenize(d: DataSpec, path: Path, cache: Path, source: list[Any]) -> TokenSt
 
     build_once(target, build, done=INFO_FILE)
     return TokenStream(path=target / TOKENS_FILE, dtype=dtype, vocab=vocab)
+
+
+def read(spec: JobSpec, src: Source, cache: Path) -> Dataset:
+    """The text column tokenized once into the cache, then read as a token file."""
+    d = spec.data
+    assert src.path is not None, "validation requires data.path with textColumn"
+    stream = tokenize(d, src.path, cache, fingerprint(src.path))
+    return token_data(spec, stream.path, None, stream.dtype, cache, name=src.name, default_vocab=stream.vocab,
+                      source=f"{src.name} (column {d.text_column!r} tokenized by {d.tokenizer})")  # fmt: skip

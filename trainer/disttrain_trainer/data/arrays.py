@@ -1,0 +1,126 @@
+"""Row sources on local files, memory-mapped: a rank reads only the rows of its slice of each
+global batch, never a whole file.
+
+Shards and TokenWindows: the built-in datasets, packed into a few .npy shard files. TokenFile: a
+flat token file (format tokens, or a tokenized text column). Rows: one .npy array through an
+index (the training split of your own rows).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+IN_MEMORY_MAX_BYTES = 64 << 20  # shards smaller than this are read into memory once per process
+SCAN_CHUNK = 1 << 24  # elements per read of a one-off scan: bounded memory on any file size
+
+
+@dataclass(frozen=True, kw_only=True)
+class Shards:
+    """Rows of one logical array spread over shard files; read lazily through mmap."""
+
+    files: tuple[Path, ...]
+    rows_per_shard: int
+    total_rows: int
+
+    def _maps(self) -> list[np.ndarray]:
+        cache = self.__dict__.get("_cache")
+        if cache is None:
+            cache = [np.load(f, mmap_mode="r") for f in self.files]
+            object.__setattr__(self, "_cache", cache)
+        return cache
+
+    def _joined(self) -> np.ndarray | None:
+        """All shards as one in-memory array when they are small (the reads run every step:
+        one fancy index into one array costs ~10 us, a per-shard gather ~10x that)."""
+        if "_joined_cache" not in self.__dict__:
+            maps = self._maps()
+            small = sum(m.nbytes for m in maps) <= IN_MEMORY_MAX_BYTES
+            object.__setattr__(self, "_joined_cache", np.concatenate(maps) if small else None)
+        return self.__dict__["_joined_cache"]
+
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        rows = np.asarray(rows)
+        joined = self._joined()
+        if joined is not None:
+            return joined[rows]
+        # Large data stays memory-mapped: one fancy-indexed read per shard, not one per row.
+        maps = self._maps()
+        shard, offset = np.divmod(rows, self.rows_per_shard)
+        out = np.empty((len(rows), *maps[0].shape[1:]), dtype=maps[0].dtype)
+        for s in np.unique(shard):
+            sel = shard == s
+            out[sel] = maps[s][offset[sel]]
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenWindows:
+    """Language-model windows over token shards: sample i = tokens[i : i + block + 1] (shards overlap by block+1)."""
+
+    files: tuple[Path, ...]
+    windows_per_shard: int
+    total_windows: int
+    block_size: int
+
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        maps = self.__dict__.get("_cache")
+        if maps is None:
+            maps = [np.load(f, mmap_mode="r") for f in self.files]
+            object.__setattr__(self, "_cache", maps)
+        out = []
+        for r in rows:
+            s, o = divmod(int(r), self.windows_per_shard)
+            out.append(np.asarray(maps[s][o : o + self.block_size + 1]))
+        return np.stack(out)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenFile:
+    """Language-model windows over a memory-mapped token file: sample i = tokens[start + i : + block + 1]."""
+
+    path: Path
+    dtype: str
+    start: int  # first token of this split
+    windows: int
+    block_size: int
+
+    def _map(self) -> np.ndarray:
+        mm = self.__dict__.get("_mm")
+        if mm is None:
+            mm = np.memmap(self.path, dtype=self.dtype, mode="r")
+            object.__setattr__(self, "_mm", mm)
+        return mm
+
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        # One gather for the whole batch: only the pages under these windows are read.
+        idx = self.start + np.asarray(rows, dtype=np.int64)[:, None] + np.arange(self.block_size + 1)
+        return np.asarray(self._map()[idx])
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rows:
+    """Rows of a memory-mapped .npy array selected through `index` (the training split)."""
+
+    path: Path
+    index: np.ndarray  # training row -> row of the file
+    dtype: str  # what the model reads: float32 features, int64 labels
+
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        mm = self.__dict__.get("_mm")
+        if mm is None:
+            mm = np.load(self.path, mmap_mode="r")
+            object.__setattr__(self, "_mm", mm)
+        return np.asarray(mm[self.index[np.asarray(rows)]], dtype=self.dtype)
+
+
+def min_max(arr: np.ndarray) -> list[int]:
+    """Smallest and largest value, read in chunks (bounded memory on a memory map of any size)."""
+    lo, hi = None, None
+    for i in range(0, len(arr), SCAN_CHUNK):
+        chunk = np.asarray(arr[i : i + SCAN_CHUNK])
+        lo = int(chunk.min()) if lo is None else min(lo, int(chunk.min()))
+        hi = int(chunk.max()) if hi is None else max(hi, int(chunk.max()))
+    return [lo or 0, hi or 0]
