@@ -2,8 +2,8 @@
 global batch, never a whole file.
 
 Shards and TokenWindows: the built-in datasets, packed into a few .npy shard files. TokenFile: a
-flat token file (format tokens, or a tokenized text column). Rows: one .npy array through an
-index (the training split of your own rows).
+flat token file (format tokens, or a tokenized text column). Rows: one .npy array through a
+seeded permutation (the training split of your own rows).
 """
 
 from __future__ import annotations
@@ -13,7 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
+from .permutation import Permutation
+
 IN_MEMORY_MAX_BYTES = 64 << 20  # shards smaller than this are read into memory once per process
+INDEX_TABLE_MAX = 1 << 20  # files of at most this many rows keep their split as a table (8 MiB at most)
 SCAN_CHUNK = 1 << 24  # elements per read of a one-off scan: bounded memory on any file size
 
 
@@ -102,18 +105,29 @@ class TokenFile:
 
 @dataclass(frozen=True, kw_only=True)
 class Rows:
-    """Rows of a memory-mapped .npy array selected through `index` (the training split)."""
+    """Rows of a memory-mapped .npy array: training row i is row order(offset + i) of the file (the
+    training split of a seeded permutation, whose first `offset` images are held out)."""
 
     path: Path
-    index: np.ndarray  # training row -> row of the file
+    order: Permutation
+    offset: int
     dtype: str  # what the model reads: float32 features, int64 labels
+
+    def _file_rows(self, rows: np.ndarray) -> np.ndarray:
+        if self.order.n > INDEX_TABLE_MAX:  # evaluated per row: nothing the size of the file is held
+            return self.order(self.offset + np.asarray(rows, dtype=np.int64))
+        table = self.__dict__.get("_table")
+        if table is None:  # small: one table lookup per step beats the network's few dozen numpy calls
+            table = self.order.table()[self.offset :]
+            object.__setattr__(self, "_table", table)
+        return table[np.asarray(rows)]
 
     def take(self, rows: np.ndarray) -> np.ndarray:
         mm = self.__dict__.get("_mm")
         if mm is None:
             mm = np.load(self.path, mmap_mode="r")
             object.__setattr__(self, "_mm", mm)
-        return np.asarray(mm[self.index[np.asarray(rows)]], dtype=self.dtype)
+        return np.asarray(mm[self._file_rows(rows)], dtype=self.dtype)
 
 
 def min_max(arr: np.ndarray) -> list[int]:

@@ -21,10 +21,11 @@ from ..process.config import ConfigError
 from .arrays import Rows, min_max
 from .cache import build_once, cached_json, fingerprint, key_name
 from .dataset import Dataset
+from .permutation import Permutation
 from .source import Source
 
 FORMAT_VERSION = 1
-SPLIT_SEED = 0  # the held-out rows must not change with data.seed
+SPLIT_SEED = (0, 1)  # the held-out rows must not change with data.seed
 MAX_EVAL_ROWS = 10_000  # held-out rows of classification data the evaluation reads
 
 # (spec.data, the source's local path or None) -> (features, labels)
@@ -75,14 +76,15 @@ def read_rows(spec: JobSpec, x_path: Path, y_path: Path, cache: Path, where: str
         )
     n = len(x)
     held = max(1, int(n * d.validation_fraction))
-    perm = np.random.default_rng(SPLIT_SEED).permutation(n)
-    train_idx, test_idx = np.sort(perm[held:]), np.sort(perm[:held][:MAX_EVAL_ROWS])
+    # The split is a fixed permutation of the rows (not data.seed): its first `held` images are held out.
+    order = Permutation(n, SPLIT_SEED)
+    test_idx = np.sort(order(np.arange(min(held, MAX_EVAL_ROWS), dtype=np.int64)))
     test_x = np.asarray(x[test_idx], dtype=np.float32)
     test_y = np.asarray(y[test_idx], dtype=np.int64)
     return Dataset(
-        name=where, kind="classify", num_train=len(train_idx), num_classes=classes,
-        input_dim=int(np.prod(x.shape[1:])), train_x=Rows(path=x_path, index=train_idx, dtype="float32"),
-        train_y=Rows(path=y_path, index=train_idx, dtype="int64"), test_x=test_x, test_y=test_y,
+        name=where, kind="classify", num_train=n - held, num_classes=classes,
+        input_dim=int(np.prod(x.shape[1:])), train_x=Rows(path=x_path, order=order, offset=held, dtype="float32"),
+        train_y=Rows(path=y_path, order=order, offset=held, dtype="int64"), test_x=test_x, test_y=test_y,
     )  # fmt: skip
 
 
