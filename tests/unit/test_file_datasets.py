@@ -166,6 +166,22 @@ def test_token_ids_past_the_vocabulary_are_refused(tmp_path: Path) -> None:
             f"holds token id {top}", f"at least {top + 1}")
 
 
+def test_with_vocab_size_given_the_ids_are_not_scanned_but_checked_as_batches_read_them(tmp_path: Path) -> None:
+    """vocabSize given: no scan of the file (nothing in the cache); a batch holding an id past it is
+    refused when read, naming the file and the id, as the held-out windows are at load."""
+    tokens = write_tokens(tmp_path / "c", vocab=50)
+    tokens[1000] = 77  # in the training part only (val.bin is the first quarter)
+    tokens.tofile(tmp_path / "c" / "train.bin")
+    ds = load_dataset(tokens_spec(tmp_path / "c", vocabSize=60), tmp_path / "cache")
+    assert ds.num_classes == 60 and not (tmp_path / "cache").exists()
+    ds.batch(np.array([0, 10, 500]))
+    with pytest.raises(ConfigError, match=r"spec.data.vocabSize: .*c holds token id 77, outside the vocabulary of 60"):
+        ds.batch(np.array([0, 995]))
+    tokens[5] = 99
+    tokens[: len(tokens) // 4].tofile(tmp_path / "c" / "val.bin")
+    refused(tokens_spec(tmp_path / "c", vocabSize=60), tmp_path, "validation windows", "token id 99")
+
+
 def test_a_token_file_shorter_than_one_window_is_refused(tmp_path: Path) -> None:
     write_tokens(tmp_path / "c", n=BLOCK + 3, val=False)
     refused(tokens_spec(tmp_path / "c"), tmp_path, "fewer than one window of model.blockSize")

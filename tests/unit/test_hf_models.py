@@ -260,5 +260,5 @@ def test_a_directory_of_parquet_files_is_streamed_and_empty_texts_are_refused(ar
     data = {"path": str(folder), "format": "parquet", "textColumn": "text", "tokenizer": str(art / "tok")}
     assert load_dataset(spec_of(str(art / "gpt2"), data), tmp_path / "c").num_train > 100
     pq.write_table(pa.table({"text": ["the dog", None]}), folder / "c.parquet")
-    with pytest.raises(ConfigError, match="column 'text' of .*parts has empty values"):
+    with pytest.raises(ConfigError, match="column 'text' of .*parts/c.parquet has empty values"):
         load_dataset(spec_of(str(art / "gpt2"), data), tmp_path / "c")

@@ -17,7 +17,7 @@ from .permutation import Permutation
 
 IN_MEMORY_MAX_BYTES = 64 << 20  # shards smaller than this are read into memory once per process
 INDEX_TABLE_MAX = 1 << 20  # files of at most this many rows keep their split as a table (8 MiB at most)
-SCAN_CHUNK = 1 << 24  # elements per read of a one-off scan: bounded memory on any file size
+SCAN_CHUNK_BYTES = 4 << 20  # bytes per read of a one-off scan: bounded memory on any file size
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -130,11 +130,26 @@ class Rows:
         return np.asarray(mm[self._file_rows(rows)], dtype=self.dtype)
 
 
-def min_max(arr: np.ndarray) -> list[int]:
-    """Smallest and largest value, read in chunks (bounded memory on a memory map of any size)."""
+def file_min_max(path: Path, dtype: str, *, offset: int = 0) -> list[int]:
+    """Smallest and largest value of the `dtype` values from byte `offset` to the end of a file,
+    read in chunks of SCAN_CHUNK_BYTES through the file, not a memory map (whose pages would stay
+    in the process's resident set): bounded memory on any file size. [0, 0] when it holds none."""
     lo, hi = None, None
-    for i in range(0, len(arr), SCAN_CHUNK):
-        chunk = np.asarray(arr[i : i + SCAN_CHUNK])
-        lo = int(chunk.min()) if lo is None else min(lo, int(chunk.min()))
-        hi = int(chunk.max()) if hi is None else max(hi, int(chunk.max()))
+    item = np.dtype(dtype).itemsize
+    with open(path, "rb") as f:
+        f.seek(offset)
+        while True:
+            chunk = np.fromfile(f, dtype=dtype, count=SCAN_CHUNK_BYTES // item)
+            if not len(chunk):
+                break
+            lo = int(chunk.min()) if lo is None else min(lo, int(chunk.min()))
+            hi = int(chunk.max()) if hi is None else max(hi, int(chunk.max()))
     return [lo or 0, hi or 0]
+
+
+def npy_data_offset(path: Path) -> int:
+    """Where the values of an .npy file start (after its header)."""
+    with open(path, "rb") as f:
+        version = np.lib.format.read_magic(f)
+        (np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0)(f)
+        return f.tell()

@@ -3,6 +3,7 @@ global batch's slice at a time, and the held-out rows for evaluation."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -31,6 +32,9 @@ class Dataset:
     train_y: RowSource | None  # None for lm: targets are the inputs shifted by one
     test_x: np.ndarray  # classify: test features; lm: validation windows (block+1 tokens)
     test_y: np.ndarray | None
+    # lm data whose ids were not scanned up front (the vocabulary was given): each batch's largest id
+    # is checked, and one at or past num_classes raises this error (a ConfigError naming the file).
+    id_error: Callable[[int], Exception] | None = None
 
     @property
     def prefetches(self) -> bool:
@@ -45,6 +49,8 @@ class Dataset:
     def batch(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if self.kind == "lm":
             w = self.train_x.take(rows).astype(np.int64)
+            if self.id_error is not None and w.size and (top := int(w.max())) >= self.num_classes:
+                raise self.id_error(top)
             return w[:, :-1], w[:, 1:]
         assert self.train_y is not None
         return self.train_x.take(rows), self.train_y.take(rows)

@@ -1,11 +1,12 @@
 """Language-model data from a stream of token ids, wherever it lies: the vocabulary (the model's,
-data.vocabSize, the tokenizer's or the largest id + 1) checked against the ids, the training
-windows and the held-out validation windows. formats/tokens.py, formats/text.py and
+data.vocabSize, the tokenizer's or the largest id + 1 from a scan) checked against the ids, the
+training windows and the held-out validation windows. formats/tokens.py, formats/text.py and
 formats/tokens_s3.py build their Dataset here."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 from disttrain_api.model import JobSpec
@@ -29,21 +30,34 @@ def model_vocab(spec: JobSpec) -> int | None:
     return vocab
 
 
-def vocabulary(spec: JobSpec, tops: list[tuple[str, int]], *, default: int = 0) -> int:
-    """The vocabulary, given each file's largest token id (`tops`: (name, id)); a token id at or
-    past it is refused, naming the file."""
-    top_name, top = max(tops, key=lambda t: t[1])
+@dataclass(frozen=True, kw_only=True)
+class Vocabulary:
+    size: int
+    scanned: bool  # every token id was read and found under `size`; else each batch is checked
+    refuse: Callable[[str, int], ConfigError]  # (where, id) -> the error for an id at or past `size`
+
+
+def vocabulary(spec: JobSpec, scan: Callable[[], list[tuple[str, int]]], *, default: int = 0) -> Vocabulary:
+    """The vocabulary: an hf: model's, data.vocabSize, `default` (a tokenizer's), else the largest
+    id + 1 from `scan()` (each file's (name, largest id)), which runs only then: with a known
+    vocabulary nothing is scanned, and every batch's ids are checked as they are read instead."""
     mv = model_vocab(spec)
-    vocab = mv or spec.data.vocab_size or default or top + 1
-    if top >= vocab:
+
+    def refuse(where: str, top: int) -> ConfigError:
         if mv:
-            raise ConfigError(f"spec.data.path: {top_name} holds token id {top}, outside the vocabulary of model "
-                              f"{spec.model.name} ({vocab}); tokenize with the model's own tokenizer")  # fmt: skip
-        raise ConfigError(
-            f"spec.data.vocabSize: {top_name} holds token id {top}, outside the vocabulary of {vocab}; "
+            return ConfigError(f"spec.data.path: {where} holds token id {top}, outside the vocabulary of model "
+                               f"{spec.model.name} ({mv}); tokenize with the model's own tokenizer")  # fmt: skip
+        return ConfigError(
+            f"spec.data.vocabSize: {where} holds token id {top}, outside the vocabulary of {size}; "
             f"raise vocabSize to at least {top + 1} (or leave it 0 to take the largest id + 1)"
         )
-    return vocab
+
+    size = mv or spec.data.vocab_size or default
+    if size:
+        return Vocabulary(size=size, scanned=False, refuse=refuse)
+    _, top = max(scan(), key=lambda t: t[1])
+    size = top + 1
+    return Vocabulary(size=size, scanned=True, refuse=refuse)
 
 
 def check_lengths(spec: JobSpec, splits: list[tuple[str, int, str]]) -> None:
@@ -62,7 +76,12 @@ def eval_starts(spec: JobSpec, val_tokens: int) -> np.ndarray:
     return np.linspace(0, val_tokens - spec.model.block_size - 2, EVAL_WINDOWS).astype(np.int64)
 
 
-def dataset(spec: JobSpec, *, name: str, vocab: int, train: RowSource, windows: int,
+def dataset(spec: JobSpec, *, name: str, vocab: Vocabulary, train: RowSource, windows: int,
             test_windows: Callable[[], np.ndarray]) -> Dataset:  # fmt: skip
-    return Dataset(name=name, kind="lm", num_train=windows, num_classes=vocab, input_dim=spec.model.block_size,
-                   train_x=train, train_y=None, test_x=test_windows().astype(np.int64), test_y=None)  # fmt: skip
+    test_x = test_windows().astype(np.int64)
+    top = int(test_x.max())
+    if top >= vocab.size:  # the held-out windows are read now: their ids are checked now
+        raise vocab.refuse(f"{name} (its validation windows)", top)
+    unchecked = None if vocab.scanned else (lambda top: vocab.refuse(name, top))
+    return Dataset(name=name, kind="lm", num_train=windows, num_classes=vocab.size, input_dim=spec.model.block_size,
+                   train_x=train, train_y=None, test_x=test_x, test_y=None, id_error=unchecked)  # fmt: skip

@@ -24,12 +24,15 @@ from ...process.config import ConfigError
 from ..cache import build_once, fingerprint, key_name
 from ..dataset import Dataset
 from ..source import Source
+from . import jsonl, parquet
 from .tokens import token_data
+
+# format -> its reader of record batches: (path, columns, check(file, schema)) -> (file, batch) pairs
+TEXT_READERS = {"parquet": parquet.record_batches, "jsonl": jsonl.record_batches}
 
 FORMAT_VERSION = 1
 TOKENS_FILE = "tokens.bin"
 INFO_FILE = "tokens.json"
-BATCH_ROWS = 1024  # rows tokenized per call: the fast tokenizer batches them in Rust
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,40 +67,25 @@ def _fingerprint_dir(path: Path) -> list[Any]:
 
 
 def _column_batches(d: DataSpec, path: Path) -> Iterator[Any]:
-    """The text column in record batches of BATCH_ROWS: parquet is streamed (a file or a directory
-    of files, never whole in memory); a JSON-lines file is read whole, as pyarrow.json does."""
-    import pyarrow as pa  # noqa: PLC0415 - pyarrow, only for parquet and jsonl data
+    """The text column a record batch at a time, read by the format's own reader (never whole)."""
+    import pyarrow as pa  # noqa: PLC0415 - pyarrow, only for columnar data
 
     col = d.text_column
     assert col is not None
-    try:
-        if d.format == "parquet":
-            import pyarrow.dataset as pds  # noqa: PLC0415 - pyarrow
 
-            source = pds.dataset(path, format="parquet")
-            schema = source.schema
-        else:
-            import pyarrow.json as pj  # noqa: PLC0415 - pyarrow
-
-            source = pj.read_json(path)
-            schema = source.schema
+    def check(where: Path, schema: Any) -> None:
         if col not in schema.names:
-            raise ConfigError(f"spec.data.textColumn: {path} has no column {col!r} "
+            raise ConfigError(f"spec.data.textColumn: {where} has no column {col!r} "
                               f"(it has {', '.join(schema.names) or 'none'})")  # fmt: skip
         kind = schema.field(col).type
         if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
-            raise ConfigError(f"spec.data.textColumn: column {col!r} of {path} is {kind}, not text")
-        if d.format == "parquet":
-            batches = source.to_batches(columns=[col], batch_size=BATCH_ROWS)
-        else:
-            batches = source.select([col]).to_batches(max_chunksize=BATCH_ROWS)
-        for batch in batches:
-            column = batch.column(0)
-            if column.null_count:
-                raise ConfigError(f"spec.data.textColumn: column {col!r} of {path} has empty values")
-            yield column
-    except (pa.ArrowException, OSError) as e:
-        raise ConfigError(f"spec.data.path: {path} is not readable as {d.format} ({e})") from None
+            raise ConfigError(f"spec.data.textColumn: column {col!r} of {where} is {kind}, not text")
+
+    for where, batch in TEXT_READERS[str(d.format)](path, [col], check):
+        column = batch.column(col)
+        if column.null_count:
+            raise ConfigError(f"spec.data.textColumn: column {col!r} of {where} has empty values")
+        yield column
 
 
 def _write_stream(tok: Any, d: DataSpec, path: Path, out: Path, dtype: str) -> tuple[int, int]:

@@ -1,8 +1,9 @@
 """format tokens on a local path: flat binary token ids (nanoGPT's train.bin / val.bin, or one
 file), memory-mapped in place; a rank reads only the windows of its rows, never the whole file.
 
-The largest token id is found once per file by a chunked scan of the memory map (bounded memory
-on any file size), cached in the data cache by the file's path, size and mtime.
+The largest token id is found once per file by a chunked scan (bounded memory on any file size),
+cached in the data cache by the file's path, size and mtime; with data.vocabSize given, the ids
+are not scanned at all.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from disttrain_api.model import JobSpec
 
 from ...process.config import ConfigError
 from .. import lm
-from ..arrays import TokenFile, min_max
+from ..arrays import TokenFile, file_min_max
 from ..cache import cached_json, fingerprint
 from ..dataset import Dataset
 from ..source import Source
@@ -41,11 +42,11 @@ def token_data(spec: JobSpec, train_path: Path, val_path: Path | None, dtype: st
     train = token_map(train_path, dtype, "the training token file")
     val = token_map(val_path, dtype, "the validation token file") if val_path else None
     files = [p for p in (train_path, val_path) if p is not None]
-    lo_hi = cached_json(cache, {"v": FORMAT_VERSION, "scan": "tokens", "dtype": dtype,
-                                "files": [fingerprint(p) for p in files]},
-                        lambda: [min_max(np.memmap(p, dtype=dtype, mode="r")) for p in files])  # fmt: skip
-    vocab = lm.vocabulary(spec, [(source or str(p), hi) for p, (_, hi) in zip(files, lo_hi, strict=True)],
-                          default=default_vocab)  # fmt: skip
+    vocab = lm.vocabulary(spec, lambda: [
+        (source or str(p), hi) for p, (_, hi) in zip(files, cached_json(
+            cache, {"v": FORMAT_VERSION, "scan": "tokens", "dtype": dtype, "files": [fingerprint(p) for p in files]},
+            lambda: [file_min_max(p, dtype) for p in files]), strict=True)
+    ], default=default_vocab)  # fmt: skip
     train_tokens = len(train)
     if val is None:  # nanoGPT's layout without val.bin: hold out the tail
         train_tokens = int(len(train) * (1 - d.validation_fraction))

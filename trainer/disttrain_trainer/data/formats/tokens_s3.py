@@ -141,9 +141,9 @@ def read(spec: JobSpec, src: Source, cache: Path) -> Dataset:
                               f"{store.describe()}")  # fmt: skip
         val = _object(store, f"{uri}/{d.validation_file}", d.token_dtype, "the validation tokens")
     files = [f for f in (train, val) if f is not None]
-    tops = [(u, _scan_max(store, u, d.token_dtype, n * np.dtype(d.token_dtype).itemsize, cache,
-                          ["v1", u, n, etag, d.token_dtype])) for u, n, etag in files]  # fmt: skip
-    vocab = lm.vocabulary(spec, tops)
+    vocab = lm.vocabulary(spec, lambda: [
+        (u, _scan_max(store, u, d.token_dtype, n * np.dtype(d.token_dtype).itemsize, cache,
+                      ["v1", u, n, etag, d.token_dtype])) for u, n, etag in files])  # fmt: skip
     train_uri, n_train, _ = train
     train_tokens, val_uri, val_start, val_len = n_train, train_uri, 0, 0
     if val is None:  # hold out the tail of the training tokens
