@@ -113,7 +113,7 @@ def test_batch_must_divide_by_world() -> None:
 def test_digits_packed_into_shards_and_fixed_split(tmp_path: Path) -> None:
     spec = parse_spec({"data": {"name": "digits", "shards": 3, "seed": 9}})
     ds = load_dataset(spec, tmp_path)
-    files = sorted(p.name for p in next(tmp_path.iterdir()).glob("train-x-*.npy"))
+    files = sorted(p.name for p in next(tmp_path.glob("digits-*")).glob("train-x-*.npy"))
     assert files == [f"train-x-{i:05d}-of-00003.npy" for i in range(3)]
     assert ds.num_train == 1437 and len(ds.test_x) == 360 and ds.num_classes == 10
     x, y = ds.batch(np.array([0, 500, 1436]))

@@ -139,7 +139,7 @@ def load(spec: JobSpec, root: Path) -> Dataset:
     def pack(tmp: Path) -> None:
         (tmp / "meta.json").write_text(json.dumps(_build(spec, tmp)))
 
-    build_once(target, pack, done="meta.json")
+    build_once(target, pack, done="meta.json", what=f"the built-in dataset {spec.data.builtin}")
     meta = json.loads((target / "meta.json").read_text())
     shards = spec.data.shards
     test_x = np.load(target / "test-x.npy")

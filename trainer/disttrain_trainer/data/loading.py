@@ -50,7 +50,7 @@ def reader_for(what: str, where: str) -> Reader:
 
 def load_dataset(spec: JobSpec, cache_dir: Path | None = None) -> Dataset:
     """The training and held-out data of `spec`, checked: a ConfigError names what is wrong."""
-    cache = cache_dir or default_cache_dir()
+    cache = cache_dir or default_cache_dir(spec.checkpoint.path)
     d = spec.data
     if d.builtin is not None:
         return builtin.load(spec, cache)

@@ -87,5 +87,5 @@ def converted(spec: JobSpec, src: Source, cache: Path, convert: Converter, key: 
     def build(tmp: Path) -> None:
         write_rows(convert(d, src.path), tmp, src.name, float_labels=False)
 
-    build_once(target, build, done="y.npy")
+    build_once(target, build, done="y.npy", what=src.name)
     return read_rows(spec, target / "x.npy", target / "y.npy", cache, src.name)

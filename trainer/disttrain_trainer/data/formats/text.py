@@ -117,7 +117,7 @@ def tokenize(d: DataSpec, path: Path, cache: Path, source: list[Any]) -> TokenSt
             raise ConfigError(f"spec.data.textColumn: column {d.text_column!r} of {path} gives no tokens")
         (tmp / INFO_FILE).write_text(json.dumps({"tokens": n, "rows": rows, "dtype": dtype, "vocab": vocab}))
 
-    build_once(target, build, done=INFO_FILE)
+    build_once(target, build, done=INFO_FILE, what=f"column {d.text_column!r} of {path}")
     return TokenStream(path=target / TOKENS_FILE, dtype=dtype, vocab=vocab)
 
 

@@ -3,29 +3,25 @@ windows of its own rows, each one ranged GET, all of a batch's GETs concurrently
 cat_ranges). The data loop names the next batches before it trains on the current one
 (`prefetch`), so their reads overlap the step and the loop rarely waits for the store.
 
-Nothing is downloaded whole: the file's size, the held-out validation windows and the one-off
-scan for the largest token id (streamed in chunks, once per pod: its result is cached, and a lock
-keeps the pod's other ranks from repeating it) are all the reads outside the batches.
+Nothing is downloaded whole: the file's size, the held-out validation windows and, only without a
+known vocabulary (data.vocabSize, an hf: model's), the one-off scan for the largest token id
+(streamed in chunks, once per job: its result is kept in the data cache) are all the reads
+outside the batches.
 """
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
-import json
-import os
-import tempfile
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from disttrain_api.model import JobSpec
 
 from ...process.config import ConfigError
 from .. import lm, object_store
+from ..cache import cached_json
 from ..dataset import PREFETCH_BATCHES, Dataset
 from ..object_store import Store
 from ..source import Source
@@ -87,30 +83,19 @@ class RemoteTokenFile:
         return future.result() if future is not None else self.fetch(rows)
 
 
-def _scan_max(store: Store, uri: str, dtype: str, size: int, cache: Path, key: list[Any]) -> int:
-    """The largest token id of the object, scanned once per pod (cached; other ranks wait on a lock)."""
-    digest = hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
-    cache.mkdir(parents=True, exist_ok=True)
-    target = cache / f"scan-s3-{digest}.json"
-    with open(cache / f".scan-s3-{digest}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if target.exists():
-            return int(json.loads(target.read_text()))
-        top, item = 0, np.dtype(dtype).itemsize
-        chunk = SCAN_CHUNK_BYTES - SCAN_CHUNK_BYTES % item
-        try:
-            with store.filesystem().open(uri, "rb", block_size=chunk, cache_type="none") as f:
-                for _ in range(0, size, chunk):
-                    data = f.read(chunk)
-                    if data:
-                        top = max(top, int(np.frombuffer(data, dtype=dtype).max()))
-        except Exception as e:  # noqa: BLE001
-            raise object_store.explain(e, uri, "spec.data.path", store) from None
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=cache)
-        with os.fdopen(fd, "w") as out:
-            json.dump(top, out)
-        os.replace(tmp, target)
-        return top
+def _scan_max(store: Store, uri: str, dtype: str, size: int) -> int:
+    """The largest token id of the object, read in chunks of SCAN_CHUNK_BYTES."""
+    top, item = 0, np.dtype(dtype).itemsize
+    chunk = SCAN_CHUNK_BYTES - SCAN_CHUNK_BYTES % item
+    try:
+        with store.filesystem().open(uri, "rb", block_size=chunk, cache_type="none") as f:
+            for _ in range(0, size, chunk):
+                data = f.read(chunk)
+                if data:
+                    top = max(top, int(np.frombuffer(data, dtype=dtype).max()))
+    except Exception as e:  # noqa: BLE001
+        raise object_store.explain(e, uri, "spec.data.path", store) from None
+    return top
 
 
 def _object(store: Store, uri: str, dtype: str, what: str) -> tuple[str, int, str] | None:
@@ -141,9 +126,12 @@ def read(spec: JobSpec, src: Source, cache: Path) -> Dataset:
                               f"{store.describe()}")  # fmt: skip
         val = _object(store, f"{uri}/{d.validation_file}", d.token_dtype, "the validation tokens")
     files = [f for f in (train, val) if f is not None]
-    vocab = lm.vocabulary(spec, lambda: [
-        (u, _scan_max(store, u, d.token_dtype, n * np.dtype(d.token_dtype).itemsize, cache,
-                      ["v1", u, n, etag, d.token_dtype])) for u, n, etag in files])  # fmt: skip
+    def scan(u: str, n: int, etag: str) -> int:  # once per job (the data cache), keyed by the ETag
+        key = {"v": 1, "scan": "s3-tokens", "uri": u, "tokens": n, "etag": etag, "dtype": d.token_dtype}
+        return cached_json(cache, key, lambda: _scan_max(store, u, d.token_dtype, n * np.dtype(d.token_dtype).itemsize))
+
+    # Scanned only without a known vocabulary (data.vocabSize, an hf: model's).
+    vocab = lm.vocabulary(spec, lambda: [(u, scan(u, n, etag)) for u, n, etag in files])
     train_uri, n_train, _ = train
     train_tokens, val_uri, val_start, val_len = n_train, train_uri, 0, 0
     if val is None:  # hold out the tail of the training tokens
