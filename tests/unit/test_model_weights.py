@@ -161,7 +161,7 @@ def wrong_inputs(spec, ds):  # noqa: ANN001, ANN201
 
 def test_a_model_that_does_not_fit_the_data_is_refused_with_both_shapes(digits: Dataset) -> None:
     with pytest.raises(ConfigError, match=r"returns \[2, 3\] for a batch of shape \[2, 64\] of data digits; "
-                                          r"the loss needs logits of shape \[2, 10\]"):  # fmt: skip
+                                          r"the loss needs outputs of shape \[2, 10\]"):  # fmt: skip
         build_model(spec_of(name=f"{__name__}:wrong_classes"), digits)
     with pytest.raises(ConfigError, match=r"does not take data digits: a batch of shape \[2, 64\] \(torch.float32\) "
                                           r"fails in forward: RuntimeError"):  # fmt: skip

@@ -111,7 +111,8 @@ class Rows:
     path: Path
     order: Permutation
     offset: int
-    dtype: str  # what the model reads: float32 features, int64 labels
+    dtype: str  # what the model reads: float32 features, int64 labels (float32 for a regression)
+    scale: float | None = None  # multiply as read (uint8 image pixels -> [0, 1])
 
     def _file_rows(self, rows: np.ndarray) -> np.ndarray:
         if self.order.n > INDEX_TABLE_MAX:  # evaluated per row: nothing the size of the file is held
@@ -127,7 +128,10 @@ class Rows:
         if mm is None:
             mm = np.load(self.path, mmap_mode="r")
             object.__setattr__(self, "_mm", mm)
-        return np.asarray(mm[self._file_rows(rows)], dtype=self.dtype)
+        out = np.asarray(mm[self._file_rows(rows)], dtype=self.dtype)
+        if self.scale is not None:
+            out *= np.float32(self.scale)
+        return out
 
 
 def file_min_max(path: Path, dtype: str, *, offset: int = 0) -> list[int]:

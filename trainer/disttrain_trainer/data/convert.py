@@ -89,7 +89,7 @@ def check_batch(x: np.ndarray, y: np.ndarray, where: str, *, float_labels: bool)
                               "(training.loss mse) must be numbers")  # fmt: skip
     elif y.dtype.kind not in "iu":
         raise ConfigError(f"spec.data.path: labels in {where} have dtype {y.dtype}; classification labels must "
-                          "be integer class indices")
+                          "be integer class indices (for numeric targets set training.loss: mse)")
     if len(x) != len(y):
         raise ConfigError(f"spec.data.path: {where} has {len(x)} feature rows but {len(y)} labels")
 

@@ -32,6 +32,9 @@ class Dataset:
     train_y: RowSource | None  # None for lm: targets are the inputs shifted by one
     test_x: np.ndarray  # classify: test features; lm: validation windows (block+1 tokens)
     test_y: np.ndarray | None
+    # classify: integer class labels, or numbers (a regression: training.loss mse or a loss of your own)
+    targets: Literal["classes", "values"] = "classes"
+    loss: str = "cross_entropy"  # spec.training.loss (losses.py)
     # lm data whose ids were not scanned up front (the vocabulary was given): each batch's largest id
     # is checked, and one at or past num_classes raises this error (a ConfigError naming the file).
     id_error: Callable[[int], Exception] | None = None

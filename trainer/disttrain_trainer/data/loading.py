@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from disttrain_api.model import JobSpec
@@ -33,6 +34,9 @@ READERS = {
     ("npz", "local"): "formats.npz:read",
     ("parquet", "local"): "formats.parquet:read",
     ("jsonl", "local"): "formats.jsonl:read",
+    ("csv", "local"): "formats.csv:read",
+    ("hfdataset", "local"): "formats.hfdataset:read",
+    ("imagefolder", "local"): "formats.imagefolder:read",
     ("module", "local"): "formats.module:read",
 }
 
@@ -50,7 +54,10 @@ def reader_for(what: str, where: str) -> Reader:
 
 def load_dataset(spec: JobSpec, cache_dir: Path | None = None) -> Dataset:
     """The training and held-out data of `spec`, checked: a ConfigError names what is wrong."""
-    cache = cache_dir or default_cache_dir(spec.checkpoint.path)
+    return replace(_read(spec, cache_dir or default_cache_dir(spec.checkpoint.path)), loss=spec.training.loss)
+
+
+def _read(spec: JobSpec, cache: Path) -> Dataset:
     d = spec.data
     if d.builtin is not None:
         return builtin.load(spec, cache)

@@ -3,7 +3,8 @@ block at a time (pyarrow.json's streaming reader).
 
 The reader takes its column types from the first block; a number column whose first block holds
 only integers would refuse a later 1.5, so the feature columns are read as float64 (lists of
-them too) and only the label column keeps the type the first block shows.
+them too), the label column too with training.loss mse, else it keeps the type the first block
+shows (integers for classes).
 """
 
 from __future__ import annotations
@@ -52,12 +53,17 @@ def record_batches(path: Path, names: list[str], check: Callable[[Path, Any], No
         raise ConfigError(f"spec.data.path: {path} is not readable as jsonl ({e})") from None
 
 
-def _batches(d: DataSpec, path: Path | None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    assert path is not None, "validation requires data.path with format jsonl"
-    check = lambda f, schema: columns.check_names(d, f, schema.names)  # noqa: E731
-    for f, batch in record_batches(path, columns.wanted(d), check, float_columns=d.feature_columns):
-        yield columns.arrays(d, batch, f)
+def _batches(spec: JobSpec) -> Callable[[DataSpec, Path | None], Iterator[tuple[np.ndarray, np.ndarray]]]:
+    floats = {*spec.data.feature_columns, *([spec.data.label_column] if spec.training.loss == "mse" else [])}
+
+    def batches(d: DataSpec, path: Path | None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        assert path is not None, "validation requires data.path with format jsonl"
+        check = lambda f, schema: columns.check_names(d, f, schema.names)  # noqa: E731
+        for f, batch in record_batches(path, columns.wanted(d), check, float_columns=floats):
+            yield columns.arrays(d, batch, f)
+
+    return batches
 
 
 def read(spec: JobSpec, src: Source, cache: Path) -> Dataset:
-    return converted(spec, src, cache, _batches, columns.key(spec.data))
+    return converted(spec, src, cache, _batches(spec), {**columns.key(spec.data), "loss": spec.training.loss == "mse"})

@@ -24,11 +24,12 @@ from ...process.config import ConfigError
 from ..cache import build_once, fingerprint, key_name
 from ..dataset import Dataset
 from ..source import Source
-from . import jsonl, parquet
+from . import csv, hfdataset, jsonl, parquet
 from .tokens import token_data
 
 # format -> its reader of record batches: (path, columns, check(file, schema)) -> (file, batch) pairs
-TEXT_READERS = {"parquet": parquet.record_batches, "jsonl": jsonl.record_batches}
+TEXT_READERS = {"parquet": parquet.record_batches, "jsonl": jsonl.record_batches, "csv": csv.record_batches,
+                "hfdataset": hfdataset.record_batches}
 
 FORMAT_VERSION = 1
 TOKENS_FILE = "tokens.bin"
