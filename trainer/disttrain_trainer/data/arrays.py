@@ -8,6 +8,8 @@ seeded permutation (the training split of your own rows).
 
 from __future__ import annotations
 
+import mmap
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +20,57 @@ from .permutation import Permutation
 IN_MEMORY_MAX_BYTES = 64 << 20  # shards smaller than this are read into memory once per process
 INDEX_TABLE_MAX = 1 << 20  # files of at most this many rows keep their split as a table (8 MiB at most)
 SCAN_CHUNK_BYTES = 4 << 20  # bytes per read of a one-off scan: bounded memory on any file size
+
+
+def _mapped(path: Path) -> mmap.mmap:
+    """A read-only map of `path` advised for random access: a read faults in its own pages only, not
+    the kernel's readahead around them, which would count in the process's resident set (rows of a
+    large file read at random would otherwise map most of it)."""
+    with open(path, "rb") as f:
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    mm.madvise(mmap.MADV_RANDOM)
+    return mm
+
+
+def map_tokens(path: Path, dtype: str) -> np.ndarray:
+    """A flat file of `dtype` values, memory-mapped for random reads."""
+    return np.frombuffer(_mapped(path), dtype=dtype)
+
+
+def map_npy(path: Path) -> np.ndarray:
+    """An .npy file's array, memory-mapped for random reads (numpy's header parsed by numpy)."""
+    with open(path, "rb") as f:
+        version = np.lib.format.read_magic(f)
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, fortran, dtype = read(f)
+        offset = f.tell()
+    if dtype.hasobject:
+        raise ValueError("the array holds Python objects")
+    count = int(np.prod(shape, dtype=np.int64))
+    flat = np.frombuffer(_mapped(path), dtype=dtype, count=count, offset=offset)
+    return flat.reshape(shape, order="F" if fortran else "C")
+
+
+def read_npy_rows(path: Path, rows: np.ndarray) -> np.ndarray:
+    """Rows `rows` of an .npy file (C order) read with pread, not through a memory map: the kernel
+    maps the pages around each faulted page of a cached file into the process (fault-around), so
+    a few thousand rows scattered over a large file would put most of it in the resident set."""
+    with open(path, "rb") as f:
+        version = np.lib.format.read_magic(f)
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, fortran, dtype = read(f)
+        offset = f.tell()
+        if fortran and len(shape) > 1:  # rows are not contiguous: read them through the map
+            return np.asarray(map_npy(path)[rows])
+        row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+        out = np.empty((len(rows), *shape[1:]), dtype=dtype)
+        view = out.reshape(len(rows), -1).view(np.uint8) if row_bytes else out
+        for i, r in enumerate(np.asarray(rows, dtype=np.int64).tolist()):
+            data = os.pread(f.fileno(), row_bytes, offset + r * row_bytes)
+            if len(data) != row_bytes:
+                raise ValueError(f"row {r} is past the end of the file")
+            view[i] = np.frombuffer(data, dtype=np.uint8)
+        return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,7 +146,7 @@ class TokenFile:
     def _map(self) -> np.ndarray:
         mm = self.__dict__.get("_mm")
         if mm is None:
-            mm = np.memmap(self.path, dtype=self.dtype, mode="r")
+            mm = map_tokens(self.path, self.dtype)
             object.__setattr__(self, "_mm", mm)
         return mm
 
@@ -126,7 +179,7 @@ class Rows:
     def take(self, rows: np.ndarray) -> np.ndarray:
         mm = self.__dict__.get("_mm")
         if mm is None:
-            mm = np.load(self.path, mmap_mode="r")
+            mm = map_npy(self.path)
             object.__setattr__(self, "_mm", mm)
         out = np.asarray(mm[self._file_rows(rows)], dtype=self.dtype)
         if self.scale is not None:

@@ -18,7 +18,7 @@ import numpy as np
 from disttrain_api.model import DataSpec, JobSpec
 
 from ..process.config import ConfigError
-from .arrays import Rows, file_min_max, npy_data_offset
+from .arrays import Rows, file_min_max, map_npy, npy_data_offset, read_npy_rows
 from .cache import build_once, cached_json, fingerprint, key_name
 from .convert import check_batch, write_rows
 from .dataset import Dataset
@@ -39,7 +39,7 @@ def load_npy(path: Path, what: str) -> np.ndarray:
     if not path.is_file():
         raise ConfigError(f"spec.data.path: the {what} file {path} does not exist (or is not a file)")
     try:
-        return np.load(path, mmap_mode="r", allow_pickle=False)
+        return map_npy(path)
     except (ValueError, OSError, EOFError) as e:
         raise ConfigError(f"spec.data.path: {path} is not a readable .npy file ({e}); is it truncated?") from None
 
@@ -79,8 +79,8 @@ def read_rows(spec: JobSpec, x_path: Path, y_path: Path, cache: Path, where: str
     # The split is a fixed permutation of the rows (not data.seed): its first `held` images are held out.
     order = Permutation(n, SPLIT_SEED)
     test_idx = np.sort(order(np.arange(min(held, MAX_EVAL_ROWS), dtype=np.int64)))
-    test_x = np.asarray(x[test_idx], dtype=np.float32)
-    test_y = np.asarray(y[test_idx], dtype=y_dtype)
+    test_x = read_npy_rows(x_path, test_idx).astype(np.float32)
+    test_y = read_npy_rows(y_path, test_idx).astype(y_dtype)
     scale = IMAGE_SCALE if x.dtype == np.uint8 else None
     if scale is not None:
         test_x = test_x * np.float32(scale)

@@ -15,7 +15,7 @@ from disttrain_api.model import JobSpec
 
 from ...process.config import ConfigError
 from .. import lm
-from ..arrays import TokenFile, file_min_max
+from ..arrays import TokenFile, file_min_max, map_tokens
 from ..cache import cached_json, fingerprint
 from ..dataset import Dataset
 from ..source import Source
@@ -32,7 +32,7 @@ def token_map(path: Path, dtype: str, what: str) -> np.ndarray:
             f"spec.data.path: {path} holds {size} bytes, not a whole number of {dtype} token ids "
             f"({item} bytes each): the file is truncated or spec.data.tokenDtype is wrong"
         )
-    return np.memmap(path, dtype=dtype, mode="r")
+    return map_tokens(path, dtype)
 
 
 def token_data(spec: JobSpec, train_path: Path, val_path: Path | None, dtype: str, cache: Path, *, name: str,
