@@ -4,12 +4,16 @@ from /proc while the run goes) and the time from the ranks' start to the end of 
 first step line in rank 0's metrics log). The large file is sparse (a 4 GiB hole: zeros), so the
 corpus costs no disk.
 
+`--speed ROUNDS` measures instead the GPT example's throughput on the 1M-token file, SPEED_STEPS
+steps (the summary's samplesPerS: the training loop's samples per second), alternating this
+trainer and `--old-tree`'s ROUNDS times; the medians and their ratio.
+
 `--old-tree DIR` runs the same with another checkout's trainer (e.g. `git worktree add DIR <rev>`
 of the trainer before the data package) under an address-space limit of OLD_LIMIT_GB per rank,
 so a sampler that materialises a permutation of every window fails on its own instead of taking
 a shared machine's memory.
 
-    .venv/bin/python benchmarks/data_corpus.py [--old-tree /tmp/oldtree]
+    .venv/bin/python benchmarks/data_corpus.py [--old-tree /tmp/oldtree] [--speed 3]
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from proc_stats import peak_rss_mb
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = {"1M": 1_000_000, "2^31": 1 << 31}
 STEPS = 50
+SPEED_STEPS = 300
 OLD_LIMIT_GB = 12
 SPEC = {
     "mode": "data",
@@ -56,9 +61,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run(work: Path, name: str, corpus: Path, tree: Path | None) -> dict:
+def run(work: Path, name: str, corpus: Path, tree: Path | None, steps: int = STEPS) -> dict:
     spec = json.loads(json.dumps(SPEC))
     spec["data"]["path"] = str(corpus)
+    spec["training"] = {"steps": steps, "logIntervalSteps": 1 if steps == STEPS else 50}
     config = work / f"{name}.json"
     config.write_text(json.dumps(spec))  # as written: each trainer fills in its own defaults
     run_dir, port = work / f"run-{name}", free_port()
@@ -96,14 +102,41 @@ def run(work: Path, name: str, corpus: Path, tree: Path | None) -> dict:
     if any(codes):
         lines = [x for o in outs for x in o.splitlines() if "Error" in x or "error" in x]
         error = (lines[-1] if lines else outs[0].strip().splitlines()[-1])[:160]
+    summary = run_dir / "summary.json"
+    rate = json.loads(summary.read_text()).get("samplesPerS") if summary.exists() and not any(codes) else None
     return {"name": name, "peak_mb": peaks, "first_step_s": first_step, "wall_s": time.monotonic() - t0,
-            "exit": codes, "error": error}  # fmt: skip
+            "exit": codes, "error": error, "samples_per_s": rate}  # fmt: skip
+
+
+def speed(rounds: int, tree: Path) -> None:
+    import statistics  # noqa: PLC0415 - only here
+
+    rates: dict[str, list[float]] = {"this trainer": [], "before": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        write_corpus(work / "tokens.bin", SIZES["1M"])
+        for i in range(rounds):
+            for code, t in (("this trainer", None), ("before", tree)):
+                r = run(work, f"speed-{'old' if t else 'new'}-{i}", work / "tokens.bin", t, SPEED_STEPS)
+                rates[code].append(r["samples_per_s"])
+                print(json.dumps({"code": code, "round": i, "samples_per_s": r["samples_per_s"]}), flush=True)
+    new, old = (statistics.median(rates[k]) for k in ("this trainer", "before"))
+    print(f"\nGPT example, 1M tokens, {SPEED_STEPS} steps, 2 ranks: samples/s, {rounds} alternating rounds")
+    for k, v in rates.items():
+        print(f"{k:<14}" + "".join(f"{x:>9.1f}" for x in v) + f"   median {statistics.median(v):.1f}")
+    print(f"this / before: {new / old:.3f}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--old-tree", type=Path, help="also run this checkout's trainer (under an address-space limit)")
+    ap.add_argument("--speed", type=int, metavar="ROUNDS", help="throughput against --old-tree instead")
     args = ap.parse_args()
+    if args.speed:
+        if not args.old_tree:
+            ap.error("--speed needs --old-tree")
+        speed(args.speed, args.old_tree)
+        return
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
