@@ -55,7 +55,7 @@ JOB = {
 
 
 def write_corpus(folder: Path) -> None:
-    from disttrain_trainer.datasets import corpus_text, vocabulary  # noqa: PLC0415 - the trainer package
+    from disttrain_trainer.data import corpus_text, vocabulary  # noqa: PLC0415 - the trainer package
 
     index = {c: i for i, c in enumerate(vocabulary())}
     ids = np.fromiter((index[c] for c in corpus_text()), dtype=np.uint16)
@@ -125,7 +125,7 @@ def _env(work: Path) -> dict[str, str]:
 def read_us(work: Path, url: str) -> dict[str, float]:
     """Median microseconds of one rank's batch read (16 windows) from each source, alternately."""
     from disttrain_api.model import parse_spec  # noqa: PLC0415 - the API package
-    from disttrain_trainer.datasets import load_dataset  # noqa: PLC0415 - the trainer package
+    from disttrain_trainer.data import load_dataset  # noqa: PLC0415 - the trainer package
 
     os.environ.update(_CREDENTIALS)
     model = JOB["spec"]["model"]

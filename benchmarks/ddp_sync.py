@@ -46,7 +46,7 @@ import torch.multiprocessing as mp
 from disttrain_api import constants as C
 from disttrain_api import model as api
 from disttrain_trainer.checkpoints import whole as ckpt
-from disttrain_trainer.datasets import GlobalBatchSampler, load_dataset
+from disttrain_trainer.data import GlobalBatchSampler, load_dataset
 from disttrain_trainer.models import build_model
 from disttrain_trainer.modes.data import entry as data_mode
 from disttrain_trainer.modes.data import layouts

@@ -59,7 +59,7 @@ def spec_of(rounds: int):  # noqa: ANN201
 
 
 def client_data(spec, index: int):  # noqa: ANN001, ANN201
-    from disttrain_trainer.datasets import load_dataset
+    from disttrain_trainer.data import load_dataset
     from disttrain_trainer.modes.federated import partition
 
     ds = load_dataset(spec)
@@ -108,7 +108,7 @@ def flower_client(port: int, index: int, rounds: int) -> None:
 
 def run_flower(rounds: int) -> dict[str, Any]:
     import flwr as fl
-    from disttrain_trainer.datasets import load_dataset
+    from disttrain_trainer.data import load_dataset
     from disttrain_trainer.models import build_model
     from disttrain_trainer.process.precision import make_amp
     from disttrain_trainer.run_common import evaluate
@@ -180,7 +180,7 @@ def disttrain_client(port: int, key: bytes, index: int, rounds: int) -> None:
 
 
 def run_disttrain(rounds: int) -> dict[str, Any]:
-    from disttrain_trainer.datasets import load_dataset
+    from disttrain_trainer.data import load_dataset
     from disttrain_trainer.models import build_model
     from disttrain_trainer.modes.federated import inprocess
     from disttrain_trainer.modes.federated.aggregator import Aggregator
@@ -334,7 +334,7 @@ def main() -> None:
     torch.set_num_threads(1)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     spec = spec_of(args.rounds)
-    from disttrain_trainer.datasets import load_dataset
+    from disttrain_trainer.data import load_dataset
     from disttrain_trainer.models import build_model
 
     params = sum(p.numel() for p in build_model(spec, load_dataset(spec)).parameters())

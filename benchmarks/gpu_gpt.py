@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     ns = p.parse_args(argv)
 
     import torch
-    from disttrain_trainer.datasets import vocabulary
+    from disttrain_trainer.data import vocabulary
     from disttrain_trainer.telemetry.model_flops import gpt_flops_per_token, peak_flops
 
     if ns.device == "cuda" and not torch.cuda.is_available():

@@ -29,7 +29,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from disttrain_api.model import parse_spec  # noqa: E402
-from disttrain_trainer import datasets  # noqa: E402
+from disttrain_trainer import data as datasets  # noqa: E402
 from torch import nn  # noqa: E402
 
 BATCH, WARMUP, STEPS, BLOCKS = 64, 200, 3000, 5

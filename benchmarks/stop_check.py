@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from disttrain_api import model as api
-from disttrain_trainer.datasets import GlobalBatchSampler, load_dataset
+from disttrain_trainer.data import GlobalBatchSampler, load_dataset
 from disttrain_trainer.models import build_model
 from disttrain_trainer.modes.data import layouts
 from disttrain_trainer.optim import build_optimizer, build_scheduler

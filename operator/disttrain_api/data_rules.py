@@ -2,7 +2,7 @@
 file format needs, which models each kind of data fits, and the data volume's mount.
 
 What needs the files themselves (do they exist, is a token file truncated, are the labels
-integers) is checked by the trainer before training starts (disttrain_trainer.file_datasets)."""
+integers) is checked by the trainer before training starts (disttrain_trainer.data)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from . import pod_rules
 from .model import JobSpec
 from .rule_checker import Checker
 
-# Formats read as (features, integer label) rows; tokens is the language-model format.
-ROW_FORMATS = ("npy", "npz", "parquet", "jsonl", "module")
-COLUMN_FORMATS = ("parquet", "jsonl")
+# Formats read as (features, label) rows; tokens is the language-model format.
+ROW_FORMATS = ("npy", "npz", "parquet", "jsonl", "csv", "hfdataset", "imagefolder", "module")
+COLUMN_FORMATS = ("parquet", "jsonl", "csv", "hfdataset")
+BUILTIN_LOSSES = ("cross_entropy", "mse")
 LANGUAGE_DATA = ("pytext", "synthetic")
 IMAGE_DATA = ("digits", "synthetic")
 
@@ -47,7 +48,7 @@ def source(spec: JobSpec, c: Checker) -> None:
             c.add("spec.data.featureColumns", f"required with format {fmt}: the numeric columns forming the features "
                   "(or textColumn and tokenizer: text for a language model)")
         if fmt not in COLUMN_FORMATS and d.feature_columns:
-            c.add("spec.data.featureColumns", f"only read with format parquet or jsonl, not {fmt}")
+            c.add("spec.data.featureColumns", f"only read with format {', '.join(COLUMN_FORMATS)}, not {fmt}")
         if d.feature_columns and d.text_column is not None:
             c.add("spec.data.textColumn", "give featureColumns (classification rows) or textColumn (text for a "
                   "language model), not both")
@@ -64,7 +65,7 @@ def _text(spec: JobSpec, c: Checker) -> None:
     if not c.ok("spec.data.textColumn", "spec.data.tokenizer"):
         return
     if d.text_column is not None and d.format not in COLUMN_FORMATS:
-        c.add("spec.data.textColumn", f"only read with format parquet or jsonl, not {d.format}")
+        c.add("spec.data.textColumn", f"only read with format {', '.join(COLUMN_FORMATS)}, not {d.format}")
     elif d.text_column is not None and not (d.tokenizer or "").strip():
         c.add("spec.data.tokenizer", "required with textColumn: a Hugging Face tokenizer directory "
               "(tokenizer.json, tokenizer_config.json)")
@@ -72,6 +73,21 @@ def _text(spec: JobSpec, c: Checker) -> None:
         c.add("spec.data.tokenizer", "only read with textColumn (the text column it tokenizes)")
     if d.text_column is not None and c.ok("spec.data.classes") and d.classes:
         c.add("spec.data.classes", "not read with textColumn (a language model's outputs are its vocabulary)")
+
+
+def loss(spec: JobSpec, c: Checker) -> None:
+    """training.loss against the data: mse fits numeric labels of your own rows, not token ids."""
+    d = spec.data
+    if not c.ok("spec.training.loss", "spec.data.name", "spec.data.format", "spec.data.textColumn"):
+        return
+    if spec.training.loss != "cross_entropy" and spec.mode in ("federated", "paramserver"):
+        c.add("spec.training.loss", f"mode {spec.mode} trains with cross_entropy (its clients and workers report "
+              "accuracy); other losses train in the data, tensor, hybrid and pipeline modes")
+        return
+    if spec.training.loss == "mse" and (d.builtin is not None or d.language):
+        what = f"data {d.builtin}" if d.builtin is not None else "token ids"
+        c.add("spec.training.loss", f"mse needs numeric labels of your own rows (data.path with a row format), not "
+              f"{what}; use cross_entropy, or a loss of your own ('package.module:function')")
 
 
 def fits_model(spec: JobSpec, c: Checker) -> None:
@@ -84,7 +100,7 @@ def fits_model(spec: JobSpec, c: Checker) -> None:
         if builtin is not None or not d.language:
             c.add("spec.data.format" if builtin is None else "spec.data.name",
                   f"model {m.name} (a Hugging Face language model) reads token ids of its own tokenizer: give "
-                  "data.path with format tokens, or format parquet/jsonl with textColumn and tokenizer")
+                  "data.path with format tokens, or format parquet/jsonl/csv/hfdataset with textColumn and tokenizer")
         return
     if builtin is not None:
         if m.name == "gpt" and builtin not in LANGUAGE_DATA:
@@ -97,11 +113,11 @@ def fits_model(spec: JobSpec, c: Checker) -> None:
         return
     if m.name == "gpt" and d.format is not None and not d.language:
         c.add("spec.data.format", f"{d.format} does not fit model gpt (a language model); use format tokens, or "
-              "parquet/jsonl with textColumn")
+              "parquet/jsonl/csv/hfdataset with textColumn")
     if m.name in ("mlp", "cnn") and d.language:
         what = "tokens" if d.format == "tokens" else "a text column"
-        c.add("spec.data.format", f"{what} does not fit model {m.name} (a classifier); use npy, npz, parquet, "
-              "jsonl or module with featureColumns")
+        c.add("spec.data.format", f"{what} does not fit model {m.name} (a classifier); use a row format ("
+              f"{', '.join(ROW_FORMATS)})")
 
 
 def volume(spec: JobSpec, c: Checker) -> None:
@@ -147,5 +163,6 @@ def _template_mount_paths(spec: JobSpec) -> set[str]:
 
 def data(spec: JobSpec, c: Checker) -> None:
     source(spec, c)
+    loss(spec, c)
     fits_model(spec, c)
     volume(spec, c)

@@ -13,7 +13,7 @@ import yaml
 
 from disttrain_api.model import parse_spec
 from disttrain_trainer.process.config import config_for
-from disttrain_trainer.datasets import load_dataset
+from disttrain_trainer.data import load_dataset
 from disttrain_trainer.modes.federated import inprocess
 from disttrain_trainer.modes.federated.entry import client_states, make_evaluator
 from disttrain_trainer.modes.federated.settings import client_ids

@@ -1,5 +1,5 @@
-"""Your own data files through real trainer processes: a GPT on a memory-mapped token file
-resumes at another world size exactly, a parameter-server job trains on .npy arrays beside its
+"""Your own data files through real trainer processes: a GPT on a memory-mapped token file and a
+regression (training.loss mse) on a CSV file resume at another world size exactly, a parameter-server job trains on .npy arrays beside its
 manifest (`disttrain local`), as do federated clients, and a truncated file stops every rank with exit 2 before training."""
 
 from __future__ import annotations
@@ -58,6 +58,34 @@ def test_a_token_file_run_at_2_ranks_resumes_at_1_exactly(trainer, tmp_path: Pat
     assert one.summary["resumedFromStep"] == 10 and one.summary["worldSize"] == 1
     # The global sampler position is in the checkpoint: one rank reads the rows both did.
     a, b = final_model(ref.checkpoint_dir), final_model(one.checkpoint_dir)
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-5
+
+
+def test_a_regression_on_csv_at_2_ranks_resumes_at_1_exactly(trainer, tmp_path: Path) -> None:  # noqa: ANN001
+    """training.loss mse on decimal labels of a CSV file, through the real loop: it learns, and the
+    run resumed at another world size ends with the uninterrupted run's parameters."""
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((400, 4))
+    pcsv.write_csv(pa.table({**{f"f{i}": x[:, i] for i in range(4)}, "target": x @ [1.0, -2.0, 0.5, 3.0]}),
+                   tmp_path / "d.csv")  # fmt: skip
+    spec = {"mode": "data", "model": {"name": "mlp", "hidden": 16, "layers": 1},
+            "data": {"path": str(tmp_path / "d.csv"), "format": "csv", "featureColumns": [f"f{i}" for i in range(4)],
+                     "labelColumn": "target", "batchSize": 16, "seed": 1},
+            "optimizer": {"name": "adam", "lr": 0.05, "scaleLR": "none", "decay": "none"},
+            "training": {"steps": STEPS, "logIntervalSteps": 5, "loss": "mse"},
+            "checkpoint": {"intervalSteps": 10, "keep": 3}}  # fmt: skip
+    ref = trainer.run(spec, world=2, job="mse2")
+    assert ref.summary["valLoss"] < 7.0  # half the targets' variance (about 14.25)
+    target = trainer.ckpt_root / "mse1"
+    target.mkdir(parents=True)
+    shutil.copytree(ref.checkpoint_dir / ckpt.name_for(10), target / ckpt.name_for(10))
+    one = trainer.run(spec, world=1, job="mse1")
+    assert one.summary["resumedFromStep"] == 10 and one.summary["worldSize"] == 1
+    a, b = final_model(ref.checkpoint_dir), final_model(one.checkpoint_dir)
+    assert a["head.weight"].shape == (1, 16)  # one output: a regression
     assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-5
 
 

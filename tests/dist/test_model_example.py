@@ -15,7 +15,7 @@ import torch
 from disttrain_api import constants as C
 from disttrain_api.model import parse_spec
 from disttrain_trainer.checkpoints import whole as ckpt
-from disttrain_trainer.datasets import load_dataset
+from disttrain_trainer.data import load_dataset
 from disttrain_trainer.models import build_model
 from safetensors.torch import load_file
 

@@ -40,7 +40,7 @@ def test_two_processes_equal_one_process_same_global_batch(trainer, make_digits_
 def final_model_initial(trainer, spec) -> dict[str, torch.Tensor]:  # noqa: ANN001
     """The parameters after 0 steps: build the model exactly as the trainer does."""
     from disttrain_api.model import parse_spec
-    from disttrain_trainer.datasets import load_dataset
+    from disttrain_trainer.data import load_dataset
     from disttrain_trainer.models import build_model
 
     s = parse_spec(spec)

@@ -46,18 +46,37 @@ def test_a_builtin_name_and_a_path_together_are_refused() -> None:
         ({"path": "x", "format": "npy", "factory": "a.b:c"}, {"name": "mlp"}, "spec.data.factory", "only read"),
         ({"path": "t.parquet", "format": "parquet"}, {"name": "mlp"}, "spec.data.featureColumns", "required"),
         ({"path": "d", "format": "npz", "featureColumns": ["a"]}, {"name": "mlp"}, "spec.data.featureColumns",
-         "only read with format parquet or jsonl"),
+         "only read with format parquet, jsonl, csv, hfdataset"),
         ({"path": "d", "format": "npy", "vocabSize": 5}, {"name": "mlp"}, "spec.data.vocabSize", "only read"),
         ({"path": "d", "format": "tokens", "classes": 5}, None, "spec.data.classes", "not read with format tokens"),
         ({"path": "d", "format": "npy"}, None, "spec.data.format", "does not fit model gpt"),
         ({"path": "d", "format": "tokens"}, {"name": "mlp"}, "spec.data.format", "does not fit model mlp"),
-        ({"path": "d", "format": "csv"}, None, "spec.data.format", "is not one of"),
+        ({"path": "d", "format": "feather"}, None, "spec.data.format", "is not one of"),
+        ({"path": "d", "format": "csv"}, {"name": "mlp"}, "spec.data.featureColumns", "required with format csv"),
         ({"path": "d", "format": "tokens", "tokenDtype": "float32"}, None, "spec.data.tokenDtype", "is not one of"),
     ],
 )
 def test_incomplete_or_mismatched_file_sources_name_the_field(data, model, path, needle) -> None:  # noqa: ANN001
     errs = errors(data, model)
     assert path in errs and needle in errs[path], errs
+
+
+@pytest.mark.parametrize(
+    ("data", "loss", "path", "needle"),
+    [
+        ({"path": "d", "format": "tokens"}, "mse", "spec.training.loss", "mse needs numeric labels of your own rows"),
+        ({"name": "digits"}, "mse", "spec.training.loss", "not data digits"),
+        ({"path": "d", "format": "npy"}, "l1", "spec.training.loss", "does not match"),
+        ({"path": "d", "format": "npy"}, "mypkg.losses:huber", None, ""),
+        ({"path": "d", "format": "csv", "featureColumns": ["a"]}, "mse", None, ""),
+    ],
+)
+def test_the_loss_fits_the_data(data, loss, path, needle) -> None:  # noqa: ANN001
+    errs = errors(data, {"name": "mlp"}, training={"loss": loss})
+    if path is None:
+        assert not errs, errs
+    else:
+        assert path in errs and needle in errs[path], errs
 
 
 CLAIM = {"persistentVolumeClaim": {"claimName": "corpus"}}

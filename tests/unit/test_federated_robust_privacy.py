@@ -16,7 +16,7 @@ import torch
 from disttrain_api import metric_names as names
 from disttrain_api.model import FedPrivacy, parse_spec
 from disttrain_api.validation import check_job
-from disttrain_trainer.datasets import load_dataset
+from disttrain_trainer.data import load_dataset
 from disttrain_trainer.modes.federated import inprocess, robust
 from disttrain_trainer.modes.federated.aggregator import Aggregator
 from disttrain_trainer.modes.federated.entry import client_states, make_evaluator

@@ -15,7 +15,7 @@ import torch
 from disttrain_api.model import parse_spec
 from disttrain_operator.topology.credentials import self_signed_server_cert
 from disttrain_trainer.checkpoints import whole
-from disttrain_trainer.datasets import load_dataset
+from disttrain_trainer.data import load_dataset
 from disttrain_trainer.modes.federated import inprocess
 from disttrain_trainer.modes.federated.aggregator import Aggregator
 from disttrain_trainer.modes.federated.client import ClientRunner

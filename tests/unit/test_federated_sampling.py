@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from disttrain_api.model import parse_spec
-from disttrain_trainer.datasets import load_dataset
+from disttrain_trainer.data import load_dataset
 from disttrain_trainer.modes.federated import inprocess
 from disttrain_trainer.modes.federated.aggregator import Aggregator
 from disttrain_trainer.modes.federated.entry import client_states

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 from disttrain_api.model import parse_spec
-from disttrain_trainer.datasets import GlobalBatchSampler, load_dataset
+from disttrain_trainer.data import GlobalBatchSampler, load_dataset
 from disttrain_trainer.process.config import ConfigError
 
 BLOCK = 8
@@ -69,7 +69,7 @@ def test_tokens_windows_are_read_from_the_file_in_place(tmp_path: Path) -> None:
     vx, _ = ds.test_batches()
     assert vx.shape[1] == BLOCK and np.isin(vx, tokens[: len(tokens) // 4]).all()
     # Memory-mapped, not copied into the cache: the cache holds only the one-off scan.
-    assert all(p.name.startswith("scan-") for p in (tmp_path / "cache").iterdir())
+    assert all(p.name.startswith(("scan-", ".scan-")) for p in (tmp_path / "cache").iterdir())  # and its lock
 
 
 def test_a_token_file_without_val_holds_out_its_tail(tmp_path: Path) -> None:
@@ -164,6 +164,22 @@ def test_token_ids_past_the_vocabulary_are_refused(tmp_path: Path) -> None:
     top = int(tokens.max())
     refused(tokens_spec(tmp_path / "c", vocabSize=100), tmp_path, "spec.data.vocabSize",
             f"holds token id {top}", f"at least {top + 1}")
+
+
+def test_with_vocab_size_given_the_ids_are_not_scanned_but_checked_as_batches_read_them(tmp_path: Path) -> None:
+    """vocabSize given: no scan of the file (nothing in the cache); a batch holding an id past it is
+    refused when read, naming the file and the id, as the held-out windows are at load."""
+    tokens = write_tokens(tmp_path / "c", vocab=50)
+    tokens[1000] = 77  # in the training part only (val.bin is the first quarter)
+    tokens.tofile(tmp_path / "c" / "train.bin")
+    ds = load_dataset(tokens_spec(tmp_path / "c", vocabSize=60), tmp_path / "cache")
+    assert ds.num_classes == 60 and not (tmp_path / "cache").exists()
+    ds.batch(np.array([0, 10, 500]))
+    with pytest.raises(ConfigError, match=r"spec.data.vocabSize: .*c holds token id 77, outside the vocabulary of 60"):
+        ds.batch(np.array([0, 995]))
+    tokens[5] = 99
+    tokens[: len(tokens) // 4].tofile(tmp_path / "c" / "val.bin")
+    refused(tokens_spec(tmp_path / "c", vocabSize=60), tmp_path, "validation windows", "token id 99")
 
 
 def test_a_token_file_shorter_than_one_window_is_refused(tmp_path: Path) -> None:

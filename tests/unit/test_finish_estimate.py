@@ -11,7 +11,7 @@ import torch
 from disttrain_api import constants as C
 from disttrain_api import metric_names as names
 from disttrain_api.model import parse_spec
-from disttrain_trainer.datasets import load_dataset
+from disttrain_trainer.data import load_dataset
 from disttrain_trainer.process.precision import make_amp
 from disttrain_trainer.run_common import evaluate, probe_eval_seconds
 from disttrain_trainer.telemetry.finish_estimate import FinishEstimate, probe_due

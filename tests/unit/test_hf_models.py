@@ -10,15 +10,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import datasets
 import numpy as np
 import pyarrow as pa
+import pyarrow.csv as pa_csv
 import pyarrow.json  # noqa: F401 - registers pyarrow.json for the jsonl reader
 import pyarrow.parquet as pq
 import pytest
 import torch
 from disttrain_api.model import parse_spec
 from disttrain_api.validation import validate_spec
-from disttrain_trainer.datasets import load_dataset
+from disttrain_trainer.data import load_dataset
 from disttrain_trainer.hf_models import HFCausalLM
 from disttrain_trainer.models import build_model
 from disttrain_trainer.parallel.fsdp import units
@@ -39,6 +41,9 @@ def art(tmp_path_factory: pytest.TempPathFactory) -> Path:
     hf_tiny.write_tokens(root / "corpus")
     pq.write_table(pa.table({"text": hf_tiny.sentences(60), "n": list(range(60))}), root / "text.parquet")
     (root / "text.jsonl").write_text("".join(json.dumps({"body": s}) + "\n" for s in hf_tiny.sentences(40, seed=1)))
+    table = pa.table({"text": hf_tiny.sentences(60), "n": list(range(60))})
+    pa_csv.write_csv(table, root / "text.csv")
+    datasets.Dataset(table).save_to_disk(str(root / "text.hfdataset"))
     return root
 
 
@@ -134,9 +139,9 @@ def test_token_ids_past_the_models_vocabulary_are_refused(art: Path, tmp_path: P
     assert load_dataset(tokens_spec(art), tmp_path / "c").num_classes == hf_tiny.VOCAB
 
 
-@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl", "csv", "hfdataset"])
 def test_a_text_column_is_tokenized_once_into_a_token_stream(art: Path, tmp_path: Path, fmt: str) -> None:
-    column = "text" if fmt == "parquet" else "body"
+    column = "body" if fmt == "jsonl" else "text"
     spec = spec_of(str(art / "gpt2"), {"path": str(art / f"text.{fmt}"), "format": fmt, "textColumn": column,
                                        "tokenizer": str(art / "tok")})  # fmt: skip
     ds = load_dataset(spec, tmp_path)
@@ -144,7 +149,7 @@ def test_a_text_column_is_tokenized_once_into_a_token_stream(art: Path, tmp_path
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(art / "tok"))
-    first = (hf_tiny.sentences(60) if fmt == "parquet" else hf_tiny.sentences(40, seed=1))[0]
+    first = (hf_tiny.sentences(40, seed=1) if fmt == "jsonl" else hf_tiny.sentences(60))[0]
     expected = [*tok(first, add_special_tokens=False)["input_ids"], tok.eos_token_id]
     (entry,) = [p for p in tmp_path.glob("text-*") if p.is_dir()]
     stream = np.fromfile(entry / "tokens.bin", dtype=np.uint16)
@@ -216,7 +221,7 @@ def test_validation_refuses_what_an_hf_model_cannot_train_with() -> None:
     text = {"path": "t.parquet", "format": "parquet", "textColumn": "text"}
     assert "spec.data.tokenizer: required with textColumn" in errors_of({"mode": "data", **base, "data": text})
     assert errors_of({"mode": "data", **base, "data": {**text, "tokenizer": "tok"}}) == ""
-    assert "textColumn: only read with format parquet or jsonl, not npy" in errors_of(
+    assert "textColumn: only read with format parquet, jsonl, csv, hfdataset, not npy" in errors_of(
         {"mode": "data", "data": {"path": "d", "format": "npy", "textColumn": "t", "tokenizer": "tok"}})
     assert "not both" in errors_of({"mode": "data", "data": {**text, "tokenizer": "tok", "featureColumns": ["a"]}})
     assert "a text column does not fit model mlp" in errors_of({"mode": "data", "data": {**text, "tokenizer": "tok"}})
@@ -260,5 +265,5 @@ def test_a_directory_of_parquet_files_is_streamed_and_empty_texts_are_refused(ar
     data = {"path": str(folder), "format": "parquet", "textColumn": "text", "tokenizer": str(art / "tok")}
     assert load_dataset(spec_of(str(art / "gpt2"), data), tmp_path / "c").num_train > 100
     pq.write_table(pa.table({"text": ["the dog", None]}), folder / "c.parquet")
-    with pytest.raises(ConfigError, match="column 'text' of .*parts has empty values"):
+    with pytest.raises(ConfigError, match="column 'text' of .*parts/c.parquet has empty values"):
         load_dataset(spec_of(str(art / "gpt2"), data), tmp_path / "c")

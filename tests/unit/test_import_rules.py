@@ -7,6 +7,10 @@ Inside the trainer: a mode (disttrain_trainer.modes.<mode>) imports no other mod
 services (everything outside modes/) import no mode; only __main__ imports the dispatch table.
 Everywhere: no module imports a module that imports it back, directly or around a longer cycle;
 an import inside a function defers a heavy dependency and says which (`# noqa: PLC0415 - <dep>`).
+Inside the trainer, the same holds one level up: no top-level package or module
+(disttrain_trainer.process, .checkpoints, .data, .models, ...) imports one that imports it back,
+even when no two of their modules form a cycle (low-level packages hold primitives, not a rank's
+assembly of data, model and metrics).
 
 `violations(tree)` checks a source tree; the tests below run it on this checkout and on copies
 with one violation planted each, which it must report.
@@ -38,6 +42,7 @@ ALLOWED = {
     "disttrain_trainer": ("disttrain_api",),
     "disttrain_cli": ("disttrain_api", "disttrain_operator", "disttrain_trainer.launcher"),
 }
+TRAINER = "disttrain_trainer"
 MODES = "disttrain_trainer.modes"
 TRAINER_ENTRY = "disttrain_trainer.__main__"  # the one module outside modes/ that reaches them (the table)
 # Beyond the standard library, the API may import only PyYAML: the CLI and both images use it.
@@ -150,6 +155,12 @@ def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def _trainer_unit(module: str) -> str | None:
+    """The trainer's top-level package or module that `module` belongs to (disttrain_trainer.X), else None."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == TRAINER and len(parts) > 1 else None
+
+
 def violations(tree: Path) -> list[str]:
     """Every broken rule in the source tree rooted at `tree`, one line each."""
     modules = _modules(tree)
@@ -157,6 +168,7 @@ def violations(tree: Path) -> list[str]:
     stdlib = set(sys.stdlib_module_names)
     bad: list[str] = []
     edges: dict[str, set[str]] = {}
+    unit_edges: dict[str, set[str]] = {}
     for module, path in modules.items():
         for imp in _imports(module, path, known):
             where = f"{path.relative_to(tree)}:{imp.line}: {module} imports {imp.target}"
@@ -172,6 +184,9 @@ def violations(tree: Path) -> list[str]:
                     bad.append(f"{where}: the entry reaches a mode only through the table (modes/__init__.py)")
                 if imp.target in known and imp.target != module:
                     edges.setdefault(module, set()).add(imp.target)
+                a, b = _trainer_unit(module), _trainer_unit(imp.target)
+                if a and b and a != b:
+                    unit_edges.setdefault(a, set()).add(b)
             elif src == "disttrain_api" and dst not in stdlib and dst not in API_THIRD_PARTY and dst != "__future__":
                 bad.append(f"{where}: the API imports only the standard library and {', '.join(API_THIRD_PARTY)}")
             if imp.deferred and DEFERRED_MARK not in imp.text:
@@ -179,6 +194,8 @@ def violations(tree: Path) -> list[str]:
                            f"(`# {DEFERRED_MARK}<dependency>`), else import it at the top")
     for cycle in _cycles(edges):
         bad.append(f"import cycle: {' <-> '.join(cycle)}")
+    for cycle in _cycles(unit_edges):
+        bad.append(f"package cycle in the trainer: {' <-> '.join(cycle)}")
     return list(dict.fromkeys(bad))  # one line per statement and rule (`from m import a, b` is one)
 
 
@@ -236,8 +253,18 @@ PLANTED = {
     ),
     "a longer cycle through a deferred import": (
         "trainer/disttrain_trainer/process/config.py",
-        "def _late() -> None:\n    from ..datasets import Dataset  # noqa: PLC0415 - numpy\n",
-        "disttrain_trainer.datasets <-> ",  # one member of the cycle (the members are listed sorted)
+        "def _late() -> None:\n    from ..data.dataset import Dataset  # noqa: PLC0415 - numpy\n",
+        "import cycle: disttrain_trainer.data.dataset <-> ",  # one member of the cycle (listed sorted)
+    ),
+    "two trainer packages import each other, though no two of their modules do": (
+        "trainer/disttrain_trainer/process/precision.py",
+        "from ..models import MLP",
+        ("package cycle in the trainer: ", "disttrain_trainer.models <-> ", "disttrain_trainer.process"),
+    ),
+    "a trainer package and a top-level module import each other": (
+        "trainer/disttrain_trainer/parallel/mesh.py",
+        "from ..collective_rank import Rank",
+        ("package cycle in the trainer: ", "disttrain_trainer.collective_rank <-> ", "disttrain_trainer.parallel"),
     ),
     "a deferred import without its reason": (
         "operator/disttrain_operator/observe.py",
@@ -254,7 +281,8 @@ def test_a_planted_violation_is_reported(case: str, tmp_path: Path) -> None:
     assert violations(tree) == [], "the copy must start clean"
     _plant(tree, rel, text)
     found = violations(tree)
-    assert any(expected in line for line in found), f"{case}: expected {expected!r} in:\n" + "\n".join(found)
+    needles = expected if isinstance(expected, tuple) else (expected,)  # all of them on one line
+    assert any(all(n in line for n in needles) for line in found), f"{case}: expected {expected!r} in:\n" + "\n".join(found)
 
 
 def test_modes_dispatch_table_names_every_mode_and_its_entry() -> None:
@@ -280,3 +308,16 @@ def test_importing_the_api_and_cli_loads_nothing_heavy() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_data_readers_table_names_every_format_and_its_reader() -> None:
+    """The data package imports its readers by name (importlib) too: each entry is a module with that
+    function, and every format has a reader for local data (object storage falls back to it)."""
+    from disttrain_api.model.vocabulary import DataFormat
+    from disttrain_trainer.data import loading
+
+    assert {what for what, where in loading.READERS if where == "local"} == {*DataFormat.__args__, "text"}
+    for entry in loading.READERS.values():
+        module, func = entry.split(":")
+        path = (ROOT / PACKAGES["disttrain_trainer"] / "data" / module.replace(".", "/")).with_suffix(".py")
+        assert f"def {func}(" in path.read_text(), entry

@@ -15,7 +15,7 @@ import yaml
 from disttrain_api import crd
 from disttrain_api.model import parse_spec
 from disttrain_api.validation import load_job
-from disttrain_trainer.datasets import load_dataset
+from disttrain_trainer.data import load_dataset
 from disttrain_trainer.models import build_model
 from disttrain_trainer.parallel.blocks import split_blocks
 from disttrain_trainer.process.config import ConfigError

@@ -14,7 +14,7 @@ from disttrain_api import constants as C
 from disttrain_api.model import parse_spec
 from disttrain_trainer.checkpoints import sharded as sharded_ckpt
 from disttrain_trainer.checkpoints import whole as whole_ckpt
-from disttrain_trainer.datasets import Dataset, load_dataset
+from disttrain_trainer.data import Dataset, load_dataset
 from disttrain_trainer.models import build_model
 from disttrain_trainer.parallel.blocks import block_state, split_blocks
 from disttrain_trainer.process.config import ConfigError
@@ -161,7 +161,7 @@ def wrong_inputs(spec, ds):  # noqa: ANN001, ANN201
 
 def test_a_model_that_does_not_fit_the_data_is_refused_with_both_shapes(digits: Dataset) -> None:
     with pytest.raises(ConfigError, match=r"returns \[2, 3\] for a batch of shape \[2, 64\] of data digits; "
-                                          r"the loss needs logits of shape \[2, 10\]"):  # fmt: skip
+                                          r"the loss needs outputs of shape \[2, 10\]"):  # fmt: skip
         build_model(spec_of(name=f"{__name__}:wrong_classes"), digits)
     with pytest.raises(ConfigError, match=r"does not take data digits: a batch of shape \[2, 64\] \(torch.float32\) "
                                           r"fails in forward: RuntimeError"):  # fmt: skip

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from disttrain_trainer.checkpoints import remote
-from disttrain_trainer.object_store import Store
+from disttrain_trainer.data.object_store import Store
 
 
 @pytest.fixture

@@ -12,10 +12,9 @@ from typing import Any
 import numpy as np
 import pytest
 from disttrain_api.model import parse_spec
-from disttrain_trainer import object_store
-from disttrain_trainer.datasets import GlobalBatchSampler, load_dataset
+from disttrain_trainer.data import GlobalBatchSampler, load_dataset, object_store
+from disttrain_trainer.data.formats.tokens_s3 import RemoteTokenFile
 from disttrain_trainer.process.config import ConfigError
-from disttrain_trainer.remote_tokens import RemoteTokenFile
 
 BLOCK = 8
 GPT = {"name": "gpt", "hidden": 16, "layers": 1, "heads": 2, "blockSize": BLOCK}
@@ -142,3 +141,57 @@ def test_peeking_ahead_names_the_next_batches_and_does_not_move_the_sampler() ->
             np.testing.assert_array_equal(sampler.next_indices(), expected)
         sampler.load_state_dict(state)
         sampler.next_indices()
+
+
+def _hf_tiny() -> Any:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parents[1]))
+    import hf_tiny
+
+    return hf_tiny
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_a_text_column_on_s3_is_tokenized_like_the_same_local_file(aws_env: Any, tmp_path: Path, fmt: str) -> None:
+    """textColumn on an s3:// file is staged and tokenized (it once went to the row converter, which
+    asked for a label column)."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    hf_tiny = _hf_tiny()
+    hf_tiny.save_tokenizer(tmp_path / "tok")
+    rows = [{"text": t} for t in hf_tiny.sentences(40)]
+    (tmp_path / "src").mkdir()
+    if fmt == "parquet":
+        pq.write_table(pa.Table.from_pylist(rows), tmp_path / "src" / "t.parquet")
+    else:
+        (tmp_path / "src" / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    bucket = aws_env.bucket("text")
+    upload(aws_env, bucket, tmp_path / "src", "docs")
+    data = {"format": fmt, "textColumn": "text", "tokenizer": str(tmp_path / "tok")}
+    local = load_dataset(spec({"path": str(tmp_path / "src" / f"t.{fmt}"), **data}, aws_env.url), tmp_path / "c1")
+    remote = load_dataset(spec({"path": f"s3://{bucket}/docs/t.{fmt}", **data}, aws_env.url), tmp_path / "c2")
+    assert remote.kind == "lm" and (remote.num_train, remote.num_classes) == (local.num_train, local.num_classes)
+    rows_ = np.arange(remote.num_train)
+    np.testing.assert_array_equal(remote.batch(rows_)[0], local.batch(rows_)[0])
+
+
+def test_an_hf_models_vocabulary_is_checked_against_s3_tokens(aws_env: Any, tmp_path: Path) -> None:
+    """An hf: model on S3 token files takes the model's vocabulary and refuses ids past it, as a local
+    file does (it once took the data's largest id + 1 and never compared)."""
+    hf_tiny = _hf_tiny()
+    small = hf_tiny.save_gpt2(tmp_path / "small", vocab=64)
+    full = hf_tiny.save_gpt2(tmp_path / "full")
+    hf_tiny.write_tokens(tmp_path / "corpus")  # ids up to 127
+    bucket = aws_env.bucket("hftokens")
+    upload(aws_env, bucket, tmp_path / "corpus", "corpus")
+    data = {"data": {"path": f"s3://{bucket}/corpus", "format": "tokens", "batchSize": 4}}
+    hf = lambda model: parse_spec({"model": {"name": f"hf:{model}", "blockSize": 16}, **data,  # noqa: E731
+                                   "objectStore": {"endpoint": aws_env.url}})
+    with pytest.raises(ConfigError, match=r"holds token id \d+, outside the vocabulary of model hf:.*small \(64\)"):
+        ds = load_dataset(hf(small), tmp_path / "c")
+        ds.batch(np.arange(ds.num_train))  # every window: the ids past 63 are refused as they are read
+    assert load_dataset(hf(full), tmp_path / "c").num_classes == hf_tiny.VOCAB

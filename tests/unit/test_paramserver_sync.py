@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 from disttrain_api.model import parse_spec
-from disttrain_trainer.datasets import GlobalBatchSampler, load_dataset
+from disttrain_trainer.data import GlobalBatchSampler, load_dataset
 from disttrain_trainer.models import build_model
 from disttrain_trainer.modes.paramserver.entry import shard_config, shard_tensors, start_server
 from disttrain_trainer.modes.paramserver.server import Shard

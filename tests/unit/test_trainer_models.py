@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from disttrain_api.model import parse_spec
-from disttrain_trainer.datasets import load_dataset
+from disttrain_trainer.data import load_dataset
 from disttrain_trainer.models import GPT, MODELS, build_model, resolve
 from disttrain_trainer.parallel.activation_checkpointing import segment_size
 from disttrain_trainer.process.config import ConfigError

@@ -26,8 +26,7 @@ from disttrain_api.model import JobSpec
 from safetensors import SafetensorError
 from torch import nn
 
-from .process.config import ConfigError
-from .weights.initial import MAX_NAMES
+from .process.config import MAX_NAMES, ConfigError, listed
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILES = ("model.safetensors", "model.safetensors.index.json")
@@ -89,11 +88,6 @@ def vocab_size(spec: JobSpec) -> int:
     return int(load_config(spec).get_text_config().vocab_size)
 
 
-def _names(names: list[str]) -> str:
-    shown = ", ".join(names[:MAX_NAMES])
-    return shown + (f", ... {len(names) - MAX_NAMES} more" if len(names) > MAX_NAMES else "")
-
-
 def load(spec: JobSpec) -> nn.Module:
     """The Hugging Face model, fp32 (mixed precision is torch.amp's), weights loaded strictly."""
     config = load_config(spec)
@@ -111,7 +105,7 @@ def load(spec: JobSpec) -> nn.Module:
     for kind in ("missing", "unexpected", "mismatched"):
         names = sorted(str(k if isinstance(k, str) else k[0]) for k in info.get(f"{kind}_keys", ()))
         if names:
-            problems.append(f"{kind} {len(names)} ({_names(names)})")
+            problems.append(f"{kind} {len(names)} ({listed(names)})")
     if info.get("error_msgs"):
         problems.append("; ".join(str(m) for m in info["error_msgs"][:MAX_NAMES]))
     if problems:

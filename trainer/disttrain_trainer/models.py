@@ -19,8 +19,11 @@ import torch
 import torch.nn.functional as F
 from disttrain_api.model import HF_MODEL_PREFIX, JobSpec
 from torch import nn
+from torch.distributed.tensor.parallel import ParallelStyle
 
-from .datasets import Dataset
+from . import losses
+from .data import Dataset
+from .parallel import tensor as tensor_parallel
 from .parallel.activation_checkpointing import run_blocks
 from .process.config import ConfigError
 from .weights.initial import load_initial
@@ -49,16 +52,33 @@ class MLP(nn.Module):
     def pipeline_blocks(self) -> list[nn.Module]:
         return [nn.Sequential(nn.Flatten(1), self.stem), *self.blocks, self.head]
 
+    def tensor_parallel_plan(self, *, sequence_parallel: bool) -> dict[str, ParallelStyle]:
+        return tensor_parallel.mlp_plan(self, sequence_parallel=sequence_parallel)
+
+    def tensor_parallel_block_plans(self, *, sequence_parallel: bool) -> list[dict[str, ParallelStyle]]:
+        return tensor_parallel.mlp_block_plans(self, sequence_parallel=sequence_parallel)
+
+
+class _Images(nn.Module):
+    """Rows of features as (channels, side, side) images."""
+
+    def __init__(self, channels: int, side: int):
+        super().__init__()
+        self.shape = (channels, side, side)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(-1, *self.shape)
+
 
 class CNN(nn.Module):
-    """A small CNN for 8x8 single-channel images (digits)."""
+    """A small CNN for square images: single-channel (digits' 8x8) or RGB (format imagefolder)."""
 
     def __init__(
-        self, side: int, hidden: int, layers: int, classes: int, dropout: float, act_ckpt: str
+        self, side: int, hidden: int, layers: int, classes: int, dropout: float, act_ckpt: str, channels: int = 1
     ):
         super().__init__()
-        self.side, self.act_ckpt = side, act_ckpt
-        self.stem = nn.Sequential(nn.Conv2d(1, hidden, 3, padding=1), nn.ReLU())
+        self.side, self.channels, self.act_ckpt = side, channels, act_ckpt
+        self.stem = nn.Sequential(nn.Conv2d(channels, hidden, 3, padding=1), nn.ReLU())
         self.blocks = nn.Sequential(
             *(
                 nn.Sequential(nn.Conv2d(hidden, hidden, 3, padding=1), nn.ReLU())
@@ -73,11 +93,11 @@ class CNN(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.reshape(-1, 1, self.side, self.side)
+        x = x.reshape(-1, self.channels, self.side, self.side)
         return self.head(run_blocks(self.blocks, self.stem(x), self.act_ckpt))
 
     def pipeline_blocks(self) -> list[nn.Module]:
-        return [nn.Sequential(nn.Unflatten(1, (1, self.side, self.side)), self.stem), *self.blocks, self.head]
+        return [nn.Sequential(_Images(self.channels, self.side), self.stem), *self.blocks, self.head]
 
 
 class CausalSelfAttention(nn.Module):
@@ -163,6 +183,15 @@ class GPT(nn.Module):
     def pipeline_blocks(self) -> list[nn.Module]:
         return [_GPTEmbedding(self), *self.blocks, nn.Sequential(self.ln_f, self.head)]
 
+    def tensor_parallel_plan(self, *, sequence_parallel: bool) -> dict[str, ParallelStyle]:
+        return tensor_parallel.gpt_plan(self, sequence_parallel=sequence_parallel)
+
+    def tensor_parallel_block_plans(self, *, sequence_parallel: bool) -> list[dict[str, ParallelStyle]]:
+        return tensor_parallel.gpt_block_plans(self, sequence_parallel=sequence_parallel)
+
+    def check_tensor_parallel(self, tp: int) -> None:
+        tensor_parallel.check_gpt_heads(self, tp)
+
 
 class _GPTEmbedding(nn.Module):
     """The GPT's first pipeline block: token + position embeddings (shares the GPT's parameters)."""
@@ -193,13 +222,16 @@ def _mlp(spec: JobSpec, ds: Dataset) -> nn.Module:
 def _cnn(spec: JobSpec, ds: Dataset) -> nn.Module:
     m = spec.model
     _classifier_data("cnn", ds)
-    side = math.isqrt(ds.input_dim)
-    if side * side != ds.input_dim:
+    # One channel when the features make a square; else three (RGB: format imagefolder).
+    channels = 1 if math.isqrt(ds.input_dim) ** 2 == ds.input_dim else 3
+    side = math.isqrt(ds.input_dim // channels)
+    if channels * side * side != ds.input_dim:
         raise ConfigError(
-            f"model.name cnn needs square images; data {ds.name} has {ds.input_dim} features"
+            f"model.name cnn needs square images (side x side, or 3 x side x side); data {ds.name} has "
+            f"{ds.input_dim} features"
         )
     return CNN(
-        side, m.hidden, m.layers, ds.num_classes, m.dropout, spec.training.activation_checkpointing
+        side, m.hidden, m.layers, ds.num_classes, m.dropout, spec.training.activation_checkpointing, channels
     )
 
 
@@ -307,7 +339,11 @@ def check_fits(name: str, model: nn.Module, ds: Dataset) -> None:
     finally:
         model.train(was_training)
     shape = tuple(out.shape) if isinstance(out, torch.Tensor) else None
+    if ds.loss not in losses.BUILTIN and shape is not None:  # a loss of your own says what it takes
+        losses.check(ds, out, torch.from_numpy(np.asarray(y)))
+        return
     if shape != expected:
         got = list(shape) if shape is not None else type(out).__name__
+        what = "one output per sample (a regression)" if ds.targets == "values" else f"{ds.num_classes} classes"
         raise ConfigError(f"model.name {name!r} returns {got} for a batch of shape {list(xt.shape)} of data {ds.name}; "
-                          f"the loss needs logits of shape {list(expected)} ({ds.num_classes} classes)")  # fmt: skip
+                          f"the loss needs outputs of shape {list(expected)} ({what})")  # fmt: skip

@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .datasets import Dataset
+from .data import Dataset
+from .losses import Loss, loss_fn
 from .process.config import SUMMARY_FILE, TrainerConfig, finished_path
 from .process.precision import Amp
 from .telemetry.scaling_record import termination_message
@@ -33,18 +34,16 @@ SUMMARY_EVAL_KEY = {"test_accuracy": "testAccuracy", "val_loss": "valLoss"}
 Summary = dict[str, Any]
 
 
-def loss_fn_for(ds: Dataset):  # noqa: ANN201
-    if ds.kind == "lm":
-        return lambda logits, y: F.cross_entropy(
-            logits.float().view(-1, logits.shape[-1]), y.reshape(-1)
-        )
-    return lambda logits, y: F.cross_entropy(logits.float(), y)
+def loss_fn_for(ds: Dataset) -> Loss:
+    """The loss a step minimises (losses.py: spec.training.loss)."""
+    return loss_fn(ds)
 
 
 @torch.no_grad()
 def evaluate(model: nn.Module, ds: Dataset, amp: Amp, rows: tuple[int, int] | None = None) -> tuple[str, float]:
-    """Test accuracy (classification) or validation loss (text) of the full held-out set (of its
-    rows lo..hi, `rows`: what probe_eval_seconds times).
+    """Test accuracy (class labels) or the mean loss (token ids: cross-entropy per token; numeric
+    labels: training.loss per row) of the full held-out set (of its rows lo..hi, `rows`: what
+    probe_eval_seconds times).
 
     A model with vocabulary-sharded logits (tensor parallel) runs this under loss_parallel
     (modes/data/loop.py); every other model is a plain module here."""
@@ -53,23 +52,29 @@ def evaluate(model: nn.Module, ds: Dataset, amp: Amp, rows: tuple[int, int] | No
     x_all, y_all = ds.test_batches()
     lo, hi = rows if rows is not None else (0, len(x_all))
     correct, loss_sum, count = 0, 0.0, 0
+    loss = loss_fn(ds)
     for i in range(lo, min(hi, len(x_all)), EVAL_BATCH):
         j = min(i + EVAL_BATCH, hi)
         x = torch.from_numpy(np.asarray(x_all[i:j])).to(amp.device)
         y = torch.from_numpy(np.asarray(y_all[i:j])).to(amp.device)
         with amp.autocast():
             logits = model(x).float()
-        if ds.kind == "lm":
+        if ds.kind == "lm" and ds.loss == "cross_entropy":
             loss_sum += float(
                 F.cross_entropy(logits.view(-1, logits.shape[-1]), y.reshape(-1), reduction="sum")
             )
             count += y.numel()
+        elif ds.kind == "lm" or ds.targets == "values":
+            loss_sum += float(loss(logits, y)) * len(y)  # a mean over the batch, weighted by its rows
+            count += len(y)
         else:
             correct += int((logits.argmax(1) == y).sum())
             count += len(y)
     model.train(was_training)
-    count = max(1, count)
-    return ("val_loss", loss_sum / count) if ds.kind == "lm" else ("test_accuracy", correct / count)
+    count = max(1, count)  # an empty slice of rows (probe_eval_seconds at the set's end)
+    if ds.kind == "lm" or ds.targets == "values":
+        return "val_loss", loss_sum / count
+    return "test_accuracy", correct / count
 
 
 # probe_eval_seconds: batches timed after a warm-up one, and the most time they may take in all.

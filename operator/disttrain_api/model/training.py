@@ -10,6 +10,7 @@ from .vocabulary import (
     DATA_MODULE_PATTERN,
     FILE_NAME_PATTERN,
     HF_MODEL_PREFIX,
+    LOSS_PATTERN,
     MODEL_NAME_PATTERN,
     NAME_PATTERN,
     Compression,
@@ -109,8 +110,9 @@ class DataSpec:
     format: DataFormat | None = fld(
         None,
         desc="How path is read (required with path): tokens (flat binary token ids, nanoGPT's train.bin/val.bin), "
-        "npy (feature and label arrays), npz (keys of one archive), parquet or jsonl (named columns) or module "
-        "(factory returns a map-style torch Dataset of (x, y) items).",
+        "npy (feature and label arrays), npz (keys of one archive), parquet, jsonl or csv (named columns), "
+        "hfdataset (a Hugging Face datasets folder written by save_to_disk; named columns), imagefolder (one "
+        "subfolder of images per class) or module (factory returns a map-style torch Dataset of (x, y) items).",
     )
     token_dtype: TokenDtype = fld("uint16", desc="format tokens: the width of one token id.")
     train_file: str = fld("train.bin", pattern=FILE_NAME_PATTERN, desc="format tokens, path a directory: the training tokens inside it.")
@@ -125,13 +127,17 @@ class DataSpec:
     )
     labels: str = fld("y", pattern=NAME_PATTERN, desc="format npy: the label array's file (<labels>.npy in path, a directory); npz: its key.")
     feature_columns: tuple[str, ...] = fld(
-        factory=tuple, pattern=NAME_PATTERN, desc="format parquet or jsonl: numeric columns that form the features, in order (required)."
+        factory=tuple, pattern=NAME_PATTERN,
+        desc="format parquet, jsonl, csv or hfdataset: numeric columns that form the features, in order (required)."
     )
-    label_column: str = fld("label", pattern=NAME_PATTERN, desc="format parquet or jsonl: the integer class label column.")
+    label_column: str = fld(
+        "label", pattern=NAME_PATTERN,
+        desc="format parquet, jsonl, csv or hfdataset: the label column (integer classes; numbers with training.loss mse).",
+    )
     text_column: str | None = fld(
         None,
         pattern=NAME_PATTERN,
-        desc="format parquet or jsonl: a text column, tokenized once with tokenizer into a token stream for a "
+        desc="format parquet, jsonl, csv or hfdataset: a text column, tokenized once with tokenizer into a token stream for a "
         "language model (instead of featureColumns and labelColumn).",
     )
     tokenizer: str | None = fld(
@@ -156,6 +162,11 @@ class DataSpec:
         0, minimum=0, desc="format tokens: the vocabulary (the GPT's output size); 0: the largest token id + 1."
     )
     classes: int = fld(0, minimum=0, desc="Classification data: the number of classes; 0: the largest label + 1.")
+    image_size: int = fld(
+        32, minimum=1, maximum=1024,
+        desc="format imagefolder: every image is decoded once, converted to RGB and resized to imageSize x imageSize "
+        "pixels (stored as uint8, scaled to [0, 1] as batches are read).",
+    )
     mount_path: str = fld(
         "/data", pattern=r"^/.*", desc="Where volume is mounted (read-only) in every pod; relative paths resolve here."
     )
@@ -212,6 +223,11 @@ class TrainingSpec:
     bucket_cap_mb: float = fld(25.0, minimum=0.0, exclusive_minimum=True, json="bucketCapMB", desc="DDP bucket size.")
     eval_interval_steps: int = fld(0, minimum=0, desc="Evaluate every N steps (0: only at the end).")
     log_interval_steps: int = fld(10, minimum=1, desc="Log metrics every N steps.")
+    loss: str = fld(
+        "cross_entropy", pattern=LOSS_PATTERN,
+        desc="cross_entropy (classes, token ids), mse (numeric labels: regression; the model has one output), or "
+        "'package.module:function': loss(outputs, labels) -> a scalar tensor, checked on one batch before training.",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

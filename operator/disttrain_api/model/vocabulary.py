@@ -26,7 +26,7 @@ Optim = Literal["sgd", "adam", "adamw"]
 ScaleRule = Literal["none", "linear", "sqrt"]
 Decay = Literal["none", "cosine", "linear", "step"]
 DataName = Literal["digits", "pytext", "synthetic"]
-DataFormat = Literal["tokens", "npy", "npz", "parquet", "jsonl", "module"]
+DataFormat = Literal["tokens", "npy", "npz", "parquet", "jsonl", "csv", "hfdataset", "imagefolder", "module"]
 TokenDtype = Literal["uint16", "uint32"]
 FedStrategy = Literal["fedavg", "fedprox", "fedadam", "fedmedian", "trimmedMean", "krum", "multiKrum"]
 # Rules over the individual updates (a secure aggregate hides them).
@@ -45,6 +45,8 @@ HF_MODEL_PREFIX = "hf:"
 MODEL_NAME_PATTERN = r"^(mlp|cnn|gpt|hf:.+|[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*)$"
 # format module's dataset factory: "package.module:factory".
 DATA_MODULE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$"
+# training.loss: a built-in loss, or 'package.module:function' (a loss of your own).
+LOSS_PATTERN = r"^(cross_entropy|mse|[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*)$"
 # A file inside spec.data.path (no folders: it must stay inside), and a column, key or array name.
 FILE_NAME_PATTERN = r"^[^/]+$"
 NAME_PATTERN = r"^.+$"

@@ -49,6 +49,10 @@ from typing import Any, NoReturn
 from disttrain_api import constants as C
 from disttrain_api import exitcodes
 
+# Fenced is raised here and caught as fence.Fenced; process/config.py defines it so that dist_env
+# maps it to its exit code without importing checkpoints.
+from ..process.config import Fenced, TrainerConfig
+
 FENCE_DIR = ".fence"
 META_FILE = "meta.json"  # a checkpoint's meta.json, where `writer` names the claim that wrote it
 _CLAIM = re.compile(r"^(\d{12})$")
@@ -60,16 +64,17 @@ _STEP = re.compile(r"^(?:\.replacing-)?(step-\d{8,})$")
 KEEP_CLAIMS = 16
 
 
-class Fenced(RuntimeError):
-    """A newer writer claimed the checkpoint directory: this process belongs to a replaced gang."""
-
-
 @dataclass(frozen=True, kw_only=True)
 class Writer:
     """Who writes: the job's UID (empty when unknown) and the gang's restart attempt."""
 
     job_uid: str = ""
     attempt: int = 0
+
+    @staticmethod
+    def of(cfg: TrainerConfig) -> Writer:
+        """Who this process's checkpoint writes are from: the job and its restart attempt."""
+        return Writer(job_uid=cfg.job_uid, attempt=cfg.restart_attempt)
 
     @staticmethod
     def from_env(environ: Mapping[str, str] | None = None) -> Writer:

@@ -33,7 +33,7 @@ from typing import Any
 
 from disttrain_api import constants as C
 
-from ..object_store import Store, check_bucket, explain, store_for
+from ..data.object_store import Store, check_bucket, explain, store_for
 
 MARKER_SUFFIX = ".committed"
 _MARKER = re.compile(r"^(step-\d{8,})\.committed$")

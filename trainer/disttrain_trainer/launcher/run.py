@@ -147,7 +147,8 @@ def run_local(job: api.DistTrainJob, options: LocalOptions) -> LocalResult:
     run_dir = options.run_dir.resolve()
     if options.fresh:
         clear_run_dir(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    # The checkpoint root exists before the ranks start: their data cache lives in it (data/cache.py).
+    checkpoint_root(run_dir).mkdir(parents=True, exist_ok=True)
     if has_checkpoints(run_dir, name):
         print(
             f"resuming from the checkpoints in {checkpoint_root(run_dir) / name} (--fresh starts over)",

@@ -28,9 +28,11 @@ group, or this rank's shard, which goes to the next stage's rank of the same
 tensor index), and the last stage's logits stay vocabulary-sharded for
 loss_parallel.
 
-User models (`module:factory`) bring their own plan: the module defines
+Every model brings its plan the same way: the module defines
 `tensor_parallel_plan(self, *, sequence_parallel: bool) -> Mapping[str, ParallelStyle]`
-(see README, "Tensor-parallel plans").
+(see README, "Tensor-parallel plans"); for a pipeline with tensor parallelism also
+`tensor_parallel_block_plans(...)`, and optionally `check_tensor_parallel(self, tp)`. The built-in
+gpt and mlp (models.py) define them with the plans below, so this module needs no model class.
 """
 
 from __future__ import annotations
@@ -49,10 +51,11 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from ..models import GPT, MLP
 from ..process.config import ConfigError
 
 PLAN_METHOD = "tensor_parallel_plan"
+BLOCK_PLANS_METHOD = "tensor_parallel_block_plans"
+CHECK_METHOD = "check_tensor_parallel"
 
 
 def _between(sequence_parallel: bool) -> Placement:
@@ -94,7 +97,7 @@ def _gpt_block(prefix: str, *, first: bool, sequence_parallel: bool) -> dict[str
     return plan
 
 
-def gpt_plan(model: GPT, *, sequence_parallel: bool) -> dict[str, ParallelStyle]:
+def gpt_plan(model: nn.Module, *, sequence_parallel: bool) -> dict[str, ParallelStyle]:
     sp = sequence_parallel
     plan: dict[str, ParallelStyle] = {"tok": _gpt_tok(), "head": _gpt_head(sequence_parallel=sp)}
     if sp:
@@ -104,8 +107,8 @@ def gpt_plan(model: GPT, *, sequence_parallel: bool) -> dict[str, ParallelStyle]
     return plan
 
 
-def _gpt_block_plans(model: GPT, *, sequence_parallel: bool) -> list[dict[str, ParallelStyle]]:
-    """Per pipeline block (models.GPT.pipeline_blocks: embedding, blocks, (ln_f, head))."""
+def gpt_block_plans(model: nn.Module, *, sequence_parallel: bool) -> list[dict[str, ParallelStyle]]:
+    """Per pipeline block (GPT.pipeline_blocks in models.py: embedding, blocks, (ln_f, head))."""
     sp = sequence_parallel
     last: dict[str, ParallelStyle] = {"1": _gpt_head(sequence_parallel=sp)}
     if sp:
@@ -117,7 +120,7 @@ def _gpt_block_plans(model: GPT, *, sequence_parallel: bool) -> list[dict[str, P
     ]
 
 
-def mlp_plan(model: MLP, *, sequence_parallel: bool) -> dict[str, ParallelStyle]:
+def mlp_plan(model: nn.Module, *, sequence_parallel: bool) -> dict[str, ParallelStyle]:
     """Column/row pairs along the chain stem -> blocks -> head.
 
     A head that would start a new pair stays replicated: classifier logits are
@@ -125,7 +128,7 @@ def mlp_plan(model: MLP, *, sequence_parallel: bool) -> dict[str, ParallelStyle]
     return {name: style for name, style in _mlp_chain(model, sequence_parallel=sequence_parallel) if style}
 
 
-def _mlp_chain(model: MLP, *, sequence_parallel: bool) -> list[tuple[str, ParallelStyle | None]]:
+def _mlp_chain(model: nn.Module, *, sequence_parallel: bool) -> list[tuple[str, ParallelStyle | None]]:
     if sequence_parallel:
         raise ConfigError(
             "parallelism.sequenceParallel needs a sequence dimension; model mlp has none"
@@ -140,8 +143,8 @@ def _mlp_chain(model: MLP, *, sequence_parallel: bool) -> list[tuple[str, Parall
     return styles
 
 
-def _mlp_block_plans(model: MLP, *, sequence_parallel: bool) -> list[dict[str, ParallelStyle]]:
-    """Per pipeline block (models.MLP.pipeline_blocks: (flatten, stem), blocks, head): a
+def mlp_block_plans(model: nn.Module, *, sequence_parallel: bool) -> list[dict[str, ParallelStyle]]:
+    """Per pipeline block (MLP.pipeline_blocks in models.py: (flatten, stem), blocks, head): a
     column-parallel linear's output crosses a stage boundary as this rank's feature shard."""
     (_, stem), *blocks, (_, head) = _mlp_chain(model, sequence_parallel=sequence_parallel)
     return [
@@ -154,14 +157,13 @@ def _mlp_block_plans(model: MLP, *, sequence_parallel: bool) -> list[dict[str, P
 def block_plans(model: nn.Module, *, sequence_parallel: bool) -> list[dict[str, ParallelStyle]]:
     """The tensor-parallel plan of each of the model's pipeline blocks (blocks.split_blocks order),
     module names relative to the block: a stage module shards its blocks with these."""
-    if isinstance(model, GPT):
-        return _gpt_block_plans(model, sequence_parallel=sequence_parallel)
-    if isinstance(model, MLP):
-        return _mlp_block_plans(model, sequence_parallel=sequence_parallel)
-    raise ConfigError(
-        f"parallelism.tensor with parallelism.pipeline: model {type(model).__name__} has no per-block "
-        "tensor-parallel plan (built in for gpt and mlp); use pipeline or tensor alone"
-    )
+    method = getattr(model, BLOCK_PLANS_METHOD, None)
+    if method is None:
+        raise ConfigError(
+            f"parallelism.tensor with parallelism.pipeline: model {type(model).__name__} has no per-block "
+            "tensor-parallel plan (built in for gpt and mlp); use pipeline or tensor alone"
+        )
+    return list(method(sequence_parallel=sequence_parallel))
 
 
 def stage_plan(plans: Sequence[Mapping[str, ParallelStyle]], ids: Sequence[int]) -> dict[str, ParallelStyle]:
@@ -172,10 +174,6 @@ def stage_plan(plans: Sequence[Mapping[str, ParallelStyle]], ids: Sequence[int])
 
 
 def plan_for(model: nn.Module, *, sequence_parallel: bool) -> Mapping[str, ParallelStyle]:
-    if isinstance(model, GPT):
-        return gpt_plan(model, sequence_parallel=sequence_parallel)
-    if isinstance(model, MLP):
-        return mlp_plan(model, sequence_parallel=sequence_parallel)
     method = getattr(model, PLAN_METHOD, None)
     if method is None:
         raise ConfigError(
@@ -194,12 +192,18 @@ def plan_for(model: nn.Module, *, sequence_parallel: bool) -> Mapping[str, Paral
 
 
 def check_divisible(model: nn.Module, tp: int) -> None:
-    """Heads and the MLP width must split evenly (the API checks the spec; this guards the module)."""
-    if isinstance(model, GPT):
-        attn = model.blocks[0].attn
-        heads = attn.qkv.out_features // (3 * attn.head_dim)
-        if heads % tp:
-            raise ConfigError(f"model.heads {heads} is not divisible by parallelism.tensor {tp}")
+    """What must split evenly over `tp` ranks does (the API checks the spec; this guards the module)."""
+    check = getattr(model, CHECK_METHOD, None)
+    if check is not None:
+        check(tp)
+
+
+def check_gpt_heads(model: nn.Module, tp: int) -> None:
+    """GPT's attention heads split evenly over the tensor-parallel ranks."""
+    attn = model.blocks[0].attn
+    heads = attn.qkv.out_features // (3 * attn.head_dim)
+    if heads % tp:
+        raise ConfigError(f"model.heads {heads} is not divisible by parallelism.tensor {tp}")
 
 
 def megatron_bytes_per_step(*, batch: int, seq: int, hidden: int, layers: int, elem: int) -> int:

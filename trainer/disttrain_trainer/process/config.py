@@ -9,15 +9,13 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from disttrain_api import constants as C
 from disttrain_api import validation
 from disttrain_api.model import JobSpec, SpecError, parse_spec
-
-from ..checkpoints.fence import Writer
 
 DEFAULT_RENDEZVOUS_TIMEOUT_S = 300.0
 # Files the trainer writes into its run dir, which the local launcher reads.
@@ -31,6 +29,20 @@ def finished_path(run_dir: Path, rank: int) -> Path:
 
 class ConfigError(ValueError):
     """The config or the env contract is unusable; the message names the variable/field and the fix."""
+
+
+MAX_NAMES = 6  # names a ConfigError lists per kind of problem; the count says how many there are
+
+
+def listed(names: Sequence[str]) -> str:
+    """The first MAX_NAMES of `names`, comma-separated, and how many more there are."""
+    shown = ", ".join(names[:MAX_NAMES])
+    return shown + (f", ... {len(names) - MAX_NAMES} more" if len(names) > MAX_NAMES else "")
+
+
+class Fenced(RuntimeError):
+    """A newer writer claimed the checkpoint directory (checkpoints/fence.py): this process belongs to a
+    replaced gang. Defined here, beside ConfigError, because dist_env maps both to their exit codes."""
 
 
 class ModeNotImplemented(ConfigError):
@@ -65,11 +77,6 @@ class TrainerConfig:
     # How long a rank waits for MASTER_ADDR to resolve and for the gang to join. Peer
     # pods may stay Pending for minutes; past this the rank exits FAILED and is retried.
     rendezvous_timeout_s: float = DEFAULT_RENDEZVOUS_TIMEOUT_S
-
-    @property
-    def checkpoint_writer(self) -> Writer:
-        """Who this process's checkpoint writes are from (checkpoints/fence.py): the job and its restart attempt."""
-        return Writer(job_uid=self.job_uid, attempt=self.restart_attempt)
 
     def for_local_rank(self, local_rank: int) -> TrainerConfig:
         """The config of local rank i in a pod that runs NPROC_PER_NODE processes."""

@@ -32,9 +32,8 @@ from disttrain_api import constants as C
 from disttrain_api import exitcodes
 from torch.multiprocessing.spawn import ProcessException
 
-from ..checkpoints.fence import Fenced
 from . import stop_request
-from .config import ConfigError, TrainerConfig
+from .config import ConfigError, Fenced, TrainerConfig
 
 SPAWN_GRACE_S = 3.0  # peers that hit the same config error exit with it themselves within this
 STOP_POLL_S = 0.5  # how often a pod's first process looks for a stop request while its local ranks run

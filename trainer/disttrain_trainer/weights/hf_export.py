@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 from disttrain_api.model import JobSpec
 
+from ..data.formats.text import load_tokenizer
 from ..process.config import ConfigError
-from ..text_tokens import load_tokenizer
 
 INDEX_FILE = "model.safetensors.index.json"
 WEIGHTS_FILE = "model.safetensors"

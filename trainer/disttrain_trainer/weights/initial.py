@@ -42,9 +42,8 @@ from ..checkpoints import directory as cdir
 from ..checkpoints import sharded as sharded_ckpt
 from ..checkpoints import whole as whole_ckpt
 from ..parallel.blocks import split_blocks
-from ..process.config import ConfigError
+from ..process.config import ConfigError, listed
 
-MAX_NAMES = 6  # names listed per kind of mismatch; the count says how many there are
 DCP_MODEL_PREFIX = "model."
 SHARD_INDEX = "model.safetensors.index.json"  # a Hugging Face directory with its weights in shards  # checkpoints/sharded.py saves {"model": ..., "optimizer": ...}
 
@@ -74,18 +73,13 @@ class Fit:
     def describe(self) -> str:
         parts = []
         if self.missing:
-            parts.append(f"missing {len(self.missing)} ({_names(self.missing)})")
+            parts.append(f"missing {len(self.missing)} ({listed(self.missing)})")
         if self.unexpected:
-            parts.append(f"unexpected {len(self.unexpected)} ({_names(self.unexpected)})")
+            parts.append(f"unexpected {len(self.unexpected)} ({listed(self.unexpected)})")
         if self.misshapen:
             shown = [f"{n}: {list(a)} in the file, {list(b)} in the model" for n, a, b in self.misshapen]
-            parts.append(f"shape mismatch {len(shown)} ({_names(shown)})")
+            parts.append(f"shape mismatch {len(shown)} ({listed(shown)})")
         return "; ".join(parts)
-
-
-def _names(names: Sequence[str]) -> str:
-    shown = ", ".join(names[:MAX_NAMES])
-    return shown + (f", ... {len(names) - MAX_NAMES} more" if len(names) > MAX_NAMES else "")
 
 
 def compare(model_shapes: dict[str, Shape], found: dict[str, Shape]) -> Fit:

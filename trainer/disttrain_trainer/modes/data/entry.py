@@ -10,11 +10,11 @@ from __future__ import annotations
 import time
 
 from ...checkpoints import rank_state
-from ...datasets import GlobalBatchSampler
+from ...collective_rank import collective_rank, run_local_ranks
+from ...data import GlobalBatchSampler
 from ...models import resolve
 from ...optim import build_optimizer, build_scheduler
 from ...process import stop_request
-from ...process.collective_rank import collective_rank, run_local_ranks
 from ...process.config import ConfigError, TrainerConfig
 from ...process.dist_env import keep_until_exit
 from ...process.stop_agreement import StopAgreement

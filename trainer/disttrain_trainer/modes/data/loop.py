@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor.parallel import loss_parallel
 
-from ...datasets import Dataset, next_batch
+from ...data import Dataset, next_batch
 from ...parallel import ddp, hybrid
 from ...parallel.comm_profile import ProfiledComm
 from ...parallel.ddp import CommClock, CommTimes

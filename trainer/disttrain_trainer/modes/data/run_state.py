@@ -20,7 +20,8 @@ from torch.distributed.checkpoint import CheckpointException
 from ...checkpoints import rank_state, resume
 from ...checkpoints import sharded as sharded_ckpt
 from ...checkpoints import whole as ckpt
-from ...datasets import Dataset, GlobalBatchSampler
+from ...checkpoints.fence import Writer
+from ...data import Dataset, GlobalBatchSampler
 from ...parallel.comm_profile import ProfiledComm
 from ...parallel.ddp import CommClock
 from ...parallel.hybrid import is_sharded
@@ -208,7 +209,7 @@ def resume_newest(run: Run) -> None:
 
 def _load_agreed(run: Run) -> dict[str, Any] | None:
     """Model and optimizer loaded from the checkpoint the gang agreed on; the rest of its state."""
-    writer = run.cfg.checkpoint_writer
+    writer = Writer.of(run.cfg)
     while True:
         loaded = resume.agree_on_checkpoint(run.cfg.checkpoint_dir, run.ctx, writer=writer, sharded=True)
         if loaded is None:

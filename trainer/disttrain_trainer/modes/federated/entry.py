@@ -17,7 +17,8 @@ import torch
 from disttrain_api import constants as C
 from disttrain_api.identities import SERVER_KEY
 
-from ...datasets import Dataset, load_dataset
+from ...checkpoints.fence import Writer
+from ...data import Dataset, load_dataset
 from ...models import build_model
 from ...process import serve_until_stopped, stop_request
 from ...process.config import ConfigError, TrainerConfig
@@ -122,7 +123,7 @@ def run_aggregator(cfg: TrainerConfig, s: FedSettings) -> dict[str, Any]:
     try:
         agg = Aggregator(
             fed=s.fed, model=model.state_dict(), key=aggregator_key(s), metrics=metrics,
-            evaluate=make_evaluator(cfg, ds), checkpoint_dir=cfg.checkpoint_dir, writer=cfg.checkpoint_writer,
+            evaluate=make_evaluator(cfg, ds), checkpoint_dir=cfg.checkpoint_dir, writer=Writer.of(cfg),
             client_rows=partition_sizes(cfg, ds),
             # The global model after the last round: the aggregator alone holds it.
             export=lambda state, rounds: write_export(cfg.checkpoint_dir, state, spec=spec, step=rounds),

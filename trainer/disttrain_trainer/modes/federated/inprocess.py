@@ -17,7 +17,7 @@ import torch
 from disttrain_api.model import JobSpec
 from torch import nn
 
-from ...datasets import Dataset
+from ...data import Dataset
 from ...models import build_model  # noqa: F401 - re-exported for tests
 from ...telemetry.federated_series import AGGREGATOR, FedMetrics
 from ...tensor_transport.channel import Tls, add_port, aio_channel

@@ -14,7 +14,8 @@ import torch
 from disttrain_api import constants as C
 from disttrain_api.identities import SERVER_KEY, worker_ids
 
-from ...datasets import load_dataset
+from ...checkpoints.fence import Writer
+from ...data import load_dataset
 from ...models import build_model
 from ...process import serve_until_stopped, stop_request
 from ...process.config import ConfigError, TrainerConfig
@@ -66,7 +67,7 @@ def shard_config(cfg: TrainerConfig, s: PSSettings, checkpoint_root: Path | None
         index=s.index, workers=s.workers, steps=spec.training.steps, max_staleness=s.ps.max_staleness,
         optimizer=spec.optimizer, push_batch=check_batch(cfg, s.workers),
         checkpoint_dir=checkpoint_root / f"server-{s.index}" if checkpoint_root else None,
-        checkpoint_interval=spec.checkpoint.interval_steps, keep=spec.checkpoint.keep, writer=cfg.checkpoint_writer,
+        checkpoint_interval=spec.checkpoint.interval_steps, keep=spec.checkpoint.keep, writer=Writer.of(cfg),
     )  # fmt: skip
 
 

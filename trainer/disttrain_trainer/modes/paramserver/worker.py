@@ -22,7 +22,7 @@ import torch
 from disttrain_api.model import JobSpec
 from torch import nn
 
-from ...datasets import Dataset, GlobalBatchSampler, next_batch
+from ...data import Dataset, GlobalBatchSampler, next_batch
 from ...process import stop_request
 from ...process.precision import make_amp
 from ...telemetry.paramserver_series import WorkerMetrics, WorkerTally
@@ -160,8 +160,8 @@ class Worker:
         return int(min(s.scalars.get("workerSteps", 0.0) for s in self.shards))
 
     def _seek(self, k: int) -> None:
-        self.sampler.load_state_dict({"epoch": k // self.steps_per_epoch,
-                                      "offset": (k % self.steps_per_epoch) * self.spec.data.batch_size})  # fmt: skip
+        self.sampler.seek(k // self.steps_per_epoch,
+                          (k % self.steps_per_epoch) * self.spec.data.batch_size)
 
     def run(self, *, evaluate: Any = None) -> None:
         tr = self.spec.training

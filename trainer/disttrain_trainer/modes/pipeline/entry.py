@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import time
 
+from ...collective_rank import collective_rank, run_local_ranks
 from ...parallel.mesh import layout_for
 from ...process import stop_request
-from ...process.collective_rank import collective_rank, run_local_ranks
 from ...process.config import ConfigError, TrainerConfig
 from ...process.dist_env import keep_until_exit
 from ...run_common import Summary, mark_finished, write_summary

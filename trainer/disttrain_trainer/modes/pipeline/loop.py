@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from ...datasets import next_batch
+from ...data import next_batch
 from ...parallel.blocks import load_block_state
 from ...parallel.mesh import layout_for
 from ...process import stop_request

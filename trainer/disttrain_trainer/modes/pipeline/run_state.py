@@ -24,8 +24,8 @@ from torch.distributed.checkpoint.state_dict import (
 
 from ...checkpoints import rank_state, resume
 from ...checkpoints import whole as ckpt
-from ...checkpoints.fence import Fenced
-from ...datasets import Dataset, GlobalBatchSampler
+from ...checkpoints.fence import Fenced, Writer
+from ...data import Dataset, GlobalBatchSampler
 from ...optim import build_optimizer, build_scheduler
 from ...parallel.blocks import block_state, check_chain, load_block_state, split_blocks
 from ...parallel.mesh import build_mesh, layout_for
@@ -162,7 +162,7 @@ def setup(cfg: TrainerConfig, ctx: DistContext, ds: Dataset, model: nn.Module, m
     if len(blocks) < n_stages:
         raise ConfigError(f"model {spec.model.name} has {len(blocks)} blocks, fewer than the {n_stages} stages of "
                           f"parallelism.pipeline {pp} x virtualStages; use more layers or fewer stages")  # fmt: skip
-    loaded = resume.agree_on_checkpoint(cfg.checkpoint_dir, ctx, writer=cfg.checkpoint_writer)
+    loaded = resume.agree_on_checkpoint(cfg.checkpoint_dir, ctx, writer=Writer.of(cfg))
     saved_plan = Plan.from_json(loaded[1]["plan"]) if loaded else None
     sampler = GlobalBatchSampler(ds.num_train, spec.data.batch_size, spec.data.seed, dp_rank, dp)
     mb = spec.data.batch_size // dp // par.microbatches

@@ -17,13 +17,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..datasets import Dataset, load_dataset
-from ..models import build_model
-from ..telemetry.step_metrics import Metrics
-from ..tracking.tracker import target_for
-from .config import TrainerConfig
-from .dist_env import DistContext, cleanup, finish, init_distributed, spawn_local_ranks
-from .precision import Amp, make_amp
+from .data import Dataset, load_dataset
+from .models import build_model
+from .process.config import TrainerConfig
+from .process.dist_env import DistContext, cleanup, finish, init_distributed, spawn_local_ranks
+from .process.precision import Amp, make_amp
+from .telemetry.step_metrics import Metrics
+from .tracking.tracker import target_for
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -26,8 +26,8 @@ from disttrain_api import constants as C
 from disttrain_api.model import JobSpec
 from disttrain_api.object_store_rules import is_uri
 
-from .data_cache import build_once
-from .process.config import ConfigError
+from ..process.config import ConfigError
+from .cache import build_once
 
 __all__ = ["StoreUnreachable", "Store", "check_bucket", "is_uri", "split", "stage", "store_for"]
 
@@ -167,10 +167,10 @@ def fingerprint(store: Store, uri: str, field: str) -> list[list[Any]]:
 
 
 def stage(spec: JobSpec, cache: Path) -> Path:
-    """The data at spec.data.path (s3://) copied once per pod into the data cache; the local path.
+    """The data at spec.data.path (s3://) copied once into the data cache; the local path.
 
-    For the formats read whole anyway (npy, npz, parquet, jsonl, module): one download per pod,
-    keyed by every object's ETag and size, so changed data is staged again."""
+    For the formats not read in place (all but tokens): one download per job when the cache is
+    shared (cache.py), keyed by every object's ETag and size, so changed data is staged again."""
     store, uri = store_for(spec), str(spec.data.path)
     objs = fingerprint(store, uri, "spec.data.path")
     digest = hashlib.sha256(json.dumps([uri, objs]).encode()).hexdigest()[:16]
@@ -194,5 +194,5 @@ def stage(spec: JobSpec, cache: Path) -> Path:
             raise explain(e, uri, "spec.data.path", store) from None
         (tmp / ".staged").write_text(json.dumps(objs))
 
-    build_once(target, download, done=".staged")
+    build_once(target, download, done=".staged", what=uri)
     return target / base

@@ -3,32 +3,29 @@ windows of its own rows, each one ranged GET, all of a batch's GETs concurrently
 cat_ranges). The data loop names the next batches before it trains on the current one
 (`prefetch`), so their reads overlap the step and the loop rarely waits for the store.
 
-Nothing is downloaded whole: the file's size, the held-out validation windows and the one-off
-scan for the largest token id (streamed in chunks, once per pod: its result is cached, and a lock
-keeps the pod's other ranks from repeating it) are all the reads outside the batches.
+Nothing is downloaded whole: the file's size, the held-out validation windows and, only without a
+known vocabulary (data.vocabSize, an hf: model's), the one-off scan for the largest token id
+(streamed in chunks, once per job: its result is kept in the data cache) are all the reads
+outside the batches.
 """
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
-import json
-import os
-import tempfile
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
+from disttrain_api.model import JobSpec
 
-from . import object_store
-from .object_store import Store
-from .process.config import ConfigError
+from ...process.config import ConfigError
+from .. import lm, object_store
+from ..cache import cached_json
+from ..dataset import PREFETCH_BATCHES, Dataset
+from ..object_store import Store
+from ..source import Source
 
-# Batches fetched ahead of the loop; each is one burst of concurrent ranged GETs.
-PREFETCH_BATCHES = 4
 FETCH_THREADS = 2
 SCAN_CHUNK_BYTES = 32 << 20  # bytes per read of the one-off max scan: bounded memory on any file size
 
@@ -86,30 +83,19 @@ class RemoteTokenFile:
         return future.result() if future is not None else self.fetch(rows)
 
 
-def _scan_max(store: Store, uri: str, dtype: str, size: int, cache: Path, key: list[Any]) -> int:
-    """The largest token id of the object, scanned once per pod (cached; other ranks wait on a lock)."""
-    digest = hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
-    cache.mkdir(parents=True, exist_ok=True)
-    target = cache / f"scan-s3-{digest}.json"
-    with open(cache / f".scan-s3-{digest}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if target.exists():
-            return int(json.loads(target.read_text()))
-        top, item = 0, np.dtype(dtype).itemsize
-        chunk = SCAN_CHUNK_BYTES - SCAN_CHUNK_BYTES % item
-        try:
-            with store.filesystem().open(uri, "rb", block_size=chunk, cache_type="none") as f:
-                for _ in range(0, size, chunk):
-                    data = f.read(chunk)
-                    if data:
-                        top = max(top, int(np.frombuffer(data, dtype=dtype).max()))
-        except Exception as e:  # noqa: BLE001
-            raise object_store.explain(e, uri, "spec.data.path", store) from None
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=cache)
-        with os.fdopen(fd, "w") as out:
-            json.dump(top, out)
-        os.replace(tmp, target)
-        return top
+def _scan_max(store: Store, uri: str, dtype: str, size: int) -> int:
+    """The largest token id of the object, read in chunks of SCAN_CHUNK_BYTES."""
+    top, item = 0, np.dtype(dtype).itemsize
+    chunk = SCAN_CHUNK_BYTES - SCAN_CHUNK_BYTES % item
+    try:
+        with store.filesystem().open(uri, "rb", block_size=chunk, cache_type="none") as f:
+            for _ in range(0, size, chunk):
+                data = f.read(chunk)
+                if data:
+                    top = max(top, int(np.frombuffer(data, dtype=dtype).max()))
+    except Exception as e:  # noqa: BLE001
+        raise object_store.explain(e, uri, "spec.data.path", store) from None
+    return top
 
 
 def _object(store: Store, uri: str, dtype: str, what: str) -> tuple[str, int, str] | None:
@@ -125,11 +111,12 @@ def _object(store: Store, uri: str, dtype: str, what: str) -> tuple[str, int, st
     return uri, size // item, str(found.get("ETag") or "")
 
 
-def remote_tokens(spec: Any, cache: Path) -> dict[str, Any]:
-    """What file_datasets builds a token FileData from: the train source, the validation windows
-    and the vocabulary, for spec.data.path an s3:// object or prefix (train_file / validation_file)."""
+def read(spec: JobSpec, src: Source, cache: Path) -> Dataset:
+    """The token Dataset of spec.data.path, an s3:// object or a prefix holding train_file (and
+    validation_file, else the tail of the training tokens is held out)."""
     d, block = spec.data, spec.model.block_size
-    store, uri = object_store.store_for(spec), str(d.path).rstrip("/")
+    assert src.uri is not None, "the table reads format tokens on object storage in place"
+    store, uri = object_store.store_for(spec), src.uri.rstrip("/")
     train = _object(store, uri, d.token_dtype, "the training tokens")
     val = None
     if train is None:  # a prefix: nanoGPT's train.bin / val.bin inside it
@@ -139,16 +126,12 @@ def remote_tokens(spec: Any, cache: Path) -> dict[str, Any]:
                               f"{store.describe()}")  # fmt: skip
         val = _object(store, f"{uri}/{d.validation_file}", d.token_dtype, "the validation tokens")
     files = [f for f in (train, val) if f is not None]
-    tops = [_scan_max(store, u, d.token_dtype, n * np.dtype(d.token_dtype).itemsize, cache,
-                      ["v1", u, n, etag, d.token_dtype]) for u, n, etag in files]  # fmt: skip
-    top = max(tops)
-    vocab = d.vocab_size or top + 1
-    if top >= vocab:
-        where = files[tops.index(top)][0]
-        raise ConfigError(
-            f"spec.data.vocabSize: {where} holds token id {top}, outside the vocabulary of {vocab}; raise vocabSize "
-            f"to at least {top + 1} (or leave it 0 to take the largest id + 1)"
-        )
+    def scan(u: str, n: int, etag: str) -> int:  # once per job (the data cache), keyed by the ETag
+        key = {"v": 1, "scan": "s3-tokens", "uri": u, "tokens": n, "etag": etag, "dtype": d.token_dtype}
+        return cached_json(cache, key, lambda: _scan_max(store, u, d.token_dtype, n * np.dtype(d.token_dtype).itemsize))
+
+    # Scanned only without a known vocabulary (data.vocabSize, an hf: model's).
+    vocab = lm.vocabulary(spec, lambda: [(u, scan(u, n, etag)) for u, n, etag in files])
     train_uri, n_train, _ = train
     train_tokens, val_uri, val_start, val_len = n_train, train_uri, 0, 0
     if val is None:  # hold out the tail of the training tokens
@@ -156,9 +139,10 @@ def remote_tokens(spec: Any, cache: Path) -> dict[str, Any]:
         val_start, val_len = train_tokens, n_train - train_tokens
     else:
         val_uri, val_len = val[0], val[1]
-    for what, n, u in (("training", train_tokens, train_uri), ("validation", val_len, val_uri)):
-        if n < block + 2:
-            raise ConfigError(f"spec.data.path: {u} has {n} {what} tokens, fewer than one window of "
-                              f"model.blockSize {block} + 2; give more tokens or a smaller blockSize")  # fmt: skip
-    return {"store": store, "train_uri": train_uri, "train_tokens": train_tokens, "val_uri": val_uri,
-            "val_start": val_start, "val_len": val_len, "vocab": vocab}  # fmt: skip
+    lm.check_lengths(spec, [("training", train_tokens, train_uri), ("validation", val_len, val_uri)])
+    window = lambda u, start, n: RemoteTokenFile(  # noqa: E731
+        store=store, uri=u, dtype=d.token_dtype, start=start, windows=n, block_size=block)
+    windows = train_tokens - block - 1
+    validation = window(val_uri, val_start, val_len - block - 1)
+    return lm.dataset(spec, name=src.name, vocab=vocab, train=window(train_uri, 0, windows), windows=windows,
+                      test_windows=lambda: validation.fetch(lm.eval_starts(spec, val_len)))  # fmt: skip

@@ -1,5 +1,5 @@
 """data.textColumn + data.tokenizer: a text column of parquet or jsonl, tokenized once into a
-token stream in the data cache, then read like format tokens (file_datasets.py).
+token stream in the data cache, then read like format tokens (tokens.token_data).
 
 The tokenizer is a Hugging Face tokenizer directory (what `save_pretrained` writes), loaded with
 AutoTokenizer offline: nothing is downloaded and no code from the directory runs. Each row's text
@@ -11,7 +11,6 @@ source file and the tokenizer's files (path, size, mtime): a change of either to
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,15 +18,22 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from disttrain_api.model import DataSpec
+from disttrain_api.model import DataSpec, JobSpec
 
-from .data_cache import build_once
-from .process.config import ConfigError
+from ...process.config import ConfigError
+from ..cache import build_once, fingerprint, key_name
+from ..dataset import Dataset
+from ..source import Source
+from . import csv, hfdataset, jsonl, parquet
+from .tokens import token_data
+
+# format -> its reader of record batches: (path, columns, check(file, schema)) -> (file, batch) pairs
+TEXT_READERS = {"parquet": parquet.record_batches, "jsonl": jsonl.record_batches, "csv": csv.record_batches,
+                "hfdataset": hfdataset.record_batches}
 
 FORMAT_VERSION = 1
 TOKENS_FILE = "tokens.bin"
 INFO_FILE = "tokens.json"
-BATCH_ROWS = 1024  # rows tokenized per call: the fast tokenizer batches them in Rust
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,7 +53,7 @@ def load_tokenizer(d: DataSpec) -> Any:
     path = tokenizer_dir(d)
     if not path.is_dir():
         raise ConfigError(f"spec.data.tokenizer: {path} is not a directory (a tokenizer saved with save_pretrained)")
-    from .hf_models import transformers_offline  # noqa: PLC0415 - transformers only for tokenized text
+    from ...hf_models import transformers_offline  # noqa: PLC0415 - transformers only for tokenized text
 
     try:
         return transformers_offline().AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
@@ -62,40 +68,25 @@ def _fingerprint_dir(path: Path) -> list[Any]:
 
 
 def _column_batches(d: DataSpec, path: Path) -> Iterator[Any]:
-    """The text column in record batches of BATCH_ROWS: parquet is streamed (a file or a directory
-    of files, never whole in memory); a JSON-lines file is read whole, as pyarrow.json does."""
-    import pyarrow as pa  # noqa: PLC0415 - pyarrow, only for parquet and jsonl data
+    """The text column a record batch at a time, read by the format's own reader (never whole)."""
+    import pyarrow as pa  # noqa: PLC0415 - pyarrow, only for columnar data
 
     col = d.text_column
     assert col is not None
-    try:
-        if d.format == "parquet":
-            import pyarrow.dataset as pds  # noqa: PLC0415 - pyarrow
 
-            source = pds.dataset(path, format="parquet")
-            schema = source.schema
-        else:
-            import pyarrow.json as pj  # noqa: PLC0415 - pyarrow
-
-            source = pj.read_json(path)
-            schema = source.schema
+    def check(where: Path, schema: Any) -> None:
         if col not in schema.names:
-            raise ConfigError(f"spec.data.textColumn: {path} has no column {col!r} "
+            raise ConfigError(f"spec.data.textColumn: {where} has no column {col!r} "
                               f"(it has {', '.join(schema.names) or 'none'})")  # fmt: skip
         kind = schema.field(col).type
         if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
-            raise ConfigError(f"spec.data.textColumn: column {col!r} of {path} is {kind}, not text")
-        if d.format == "parquet":
-            batches = source.to_batches(columns=[col], batch_size=BATCH_ROWS)
-        else:
-            batches = source.select([col]).to_batches(max_chunksize=BATCH_ROWS)
-        for batch in batches:
-            column = batch.column(0)
-            if column.null_count:
-                raise ConfigError(f"spec.data.textColumn: column {col!r} of {path} has empty values")
-            yield column
-    except (pa.ArrowException, OSError) as e:
-        raise ConfigError(f"spec.data.path: {path} is not readable as {d.format} ({e})") from None
+            raise ConfigError(f"spec.data.textColumn: column {col!r} of {where} is {kind}, not text")
+
+    for where, batch in TEXT_READERS[str(d.format)](path, [col], check):
+        column = batch.column(col)
+        if column.null_count:
+            raise ConfigError(f"spec.data.textColumn: column {col!r} of {where} has empty values")
+        yield column
 
 
 def _write_stream(tok: Any, d: DataSpec, path: Path, out: Path, dtype: str) -> tuple[int, int]:
@@ -119,8 +110,7 @@ def tokenize(d: DataSpec, path: Path, cache: Path, source: list[Any]) -> TokenSt
     dtype = "uint16" if vocab <= 1 << 16 else "uint32"
     key = {"v": FORMAT_VERSION, "format": d.format, "source": source, "column": d.text_column,
            "tokenizer": [str(tokenizer_dir(d)), _fingerprint_dir(tokenizer_dir(d))], "dtype": dtype}  # fmt: skip
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    target = cache / f"text-{digest}"
+    target = cache / key_name("text", key)
 
     def build(tmp: Path) -> None:
         n, rows = _write_stream(tok, d, path, tmp / TOKENS_FILE, dtype)
@@ -128,5 +118,14 @@ def tokenize(d: DataSpec, path: Path, cache: Path, source: list[Any]) -> TokenSt
             raise ConfigError(f"spec.data.textColumn: column {d.text_column!r} of {path} gives no tokens")
         (tmp / INFO_FILE).write_text(json.dumps({"tokens": n, "rows": rows, "dtype": dtype, "vocab": vocab}))
 
-    build_once(target, build, done=INFO_FILE)
+    build_once(target, build, done=INFO_FILE, what=f"column {d.text_column!r} of {path}")
     return TokenStream(path=target / TOKENS_FILE, dtype=dtype, vocab=vocab)
+
+
+def read(spec: JobSpec, src: Source, cache: Path) -> Dataset:
+    """The text column tokenized once into the cache, then read as a token file."""
+    d = spec.data
+    assert src.path is not None, "validation requires data.path with textColumn"
+    stream = tokenize(d, src.path, cache, fingerprint(src.path))
+    return token_data(spec, stream.path, None, stream.dtype, cache, name=src.name, default_vocab=stream.vocab,
+                      source=f"{src.name} (column {d.text_column!r} tokenized by {d.tokenizer})")  # fmt: skip
