@@ -39,11 +39,14 @@ def loss_fn_for(ds: Dataset):  # noqa: ANN201
 
 
 @torch.no_grad()
+@torch.compiler.set_stance("force_eager")
 def evaluate(model: nn.Module, ds: Dataset, amp: Amp) -> tuple[str, float]:
     """Test accuracy (classification) or validation loss (text) of the full held-out set.
 
     A model with vocabulary-sharded logits (tensor parallel) runs this under loss_parallel
-    (modes/data/loop.py); every other model is a plain module here."""
+    (modes/data/loop.py); every other model is a plain module here. Compiled blocks
+    (training.compile) run eagerly here: evaluation's batch and no-grad mode would otherwise
+    compile another graph, at every evaluation's shapes, for a pass that runs a few times a run."""
     was_training = model.training
     model.eval()
     x_all, y_all = ds.test_batches()

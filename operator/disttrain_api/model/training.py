@@ -12,6 +12,7 @@ from .vocabulary import (
     HF_MODEL_PREFIX,
     MODEL_NAME_PATTERN,
     NAME_PATTERN,
+    CompileMode,
     Compression,
     DataFormat,
     DataName,
@@ -212,6 +213,25 @@ class TrainingSpec:
     bucket_cap_mb: float = fld(25.0, minimum=0.0, exclusive_minimum=True, json="bucketCapMB", desc="DDP bucket size.")
     eval_interval_steps: int = fld(0, minimum=0, desc="Evaluate every N steps (0: only at the end).")
     log_interval_steps: int = fld(10, minimum=1, desc="Log metrics every N steps.")
+    compile: bool | CompileMode = fld(
+        False,
+        desc="torch.compile each block of the model and the loss (as torchtitan does): false, true (mode "
+        "default) or a mode: default, max-autotune-no-cudagraphs. Modes data, tensor, hybrid and pipeline "
+        "(not PipeDream); the compile time is reported apart (compileS).",
+    )
+    float8: bool = fld(
+        False,
+        desc="torchao's float8 training for the linear layers whose dimensions are multiples of 16 (tensor "
+        "cores); with FSDP the all-gathers move float8 weights. Needs a GPU of compute capability 8.9 or newer "
+        "(Ada, Hopper); refused on any other device.",
+    )
+
+    @property
+    def compile_mode(self) -> CompileMode | None:
+        """torch.compile's mode, None when compile is off."""
+        if self.compile is False:
+            return None
+        return "default" if self.compile is True else self.compile
 
 
 @dataclass(frozen=True, kw_only=True)
