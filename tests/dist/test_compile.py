@@ -30,7 +30,7 @@ from disttrain_trainer.parallel.hybrid import apply_layout
 from disttrain_trainer.parallel.mesh import Layout, build_mesh
 from torch.distributed.tensor.parallel import loss_parallel
 
-VOCAB, SEQ, BATCH, STEPS = 32, 16, 8, 4
+VOCAB, SEQ, BATCH, STEPS = 32, 16, 16, 4
 LOSS_RTOL = 1e-4
 
 

@@ -23,6 +23,7 @@ from ..telemetry.step_metrics import Metrics
 from .config import TrainerConfig
 from .dist_env import DistContext, cleanup, finish, init_distributed, spawn_local_ranks
 from .precision import Amp, make_amp
+from .threads import threads_per_rank
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,7 +40,7 @@ def _set_threads(cfg: TrainerConfig) -> None:
         return
     local = cfg.master_addr in ("127.0.0.1", "localhost", "::1")
     share = cfg.world_size if local else cfg.nproc_per_node
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, share)))
+    torch.set_num_threads(threads_per_rank(share))  # the pod's CPUs (quota, affinity), not the node's cores
 
 
 @contextmanager

@@ -27,7 +27,6 @@ import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -38,6 +37,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.profiler import ProfilerActivity, profile
 
 from ..parallel.comm_profile import census
+from ..process.threads import usable_cores
 from .step_metrics import Tally
 
 # The kubelet keeps this many bytes of a container's termination message (the job's status.result).
@@ -82,18 +82,6 @@ def probe_link(device: torch.device, world_size: int) -> dict[str, Any] | None:
     link = fit_link(world_size, list(zip(PROBE_BYTES, seconds, strict=True)))
     return {"alphaS": link.alpha_s, "betaBytesPerS": link.beta_bytes_per_s, "worldSize": world_size,
             "bytes": list(PROBE_BYTES), "seconds": seconds}  # fmt: skip
-
-
-def host_cores() -> float:
-    """CPUs this process may use: its affinity, capped by a cgroup CPU quota (a pod's limit)."""
-    cores = float(len(os.sched_getaffinity(0)))
-    try:
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
-        if quota != "max":
-            cores = min(cores, int(quota) / int(period))
-    except (OSError, ValueError):
-        pass
-    return cores
 
 
 @dataclass(kw_only=True)
@@ -227,7 +215,7 @@ def measured_tensor_comm(kinds: dict[str, tuple[int, int]]) -> dict[str, Any] | 
 
 def host_facts(*, world_size: int, nproc_per_node: int, master_addr: str) -> dict[str, Any]:
     local = master_addr in ("127.0.0.1", "localhost", "::1")  # `disttrain local`: every rank here
-    return {"cores": host_cores(), "ranksOnHost": world_size if local else nproc_per_node,
+    return {"cores": usable_cores(), "ranksOnHost": world_size if local else nproc_per_node,
             "threadsPerRank": torch.get_num_threads()}  # fmt: skip
 
 
