@@ -19,7 +19,14 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
-from disttrain_api import compute_rules, data_rules, layout_rules, mode_block_rules, object_store_rules, pod_rules
+from disttrain_api import (
+    compute_rules,
+    data_rules,
+    layout_rules,
+    mode_block_rules,
+    object_store_rules,
+    pod_rules,
+)
 from disttrain_api.model import DistTrainJob, FieldError, JobSpec, SpecError, parse_job_partial
 from disttrain_api.rule_checker import Checker
 
