@@ -12,7 +12,9 @@
 #
 # CUDA trainer (README "GPU"): TORCH_INDEX_URL names an index with a CUDA build of torch
 # TORCH_VERSION (PyPI's Linux torch is one; https://download.pytorch.org/whl/cu130 picks a
-# CUDA version); empty (the default) keeps the wheelhouse's CPU torch.
+# CUDA version); empty (the default) keeps the wheelhouse's CPU torch. The [trainer] extra brings
+# torchao (training.float8) into both: its float8 path is Python over torch._scaled_mm, so the
+# same wheel serves the CPU and the CUDA torch (the CPU image refuses float8 at start anyway).
 ARG BASE_IMAGE=python:3.11-slim
 
 FROM ${BASE_IMAGE} AS base

@@ -6,7 +6,10 @@ compile of the same graphs is a cache hit):
   - FSDP2 over both ranks, activation checkpointing of every block, compile mode default;
   - a two-stage 1F1B pipeline (its stages' timing and activation hooks around the compiled
     blocks), compile mode max-autotune-no-cudagraphs;
-  - tensor parallelism over both ranks with sequence parallelism, compile mode default.
+  - tensor parallelism over both ranks with sequence parallelism, compile mode default;
+  - PipeDream's weight stashing (one stage holding every block, on rank 0): each forward runs the
+    compiled blocks on a fresh snapshot of the weights (torch.func.functional_call), which the
+    graph takes as inputs, so it compiles once and not per version.
 Each is compared with the same run in eager mode: the per-step losses agree within LOSS_RTOL
 (inductor fuses the kernels, so sums are taken in another order; a wrong gradient shows after a
 step or two as a difference of percents), and after the first step nothing compiles again
@@ -23,6 +26,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from disttrain_trainer.models import GPT
 from disttrain_trainer.modes.pipeline.partition import Plan, uniform_bounds
+from disttrain_trainer.modes.pipeline.pipedream import PipeDreamStage
 from disttrain_trainer.modes.pipeline.schedules import Pipeline
 from disttrain_trainer.parallel.block_compile import CompileClock, apply_compile, compile_loss
 from disttrain_trainer.parallel.blocks import split_blocks
@@ -101,6 +105,25 @@ def _pipeline_losses(mode: str | None) -> tuple[list[float], int]:
     return losses, later
 
 
+def _pipedream_losses(mode: str | None) -> tuple[list[float], int]:
+    model = _gpt()
+    stage_mod = torch.nn.Sequential(*split_blocks(model))
+    if mode is not None:
+        apply_compile(model, mode)
+    opt = torch.optim.AdamW(stage_mod.parameters(), lr=1e-2)
+    stage = PipeDreamStage(module=stage_mod, stage=0, stages=1, optimizer=opt, loss_fn=compile_loss(_loss, mode),
+                           device=torch.device("cpu"))  # fmt: skip
+    clock = CompileClock()
+    losses, later = [], 0
+    for step, (x, y) in enumerate(_batches()):
+        out = stage.step(list(x.chunk(2)), list(y.chunk(2)), 2)  # two versions a step
+        losses.append(float(out.loss))
+        n = clock.take()[1]
+        later += n if step > 0 else 0
+    clock.close()
+    return losses, later
+
+
 def _close(got: list[float], ref: list[float], what: str) -> None:
     for step, (a, b) in enumerate(zip(got, ref, strict=True)):
         assert abs(a - b) <= LOSS_RTOL * abs(b), f"{what}: step {step + 1} loss {a} vs eager {b}"
@@ -118,6 +141,12 @@ def _all() -> None:
     _close(got, eager, "1F1B pipeline, compile max-autotune-no-cudagraphs")
     assert later == 0, f"pipeline: {later} compilations after the first step"
 
+    if dist.get_rank() == 0:
+        eager, _ = _pipedream_losses(None)
+        got, later = _pipedream_losses("default")
+        _close(got, eager, "PipeDream weight stashing, compile default")
+        assert later == 0, f"PipeDream: {later} compilations after the first step"
+
     tp = Layout(dp=1, pp=1, tp=2, data_strategy="ddp", sequence_parallel=True)
     eager, _ = _mesh_losses(tp, None, "none")
     got, later = _mesh_losses(tp, "default", "none")
@@ -125,5 +154,5 @@ def _all() -> None:
     assert later == 0, f"tensor parallel: {later} compilations after the first step"
 
 
-def test_compiled_blocks_train_like_eager_under_fsdp_pipeline_and_tensor_parallel(gloo) -> None:  # noqa: ANN001
+def test_compiled_blocks_train_like_eager_under_fsdp_pipelines_and_tensor_parallel(gloo) -> None:  # noqa: ANN001
     gloo(_all, 2)
