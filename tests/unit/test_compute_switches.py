@@ -88,3 +88,15 @@ def test_float8_without_large_linears_or_on_a_cpu_is_refused_naming_why() -> Non
         float8.apply_float8(_gpt(64, 1, 4), fsdp=False, name="gpt")
     with pytest.raises(ConfigError, match="this process trains on cpu"):
         float8.check_device(torch.device("cpu"))
+
+
+def test_compile_wraps_each_block_in_place_and_keeps_parameter_names() -> None:
+    from disttrain_trainer.parallel.block_compile import apply_compile
+
+    model = GPT(vocab=29, block_size=8, dim=16, layers=3, heads=2, dropout=0.0, act_ckpt="none")
+    names = list(model.state_dict())
+    assert apply_compile(model, "default") == 3  # lazily: nothing compiles before the first forward
+    assert list(model.state_dict()) == names  # no _orig_mod. prefix: checkpoints move between compiled and eager
+    assert apply_compile(model, "default") == 3 and model.blocks[0]._disttrain_compiled
+    with pytest.raises(ConfigError, match="has no blocks to compile one by one"):
+        apply_compile(nn.Linear(4, 4), "default", name="mine:linear")
