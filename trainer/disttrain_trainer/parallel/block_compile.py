@@ -63,6 +63,15 @@ def apply_compile(model: nn.Module, mode: str, *, name: str = "model") -> int:
     return len(units)
 
 
+def loss_mode(mode: str | None, *, tensor_parallel: bool) -> str | None:
+    """The loss's compile mode: the blocks' one, but none with tensor parallelism. There the logits
+    are vocabulary-sharded DTensors meeting loss_parallel's cross-entropy: in a test process that
+    had compiled the same loss for other layouts and shapes before, the compiled loss returned a
+    wrong value (3.80 for eager's 3.47) while the compiled blocks stayed exact. The cause is not
+    understood, so that loss stays eager (it is a small part of a step)."""
+    return None if tensor_parallel else mode
+
+
 def compile_loss(loss_fn: Loss, mode: str | None) -> Loss:
     """The loss compiled too (torchtitan compiles it beside the blocks): the logits' cast and the
     cross-entropy fuse into one kernel instead of materialising fp32 logits twice."""

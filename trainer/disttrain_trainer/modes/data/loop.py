@@ -29,7 +29,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 
 from ...datasets import Dataset, next_batch
 from ...parallel import ddp, hybrid
-from ...parallel.block_compile import compile_loss
+from ...parallel.block_compile import compile_loss, loss_mode
 from ...parallel.comm_profile import ProfiledComm
 from ...parallel.ddp import CommClock, CommTimes
 from ...parallel.mesh import Layout
@@ -107,10 +107,10 @@ def train(run: Run) -> Summary | None:
     tr = spec.training
     comm = run.comm if metrics.enabled else None
     step_fn = run.scaling.with_census(layouts.train_step_for(run.model, comm), run.model)
-    loss_fn = compile_loss(loss_fn_for(run.ds), tr.compile_mode)
+    layout = layouts.layout(run.cfg)
+    loss_fn = compile_loss(loss_fn_for(run.ds), loss_mode(tr.compile_mode, tensor_parallel=layout.tp > 1))
     compiled = CompileRecord(tr.compile_mode)  # compile time apart; recompilations after the warm-up
     cuda = ctx.device.type == "cuda"
-    layout = layouts.layout(run.cfg)
     dp = layout.dp  # ranks of one tensor-parallel group share their samples
     if run.sharded:
         grad_bytes = hybrid.data_gradient_bytes(run.inner, layout)

@@ -27,7 +27,7 @@ from ...checkpoints import whole as ckpt
 from ...checkpoints.fence import Fenced
 from ...datasets import Dataset, GlobalBatchSampler
 from ...optim import build_optimizer, build_scheduler
-from ...parallel.block_compile import apply_compile, compile_loss
+from ...parallel.block_compile import apply_compile, compile_loss, loss_mode
 from ...parallel.blocks import block_state, check_chain, load_block_state, split_blocks
 from ...parallel.mesh import build_mesh, layout_for
 from ...parallel.tensor import stage_sharder
@@ -175,7 +175,7 @@ def setup(cfg: TrainerConfig, ctx: DistContext, ds: Dataset, model: nn.Module, m
     if ctx.is_main:
         print(f"disttrain-trainer: {plan.describe()}", flush=True)
     mode = spec.training.compile_mode
-    loss_fn = compile_loss(loss_fn_for(ds), mode)
+    loss_fn = compile_loss(loss_fn_for(ds), loss_mode(mode, tensor_parallel=tp > 1))
     opt_spec, batch = spec.optimizer, spec.data.batch_size
     engine: Pipeline | PipeDreamStage
     if par.schedule == "PipeDream":
