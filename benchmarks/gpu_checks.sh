@@ -16,7 +16,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,compute_ca
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'nccl', torch.cuda.nccl.version())" | tee -a "$out/gpu.txt"
 fp8=$(python3 -c "import torch; print(int(torch.cuda.get_device_capability() >= (8, 9)))")
 
-timeout "${GPU_TESTS_TIMEOUT:-100}" python3 -m pytest tests/dist/test_trainer_gpu.py tests/dist/test_pipeline_timeline.py \
+timeout "${GPU_TESTS_TIMEOUT:-150}" python3 -m pytest tests/dist/test_trainer_gpu.py tests/dist/test_pipeline_timeline.py \
   -m gpu -q -s -p no:cacheprovider 2>&1 | tee "$out/pytest-gpu.log"
 
 bench() {  # NAME TIMEOUT ARGS...
@@ -25,10 +25,10 @@ bench() {  # NAME TIMEOUT ARGS...
   echo "== gpu_gpt $name ($(( $(date +%s) - start )) s in)" | tee -a "$out/gpu_gpt.log"
   timeout "$limit" python3 benchmarks/gpu_gpt.py --rounds 5 --json "$out/gpu_gpt-$name.json" "$@" 2>&1 | tee -a "$out/gpu_gpt.log"
 }
-bench example-eager "${GPU_BENCH_EAGER_TIMEOUT:-90}" --shapes example --precisions bf16
-bench example-compile "${GPU_BENCH_COMPILE_TIMEOUT:-110}" --shapes example --precisions bf16 --compile default
+bench example-eager "${GPU_BENCH_EAGER_TIMEOUT:-75}" --shapes example --precisions bf16
+bench example-compile "${GPU_BENCH_COMPILE_TIMEOUT:-95}" --shapes example --precisions bf16 --compile default
 if [ "$fp8" = 1 ]; then
-  bench 1.3b-compile-float8 "${GPU_BENCH_FLOAT8_TIMEOUT:-80}" --shapes 1.3b --precisions bf16 --compile default --float8
+  bench 1.3b-compile-float8 "${GPU_BENCH_FLOAT8_TIMEOUT:-75}" --shapes 1.3b --precisions bf16 --compile default --float8
 fi
-bench 1.3b-compile "${GPU_BENCH_BIG_TIMEOUT:-90}" --shapes 1.3b --precisions bf16 --compile default
+bench 1.3b-compile "${GPU_BENCH_BIG_TIMEOUT:-80}" --shapes 1.3b --precisions bf16 --compile default
 echo "gpu_checks.sh: $(( $(date +%s) - start )) s; results in $out" | tee -a "$out/gpu_gpt.log"
