@@ -1,12 +1,34 @@
 #!/usr/bin/env bash
-# The checks a machine with one CUDA GPU runs: the gpu-marked tests (the GPT example on NCCL
-# with fp16 and bf16), then benchmarks/gpu_gpt.py (tokens/s and MFU, disttrain vs a plain loop).
-# Logs go to $OUT (or a temporary folder). Uses the python3 that has a CUDA torch.
+# The checks a machine with one CUDA GPU runs, in one command that fits in 8 minutes: the
+# gpu-marked tests (the GPT example on NCCL with fp16 and bf16, the pipeline's CUDA-event
+# timeline), then benchmarks/gpu_gpt.py (tokens/s, MFU and peak memory, disttrain vs a plain
+# loop, 5 rounds a configuration with the sides alternating): the example shape in bf16 eager and
+# compiled, then the 1.3B shape compiled, with float8 on top where the GPU has float8 (compute
+# capability 8.9+). Each phase has its own time limit (seconds, overridable) and gpu_gpt.py writes
+# its JSON after every configuration, so a phase cut short keeps what it measured.
+# Logs and JSON go to $OUT (or a temporary folder). Uses the python3 that has a CUDA torch.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-$(mktemp -d)}
 export PYTHONPATH="$PWD/operator:$PWD/trainer" PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee "$out/gpu.txt"
+start=$(date +%s)
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,compute_cap --format=csv | tee "$out/gpu.txt"
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'nccl', torch.cuda.nccl.version())" | tee -a "$out/gpu.txt"
-timeout "${GPU_TESTS_TIMEOUT:-240}" python3 -m pytest tests/dist/test_trainer_gpu.py -m gpu -q -s -p no:cacheprovider 2>&1 | tee "$out/pytest-gpu.log"
-timeout "${GPU_BENCH_TIMEOUT:-330}" python3 benchmarks/gpu_gpt.py --json "$out/gpu_gpt.json" 2>&1 | tee "$out/gpu_gpt.log"
+fp8=$(python3 -c "import torch; print(int(torch.cuda.get_device_capability() >= (8, 9)))")
+
+timeout "${GPU_TESTS_TIMEOUT:-150}" python3 -m pytest tests/dist/test_trainer_gpu.py tests/dist/test_pipeline_timeline.py \
+  -m gpu -q -s -p no:cacheprovider 2>&1 | tee "$out/pytest-gpu.log"
+
+bench() {  # NAME TIMEOUT ARGS...
+  local name=$1 limit=$2
+  shift 2
+  echo "== gpu_gpt $name ($(( $(date +%s) - start )) s in)" | tee -a "$out/gpu_gpt.log"
+  timeout "$limit" python3 benchmarks/gpu_gpt.py --rounds 5 --json "$out/gpu_gpt-$name.json" "$@" 2>&1 | tee -a "$out/gpu_gpt.log"
+}
+bench example-eager "${GPU_BENCH_EAGER_TIMEOUT:-75}" --shapes example --precisions bf16
+bench example-compile "${GPU_BENCH_COMPILE_TIMEOUT:-95}" --shapes example --precisions bf16 --compile default
+if [ "$fp8" = 1 ]; then
+  bench 1.3b-compile-float8 "${GPU_BENCH_FLOAT8_TIMEOUT:-75}" --shapes 1.3b --precisions bf16 --compile default --float8
+fi
+bench 1.3b-compile "${GPU_BENCH_BIG_TIMEOUT:-80}" --shapes 1.3b --precisions bf16 --compile default
+echo "gpu_checks.sh: $(( $(date +%s) - start )) s; results in $out" | tee -a "$out/gpu_gpt.log"

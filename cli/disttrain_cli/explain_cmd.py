@@ -137,11 +137,12 @@ def explain(runs: list[Measured], args: argparse.Namespace, png: Path) -> str:
     """The forecast as text, the PNG written to `png`."""
     primary, single = pick(runs)
     sizes = [2**k for k in range(11) if 2**k <= args.max_n]
-    target = args.target or sizes[-1]
-    all_sizes = sorted({*sizes, target})
+    all_sizes = sorted({*sizes, args.target or sizes[-1]})
     host_links = probe_host_links(primary, all_sizes) if args.probe_host else None
     fc = forecast(primary, single=single, link=user_link(args, primary), ranks_per_host=args.ranks_per_host,
                   own_cores=args.own_cores, sizes=all_sizes, host_links=host_links)  # fmt: skip
+    # Default: the largest N forecast (sizes whose ranks would oversubscribe a CPU host are not).
+    target = args.target or max(n for n in fc.sizes if n not in fc.refused)
     choice = best_at(fc, target)
     text = explain_report.format_table(fc, choice)
     written = explain_report.write_plot(fc, png, target=target)

@@ -21,11 +21,12 @@ def _seconds(s: float) -> str:
     return f"{s * 1e3:.3g} ms" if s < 1 else f"{s:.3g} s"
 
 
-def _cell(p: Point | None) -> str:
+def _cell(p: Point | None, fc: Forecast) -> str:
     if p is None:
         return "-"
     eff = f"{p.efficiency:.0%}" if p.efficiency >= 0.095 else f"{p.efficiency:.1%}"
-    text = f"{_seconds(p.step_s)} {_si(p.samples_per_s)}/s {eff}"
+    noise = f"±{fc.uncertainty(p):.0%}" if (p.n, p.family) in fc.spread else ""
+    text = f"{_seconds(p.step_s)} {_si(p.samples_per_s)}/s{noise} {eff}"
     return f"{p.layout.describe()} {text}" if p.family == "hybrid" else text
 
 
@@ -43,9 +44,11 @@ def format_table(fc: Forecast, choice: Choice | None) -> str:
         f"link: {topo.intra.describe()}"
         + (f"; between hosts of {topo.ranks_per_host} rank(s): {topo.inter.describe()}" if topo.inter is not topo.intra
            and topo.ranks_per_host < 1_000_000_000 else ""),
-        "per layout family: step time, samples/s, efficiency (weak scaling: samples/s over N x one worker's)",
+        "per layout family: step time, samples/s, efficiency (weak scaling: samples/s over N x one worker's)"
+        + ("; ±: how far samples/s moves between the link probe's fast and slow quartiles" if fc.spread else ""),
     ]  # fmt: skip
-    rows = [["N", *families]] + [[str(n), *(_cell(fc.points.get((n, f))) for f in families)] for n in fc.sizes]
+    rows = [["N", *families]] + [[str(n), *(_cell(fc.points.get((n, f)), fc) for f in families)] for n in fc.sizes
+                                 if n not in fc.refused]  # fmt: skip
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for k, row in enumerate(rows):
         lines.append("  ".join(c.rjust(w) if i == 0 else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))).rstrip())
@@ -56,6 +59,10 @@ def format_table(fc: Forecast, choice: Choice | None) -> str:
         lines.append(f"fastest: {choice.reason}")
     for family, why in fc.missing.items():
         lines.append(f"not forecast: {family}: {why}")
+    if fc.refused:
+        first = min(fc.refused)
+        lines.append(f"not forecast: N={', '.join(map(str, sorted(fc.refused)))}: from N={first}, {fc.refused[first]} "
+                     "(--own-cores: every rank with cores of its own; --probe-host: measure this host there)")  # fmt: skip
     lines.append("assumptions:")
     lines += [f"  - {note}" for note in fc.notes]
     # Said on every table: how far the model held against measured runs, so that a user weighs a

@@ -27,8 +27,10 @@ from disttrain_api.dataparse import (
     Object,
     Quantity,
     Time,
+    bool_or_enum_names,
     default_of,
     has_default,
+    is_bool_or_enum,
     is_optional,
     json_name,
     strip_optional,
@@ -65,6 +67,10 @@ def _num(x: float, tp: Any) -> int | float:
 def type_schema(tp: Any, meta: dict[str, Any] | Any, *, defaults: bool) -> dict[str, Any]:
     """The schema of one field's type (without default/description/nullable)."""
     tp = strip_optional(tp)
+    if is_bool_or_enum(tp):
+        # true, false or a name: no single type, so no `type` (allowed with preserve-unknown-fields
+        # on a scalar, which prunes nothing); the enum still makes the API server refuse the rest.
+        return {"x-kubernetes-preserve-unknown-fields": True, "enum": [False, True, *bool_or_enum_names(tp)]}
     if get_origin(tp) is Literal:
         values = list(get_args(tp))
         if not all(isinstance(v, str) for v in values):
@@ -226,7 +232,8 @@ def structural_problems(schema: dict[str, Any], path: str = "openAPIV3Schema") -
     int_or_string = schema.get("x-kubernetes-int-or-string") is True
     if "anyOf" in schema and not (int_or_string and schema["anyOf"] == [{"type": "integer"}, {"type": "string"}]):
         problems.append(f"{path}: anyOf is only allowed as the int-or-string pattern")
-    if not schema.get("type") and not int_or_string:
+    untyped = int_or_string or schema.get("x-kubernetes-preserve-unknown-fields") is True
+    if not schema.get("type") and not untyped:
         problems.append(f"{path}: type must be set")
     if int_or_string and "type" in schema:
         problems.append(f"{path}: int-or-string must not set type")

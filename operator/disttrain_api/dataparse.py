@@ -84,7 +84,19 @@ def is_optional(tp: Any) -> bool:
     return get_origin(tp) in (Union, types.UnionType) and type(None) in get_args(tp)
 
 
+def is_bool_or_enum(tp: Any) -> bool:
+    """`bool | Literal[...]`: a field that takes true, false or one of the literal's strings."""
+    args = get_args(tp) if get_origin(tp) in (Union, types.UnionType) else ()
+    return len(args) == 2 and args[0] is bool and get_origin(args[1]) is Literal
+
+
+def bool_or_enum_names(tp: Any) -> tuple[str, ...]:
+    return tuple(get_args(get_args(tp)[1]))
+
+
 def strip_optional(tp: Any) -> Any:
+    if is_bool_or_enum(tp):
+        return tp
     if get_origin(tp) in (Union, types.UnionType):
         inner = [a for a in get_args(tp) if a is not type(None)]
         if len(inner) != 1:
@@ -147,6 +159,12 @@ def _parse_value(tp: Any, value: Any, meta: typing.Mapping[str, Any], path: str,
     if is_optional(tp):
         return None if value is None else _parse_value(strip_optional(tp), value, meta, path, errors)
     origin = get_origin(tp)
+    if is_bool_or_enum(tp):  # a switch that is also a choice: true, false, or one of the named modes
+        names = bool_or_enum_names(tp)
+        if isinstance(value, bool) or value in names:
+            return value
+        errors.append(FieldError(path, f"{value!r} is not true, false or one of {', '.join(names)}"))
+        return False
     if origin is Literal:
         allowed = get_args(tp)
         if value not in allowed:

@@ -4,8 +4,8 @@ The model (model/) checks each field on its own (types, ranges, enums, patterns)
 module checks how fields fit together — degrees against the world size, batch
 splits, mode-specific blocks, model shapes. Every error names the field path to
 change and says what is wrong with the numbers involved, and all of them are
-reported at once. The rules live by concern in layout_rules.py, data_rules.py, mode_block_rules.py and
-pod_rules.py; this module runs them, and checks every size of the elastic range. The CLI
+reported at once. The rules live by concern in layout_rules.py, data_rules.py, mode_block_rules.py,
+compute_rules.py and pod_rules.py; this module runs them, and checks every size of the elastic range. The CLI
 (`disttrain validate`) and the operator (which turns them into an `InvalidSpec` condition)
 share `check_job` / `load_job`.
 
@@ -19,7 +19,14 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
-from disttrain_api import data_rules, layout_rules, mode_block_rules, object_store_rules, pod_rules
+from disttrain_api import (
+    compute_rules,
+    data_rules,
+    layout_rules,
+    mode_block_rules,
+    object_store_rules,
+    pod_rules,
+)
 from disttrain_api.model import DistTrainJob, FieldError, JobSpec, SpecError, parse_job_partial
 from disttrain_api.rule_checker import Checker
 
@@ -100,6 +107,7 @@ def validate_spec(spec: JobSpec, *, skip: Iterable[FieldError] = ()) -> list[Fie
     mode_block_rules.channel_security(spec, c)
     _elastic(spec, c)
     layout_rules.devices(spec, c)
+    compute_rules.compute(spec, c)
     data_rules.data(spec, c)
     object_store_rules.object_store(spec, c)
     layout_rules.model(spec, c)

@@ -54,7 +54,7 @@ def main() -> None:
         sched.step()
         if step == TRACE_STEPS - 1:
             trace, stage.trace = stage.trace, None
-        losses.append(res.loss)
+        losses.append(None if res.loss is None else float(res.loss))
     torch.save({"state": block_state(blocks, range(a, b)), "trace": trace, "losses": losses,
                 "peak": res.act_peak_bytes, "intervals": res.intervals, "version": stage.version}, out)
     dist.destroy_process_group()

@@ -53,7 +53,7 @@ def main() -> None:
                         pp_rank=rank, pp_size=world, group=None, device=torch.device("cpu"), loss_fn=loss_fn)
         res = pipe.step(x, y)
         grads = {name: p.grad.clone() for name, p in named_block_params(blocks, pipe.block_ids)}
-        result[entry] = {"grads": grads, "loss": res.loss, "peak": res.act_peak_bytes,
+        result[entry] = {"grads": grads, "loss": None if res.loss is None else float(res.loss), "peak": res.act_peak_bytes,
                          "intervals": res.intervals}
         dist.barrier()
     torch.save(result, out)

@@ -16,6 +16,8 @@ def test_data_parallel_powersgd_records_its_wire_bytes_and_explains(trainer, mak
     sc = res.summary["scaling"]
     assert sc["perStep"]["steps"] == STEPS - LOG  # the first log interval (warm-up) left out
     assert sc["link"]["worldSize"] == 2 and sc["link"]["betaBytesPerS"] > 0 and sc["link"]["alphaS"] >= 0
+    # the probe's quartiles fitted too: the range its median lies in (the forecast's uncertainty)
+    assert sc["link"]["fast"]["betaBytesPerS"] > 0 and sc["link"]["slow"]["betaBytesPerS"] > 0
     assert sc["buckets"] == 1 and sc["host"]["ranksOnHost"] == 2 and sc["host"]["threadsPerRank"] == 1
     comp = sc["compression"]
     # what the hook sent (its own counter, every bucket and factor) = PowerSGD's payload from the shapes
@@ -25,9 +27,12 @@ def test_data_parallel_powersgd_records_its_wire_bytes_and_explains(trainer, mak
     # the pod's termination message (status.result) carries the same block
     message = json.loads((trainer.tmp / "termination-psgd-0.log").read_text())
     assert message["scaling"]["compression"] == comp
-    assert main(["explain", str(res.run_dir), "--max-n", "16", "--target", "8"]) == 0
+    # 8 ranks on this host's 2 cores are not forecast; with cores of their own they are, with a range
+    assert main(["explain", str(res.run_dir), "--max-n", "16", "--target", "8"]) == 2
+    assert "N=8 is not forecast: 8 ranks x 1 thread(s) on 2 cores" in capsys.readouterr().err
+    assert main(["explain", str(res.run_dir), "--max-n", "16", "--target", "8", "--own-cores"]) == 0
     out = capsys.readouterr().out
-    assert "fastest:" in out and "measured wire bytes" in out
+    assert "fastest:" in out and "measured wire bytes" in out and "(range " in out
     assert (res.run_dir / "scaling-forecast.png").is_file()
     # this host's ring measured with 4 local ranks (no training) replaces the extrapolated one at N = 4
     assert main(["explain", str(res.run_dir), "--max-n", "4", "--probe-host"]) == 0

@@ -61,3 +61,41 @@ def check_time_categories(summary: dict[str, Any], intervals: list[dict[str, Any
         assert r["comm_busy_s"] > 0, r  # every interval's communication measured on its last step
     fractions = sum(summary[k] for k in ("computeFraction", "dataFraction", "commExposedFraction", "idleFraction"))
     assert 0.9 <= fractions <= 1.0 + 1e-9, summary
+
+
+def _float8_gpu() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
+
+
+def _compile_spec(**training: Any) -> dict[str, Any]:
+    # 384 wide: the qkv (1152 outputs) and MLP-up (1536) projections pass the float8 filter.
+    return {
+        "mode": "data",
+        "workers": {"replicas": 1, "resources": {"gpus": 1}},
+        "parallelism": {"dataStrategy": "fsdp"},
+        "model": {"name": "gpt", "hidden": 384, "layers": 4, "heads": 6, "blockSize": 128},
+        "data": {"name": "pytext", "batchSize": 64, "seed": 0},
+        "optimizer": {"name": "adamw", "lr": 1e-3, "baseBatchSize": 64, "warmupSteps": 20},
+        "training": {"steps": 120, "precision": "bf16", "logIntervalSteps": 20, **training},
+        "checkpoint": {"intervalSteps": 120},
+    }
+
+
+@pytest.mark.skipif(not _float8_gpu(), reason="needs a CUDA GPU of compute capability 8.9+")
+def test_gpt_compiled_with_float8_under_fsdp_trains_and_reports_steady_state(trainer) -> None:  # noqa: ANN001
+    res = trainer.run(_compile_spec(compile=True, float8=True), world=1, job="gpt-fp8", env={C.ENV_DEVICE: "cuda"})
+    s = res.summary
+    assert s["compile"] == "default" and s["compileS"] > 0 and s["recompiles"] == 0, s
+    assert s["steadyTokensPerS"] > s["tokensPerS"] > 0, s
+    assert len(s["peakMemoryBytesPerRank"]) == 1 and s["peakMemoryBytesPerRank"][0] > 0
+    losses = [r["loss"] for r in res.steps_log(0)]
+    assert losses[-1] < 0.8 * losses[0], losses
+    print(f"GPT bf16 compiled + float8 (FSDP): {s['steadyTokensPerS']:.0f} tokens/s steady, "
+          f"{s['tokensPerS']:.0f} whole run, compile {s['compileS']:.1f} s, MFU {s.get('steadyMfu')}")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or _float8_gpu(), reason="needs a CUDA GPU without float8 (< 8.9)")
+def test_float8_on_a_gpu_without_float8_is_refused_naming_it(trainer) -> None:  # noqa: ANN001
+    res = trainer.run(_compile_spec(float8=True), world=1, job="gpt-fp8-old", env={C.ENV_DEVICE: "cuda"},
+                      expect_ok=False)  # fmt: skip
+    assert res.returncodes == [2] and torch.cuda.get_device_name() in res.outputs[0], res.outputs

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from disttrain_api import crd
 from disttrain_api import model as api
-from disttrain_api.dataparse import is_optional, json_name, strip_optional
+from disttrain_api.dataparse import is_bool_or_enum, is_optional, json_name, strip_optional
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_FILE = ROOT / "manifests" / "crd" / "disttrainjobs.yaml"
@@ -154,7 +154,10 @@ def _walk(cls: Any, schema: dict[str, Any], path: str, *, defaults: bool) -> Non
                 assert prop["default"] == api.to_json(value), f"{sub}: default"
         else:
             assert "default" not in prop, f"{sub}: no default expected"
-        if get_origin(base) is Literal:
+        if is_bool_or_enum(base):  # true, false or a name: no one type, the enum says which
+            assert "type" not in prop and prop["x-kubernetes-preserve-unknown-fields"] is True, sub
+            assert prop["enum"] == [False, True, *get_args(get_args(base)[1])], sub
+        elif get_origin(base) is Literal:
             assert (prop["type"], prop["enum"]) == ("string", list(get_args(base))), sub
         elif get_origin(base) is tuple and get_args(base)[0] is str:
             assert (prop["type"], prop["items"]["type"]) == ("array", "string"), sub

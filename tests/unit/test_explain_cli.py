@@ -41,7 +41,7 @@ def run_dir(tmp: Path, name: str, s: dict[str, Any] | None) -> Path:
 
 def test_explain_prints_the_table_and_writes_the_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     d = run_dir(tmp_path, "two", summary(world=2))
-    assert main(["explain", str(d), "--target", "16", "--max-n", "64"]) == 0
+    assert main(["explain", str(d), "--target", "16", "--max-n", "64", "--own-cores"]) == 0
     out = capsys.readouterr().out
     header = next(line for line in out.splitlines() if line.lstrip().startswith("N "))
     for family in ("data", "data+fp16", "data+powersgd", "fsdp", "pipeline", "tensor", "hybrid"):
@@ -49,10 +49,27 @@ def test_explain_prints_the_table_and_writes_the_plot(tmp_path: Path, capsys: py
     rows = [line.split()[0] for line in out.splitlines() if line.strip() and line.split()[0].isdigit()]
     assert rows == ["1", "2", "4", "8", "16", "32", "64"]
     assert "fastest:" in out and "N=16" in out
-    assert "weak scaling" in out and "2 cores" in out
+    assert "weak scaling" in out
     assert "checked against measured runs" in out and "within 15%" in out and "3x slower" in out  # what the validation found
     png = d / "scaling-forecast.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"plot: {png}" in out
+    # On the run's own 2 cores (the default for a local run) N = 4 and beyond oversubscribe them: not forecast.
+    assert main(["explain", str(d), "--max-n", "64"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split()[0] for line in out.splitlines() if line.strip() and line.split()[0].isdigit()]
+    assert rows == ["1", "2"] and "fastest: " in out and "N=2" in out and "2 cores" in out
+    assert ("not forecast: N=4, 8, 16, 32, 64: from N=4, 4 ranks x 1 thread(s) on 2 cores: more runnable threads than "
+            "cores") in out  # fmt: skip
+    assert main(["explain", str(d), "--max-n", "64", "--target", "8"]) == 2
+    assert "N=8 is not forecast: 8 ranks x 1 thread(s) on 2 cores" in capsys.readouterr().err
+
+
+def test_a_run_whose_ranks_oversubscribed_its_cores_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    s = summary(world=4)
+    d = run_dir(tmp_path, "four", s)
+    assert main(["explain", str(d)]) == 2
+    err = capsys.readouterr().err
+    assert "the run itself had 4 ranks x 1 thread(s) on 2 cores" in err and "OMP_NUM_THREADS=1" in err
 
 
 def test_a_single_rank_run_adds_its_compute_and_alone_needs_a_bandwidth(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -103,3 +120,39 @@ def test_a_job_without_a_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     monkeypatch.chdir(tmp_path)
     assert main(["explain", "some-job", "-n", "team"]) == 1
     assert "cannot read DistTrainJob team/some-job" in capsys.readouterr().err
+
+
+def test_the_forecast_prints_its_uncertainty_from_the_link_probes_spread(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    s = summary(world=2)
+    link = s["scaling"]["link"]
+    # The probe's quartiles: a link 30% faster and 30% slower than its median.
+    link["fast"] = {"alphaS": link["alphaS"] / 1.3, "betaBytesPerS": link["betaBytesPerS"] * 1.3}
+    link["slow"] = {"alphaS": link["alphaS"] * 1.3, "betaBytesPerS": link["betaBytesPerS"] / 1.3}
+    d = run_dir(tmp_path, "noisy", s)
+    assert main(["explain", str(d), "--own-cores", "--max-n", "64", "--target", "64"]) == 0
+    out = capsys.readouterr().out
+    fastest = next(line for line in out.splitlines() if line.startswith("fastest: "))
+    assert "(range " in fastest and "±" in fastest
+    row = next(line for line in out.splitlines() if line.lstrip().startswith("64 "))
+    assert "±" in row
+    # Without the probe's range (an older trainer's summary) nothing is claimed.
+    del link["fast"], link["slow"]
+    d2 = run_dir(tmp_path, "plain", s)
+    assert main(["explain", str(d2), "--own-cores", "--max-n", "64"]) == 0
+    assert "±" not in capsys.readouterr().out
+
+
+def test_layouts_whose_ranges_overlap_are_called_noise() -> None:
+    from disttrain_api.scaling import best_at, forecast, measured_from_summary
+
+    s = summary(world=2)
+    link = s["scaling"]["link"]
+    link["fast"] = {"alphaS": link["alphaS"] / 1.05, "betaBytesPerS": link["betaBytesPerS"] * 1.05}
+    link["slow"] = {"alphaS": link["alphaS"] * 1.05, "betaBytesPerS": link["betaBytesPerS"] / 1.05}
+    fc = forecast(measured_from_summary(s, source="noisy"), own_cores=True, sizes=(1, 2, 64))
+    fp16, plain, fsdp = fc.at(64)[:3]
+    assert (fp16.family, plain.family, fsdp.family) == ("data+fp16", "data", "fsdp")
+    # fp16 compression saves 0.4% at N=64, less than the probe's ±2%: noise; FSDP's 29% is not.
+    assert 0.01 < fc.uncertainty(fp16) < 0.05 and not fc.distinct(fp16, plain) and fc.distinct(plain, fsdp)
+    assert "within the link probe's noise, not a real difference" in best_at(fc, 64).reason

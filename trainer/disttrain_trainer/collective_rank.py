@@ -22,6 +22,7 @@ from .models import build_model
 from .process.config import TrainerConfig
 from .process.dist_env import DistContext, cleanup, finish, init_distributed, spawn_local_ranks
 from .process.precision import Amp, make_amp
+from .process.threads import threads_per_rank
 from .telemetry.step_metrics import Metrics
 from .tracking.tracker import target_for
 
@@ -40,7 +41,7 @@ def _set_threads(cfg: TrainerConfig) -> None:
         return
     local = cfg.master_addr in ("127.0.0.1", "localhost", "::1")
     share = cfg.world_size if local else cfg.nproc_per_node
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, share)))
+    torch.set_num_threads(threads_per_rank(share))  # the pod's CPUs (quota, affinity), not the node's cores
 
 
 @contextmanager

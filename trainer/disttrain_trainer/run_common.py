@@ -40,13 +40,16 @@ def loss_fn_for(ds: Dataset) -> Loss:
 
 
 @torch.no_grad()
+@torch.compiler.set_stance("force_eager")
 def evaluate(model: nn.Module, ds: Dataset, amp: Amp, rows: tuple[int, int] | None = None) -> tuple[str, float]:
     """Test accuracy (class labels) or the mean loss (token ids: cross-entropy per token; numeric
     labels: training.loss per row) of the full held-out set (of its rows lo..hi, `rows`: what
     probe_eval_seconds times).
 
     A model with vocabulary-sharded logits (tensor parallel) runs this under loss_parallel
-    (modes/data/loop.py); every other model is a plain module here."""
+    (modes/data/loop.py); every other model is a plain module here. Compiled blocks
+    (training.compile) run eagerly here: evaluation's batch and no-grad mode would otherwise
+    compile another graph, at every evaluation's shapes, for a pass that runs a few times a run."""
     was_training = model.training
     model.eval()
     x_all, y_all = ds.test_batches()

@@ -13,6 +13,7 @@ from .vocabulary import (
     LOSS_PATTERN,
     MODEL_NAME_PATTERN,
     NAME_PATTERN,
+    CompileMode,
     Compression,
     DataFormat,
     DataName,
@@ -228,6 +229,25 @@ class TrainingSpec:
         desc="cross_entropy (classes, token ids), mse (numeric labels: regression; the model has one output), or "
         "'package.module:function': loss(outputs, labels) -> a scalar tensor, checked on one batch before training.",
     )
+    compile: bool | CompileMode = fld(
+        False,
+        desc="torch.compile each block of the model and the loss (as torchtitan does): false, true (mode "
+        "default) or a mode: default, max-autotune-no-cudagraphs. Modes data, tensor, hybrid and pipeline "
+        "(not PipeDream); the compile time is reported apart (compileS).",
+    )
+    float8: bool = fld(
+        False,
+        desc="torchao's float8 training for the linear layers whose dimensions are multiples of 16 (tensor "
+        "cores); with FSDP the all-gathers move float8 weights. Needs a GPU of compute capability 8.9 or newer "
+        "(Ada, Hopper); refused on any other device.",
+    )
+
+    @property
+    def compile_mode(self) -> CompileMode | None:
+        """torch.compile's mode, None when compile is off."""
+        if self.compile is False:
+            return None
+        return "default" if self.compile is True else self.compile
 
 
 @dataclass(frozen=True, kw_only=True)

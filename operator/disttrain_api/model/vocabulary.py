@@ -22,6 +22,9 @@ Partition = Literal["uniform", "params", "profile"]
 DataStrategy = Literal["ddp", "fsdp"]
 Precision = Literal["fp32", "bf16", "fp16"]
 Compression = Literal["none", "fp16", "powersgd"]
+# training.compile: true is torch.compile's "default" mode; "max-autotune-no-cudagraphs" autotunes
+# the kernels without CUDA graphs (which do not compose with FSDP's and DDP's hooks).
+CompileMode = Literal["default", "max-autotune-no-cudagraphs"]
 Optim = Literal["sgd", "adam", "adamw"]
 ScaleRule = Literal["none", "linear", "sqrt"]
 Decay = Literal["none", "cosine", "linear", "step"]

@@ -8,8 +8,10 @@ keeping the run's per-replica batch (model.py).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from .collectives import Link, Topology
 from .inputs import InputError, Measured
@@ -49,6 +51,21 @@ class Forecast:
     points: dict[tuple[int, str], Point]  # (n, family) -> the family's fastest layout at n
     missing: dict[str, str]  # family -> why it is not forecast at all
     notes: tuple[str, ...] = field(default_factory=tuple)
+    refused: dict[int, str] = field(default_factory=dict)  # n -> why no layout is forecast at n (shared cores)
+    # (n, family) -> (low, high) samples/s: the point forecast again with the probe's fast and slow
+    # links (its quartiles): how far the start-up probe's noise alone moves it
+    spread: dict[tuple[int, str], tuple[float, float]] = field(default_factory=dict)
+
+    def uncertainty(self, p: Point) -> float:
+        """The relative half-width of a point's samples/s range (0 without a probe range)."""
+        lo, hi = self.spread.get((p.n, p.family), (p.samples_per_s, p.samples_per_s))
+        return max(hi - p.samples_per_s, p.samples_per_s - lo) / p.samples_per_s if p.samples_per_s else 0.0
+
+    def distinct(self, a: Point, b: Point) -> bool:
+        """Whether two points' ranges do not overlap: a difference beyond the probe's noise."""
+        alo, ahi = self.spread.get((a.n, a.family), (a.samples_per_s,) * 2)
+        blo, bhi = self.spread.get((b.n, b.family), (b.samples_per_s,) * 2)
+        return alo > bhi or blo > ahi
 
     def row(self, n: int) -> dict[str, Point | None]:
         return {f: self.points.get((n, f)) for f in FAMILIES}
@@ -114,10 +131,53 @@ def default_placement(m: Measured, *, ranks_per_host: int | None, own_cores: boo
     return Placement(cpu=cpu, cores=h.cores, threads_per_rank=h.threads_per_rank, ranks_per_host=per_host)
 
 
+# Where ranks x threads exceed a CPU host's cores the fair-share contention model (every rank at
+# cores / threads of its speed) missed measured steps by 61% and 64% (data parallel, 4 ranks on 2
+# cores): gloo's ring waits for each receiver to be scheduled, and that grows with the run-queue in
+# ways no smaller run shows. Such sizes are not forecast, unless --probe-host measured the ring there.
+OVERSUBSCRIBED = ("{ranks} ranks x {threads} thread(s) on {cores:g} cores: more runnable threads than cores, where "
+                  "the contention model is not reliable (it missed measured steps by over 60%)")
+
+
+def oversubscribed(*, ranks: int, threads: int, cores: float) -> str | None:
+    """Why a CPU host with `ranks` ranks of `threads` threads is not forecast, or None when it fits."""
+    if cores <= 0 or ranks * max(1, threads) <= cores:
+        return None
+    return OVERSUBSCRIBED.format(ranks=ranks, threads=max(1, threads), cores=cores)
+
+
+def check_run_fits(m: Measured) -> None:
+    """A CPU run whose own ranks x threads exceeded its cores measured a step the model cannot
+    take the contention out of: no forecast starts from it."""
+    h = m.host
+    why = oversubscribed(ranks=h.ranks_on_host, threads=h.threads_per_rank, cores=h.cores) if h.device == "cpu" else None
+    if why is not None:
+        raise InputError(f"{m.source}: the run itself had {why}; forecast from a run with ranks x threads <= cores "
+                         "(fewer local ranks, or OMP_NUM_THREADS=1)")  # fmt: skip
+
+
 def forecast(m: Measured, *, single: Measured | None = None, link: Link | None = None,
              ranks_per_host: int | None = None, own_cores: bool = False, sizes: Sequence[int] = SIZES,
              host_links: dict[int, Link] | None = None) -> Forecast:  # fmt: skip
-    """Every family's fastest layout at each size (the pure entry point: a parsed run in, figures out)."""
+    """Every family's fastest layout at each size (the pure entry point: a parsed run in, figures out),
+    with each point's range when the run's probe has one (forecast again from its fast and slow
+    links; a link the user gave has no range)."""
+    check_run_fits(m)
+    kw: dict[str, Any] = {"single": single, "link": link, "ranks_per_host": ranks_per_host, "own_cores": own_cores,
+                          "sizes": sizes, "host_links": host_links}  # fmt: skip
+    fc = _forecast(m, **kw)
+    if link is not None or m.link_range is None:
+        return fc
+    others = [_forecast(dataclasses.replace(m, link=edge, link_range=None), **kw) for edge in m.link_range]
+    spread = {}
+    for key, p in fc.points.items():
+        values = [p.samples_per_s, *(o.points[key].samples_per_s for o in others if key in o.points)]
+        spread[key] = (min(values), max(values))
+    return dataclasses.replace(fc, spread=spread)
+
+
+def _forecast(m: Measured, *, single: Measured | None, link: Link | None, ranks_per_host: int | None,
+              own_cores: bool, sizes: Sequence[int], host_links: dict[int, Link] | None) -> Forecast:  # fmt: skip
     place = default_placement(m, ranks_per_host=ranks_per_host, own_cores=own_cores)
     topo = default_topology(m, link=link, ranks_per_host=place.ranks_per_host, host_links=host_links)
     cal = calibrate(m, topo, place, single=single)
@@ -128,7 +188,14 @@ def forecast(m: Measured, *, single: Measured | None = None, link: Link | None =
     base = one.step_s
     points: dict[tuple[int, str], Point] = {}
     missing: dict[str, str] = {}
+    refused: dict[int, str] = {}
     for n in sorted(set(sizes)):
+        if place.cpu and not (host_links and n in host_links):
+            on_host = n if place.ranks_per_host is None else min(n, place.ranks_per_host)
+            why = oversubscribed(ranks=on_host, threads=place.threads_per_rank, cores=place.cores)
+            if why is not None:
+                refused[n] = why
+                continue
         for family in FAMILIES:
             best: Point | None = None
             why = None
@@ -152,7 +219,8 @@ def forecast(m: Measured, *, single: Measured | None = None, link: Link | None =
         else:
             points.pop((1, family), None)
     return Forecast(measured=m, calibrated=cal, topology=topo, placement=place, sizes=tuple(sorted(set(sizes))),
-                    points=points, missing=missing, notes=tuple(notes(m, cal, place, topo, single)))  # fmt: skip
+                    points=points, missing=missing, notes=tuple(notes(m, cal, place, topo, single)),
+                    refused=refused)  # fmt: skip
 
 
 PARTS = (("data_s", "data"), ("compute_s", "compute"), ("exposed_s", "exposed communication"),
@@ -164,12 +232,15 @@ def best_at(fc: Forecast, n: int) -> Choice:
     beats the runner-up (per sample of a replica's batch, when their data degrees differ)."""
     if n not in fc.sizes:
         raise ValueError(f"N={n} was not forecast (sizes {fc.sizes}): pass it in forecast(..., sizes=...)")
+    if n in fc.refused:
+        raise InputError(f"N={n} is not forecast: {fc.refused[n]}; --own-cores gives every rank cores of its own, "
+                         "--probe-host measures this host at that size")  # fmt: skip
     ranked = fc.at(n)
     if not ranked:
         raise InputError(f"no layout can be forecast at N={n}")
     best = ranked[0]
-    head = (f"{best.layout.describe()} ({best.family}) is fastest at N={n}: {best.samples_per_s:.4g} samples/s "
-            f"({best.step_s * 1e3:.3g} ms/step), efficiency {best.efficiency:.0%}")  # fmt: skip
+    head = (f"{best.layout.describe()} ({best.family}) is fastest at N={n}: {best.samples_per_s:.4g} samples/s"
+            f"{_range(fc, best)} ({best.step_s * 1e3:.3g} ms/step), efficiency {best.efficiency:.0%}")  # fmt: skip
     if len(ranked) == 1:
         return Choice(point=best, reason=head + " (the only layout forecast)")
     runner = ranked[1]
@@ -180,8 +251,18 @@ def best_at(fc: Forecast, n: int) -> Choice:
     unit = "ms" if best.layout.dp == runner.layout.dp else "ms per replica batch"
     why = (f"; {name} {getattr(best.breakdown, key) * per[0] * 1e3:.3g} {unit} against "
            f"{getattr(runner.breakdown, key) * per[1] * 1e3:.3g} for the next, {runner.layout.describe()} "
-           f"({runner.samples_per_s:.4g} samples/s)")  # fmt: skip
+           f"({runner.samples_per_s:.4g} samples/s{_range(fc, runner)})")  # fmt: skip
+    if (best.n, best.family) in fc.spread and not fc.distinct(best, runner):
+        why += "; the two ranges overlap: within the link probe's noise, not a real difference"
     return Choice(point=best, reason=head + why)
+
+
+def _range(fc: Forecast, p: Point) -> str:
+    """' (low-high)' samples/s over the probe's range, or nothing without one."""
+    if (p.n, p.family) not in fc.spread:
+        return ""
+    lo, hi = fc.spread[(p.n, p.family)]
+    return f" (range {lo:.4g}-{hi:.4g}, ±{fc.uncertainty(p):.0%})"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -207,7 +288,7 @@ def best_alternative(fc: Forecast, families: Iterable[str] = FAMILIES) -> Altern
     if n not in fc.sizes:
         raise ValueError(f"N={n} (the run's size) was not forecast: include it in sizes")
     lay = run_layout(m)
-    if infeasible(fc.calibrated, lay) is not None:
+    if infeasible(fc.calibrated, lay) is not None or n in fc.refused:
         return None
     base = step_time(fc.calibrated, Layout(), fc.topology, fc.placement).step_s
     bd = step_time(fc.calibrated, lay, fc.topology, fc.placement)

@@ -19,7 +19,9 @@ warm-up, left out):
                          from the parameter shapes (r x bytesPerRank + uncompressedBytes)
   scaling.tensorComm     {count, bytes, source}: tensor-parallel collectives per step
   scaling.tensorLimit    tensor degrees must divide it; scaling.activationBytes: one layer's output
-  scaling.link           {alphaS, betaBytesPerS, worldSize}: the all-reduce probe, or null
+  scaling.link           {alphaS, betaBytesPerS, worldSize, fast, slow}: the all-reduce probe (the
+                         median of each size's repetitions), or null; fast and slow {alphaS,
+                         betaBytesPerS}: the links fitted to the quartiles, the range of the probe
   scaling.host           {cores, ranksOnHost, threadsPerRank}
   scaling.pipeline       {blockSeconds, blockOutBytes, stageComputeS, boundaryBytes}
 
@@ -106,6 +108,7 @@ class Measured:
     link: Link | None
     link_world: int
     host: Host
+    link_range: tuple[Link, Link] | None = None  # (fast, slow): the probe's quartiles' links
     backend: str
     pipeline: PipelineFacts | None
     notes: tuple[str, ...] = field(default_factory=tuple)
@@ -137,6 +140,16 @@ def _layout(text: str, where: str) -> tuple[int, int, int]:
         return int(parts["dp"]), int(parts["pp"]), int(parts["tp"])
     except (KeyError, ValueError) as exc:
         raise InputError(f"{where}: layout {text!r} is not 'dp=D,pp=P,tp=T'") from exc
+
+
+def _link_range(block: Any) -> tuple[Link, Link] | None:
+    """The probe's fast and slow links (an older trainer's summary has none)."""
+    try:
+        fast, slow = (Link(alpha_s=float(block[k]["alphaS"]), beta_bytes_per_s=float(block[k]["betaBytesPerS"]),
+                           source="probe") for k in ("fast", "slow"))  # fmt: skip
+    except (KeyError, TypeError, ValueError):
+        return None
+    return fast, slow
 
 
 def _link(block: Any, where: str) -> tuple[Link | None, int]:
@@ -194,6 +207,7 @@ def measured_from_summary(summary: dict[str, Any], *, source: str) -> Measured:
         raise InputError(f"{where}: scaling.compression.kind {kind!r} is not one of {COMPRESSIONS}")
     _get(summary, "scaling.host", dict, where)
     link, link_world = _link(sc.get("link"), where)
+    link_range = _link_range(sc.get("link")) if link is not None else None
     tc = sc.get("tensorComm")
     tensor_comm = (int(tc["count"]), int(tc["bytes"]), str(tc.get("source", "measured"))) if isinstance(tc, dict) else None
     low = sc.get("lowRank") or {}
@@ -209,7 +223,7 @@ def measured_from_summary(summary: dict[str, Any], *, source: str) -> Measured:
         ddp_calls=int(comp["calls"]) if comp.get("calls") else None, hook_blocks_backward=bool(comp.get("blocksBackward")),
         low_rank_bytes_per_rank=int(low.get("bytesPerRank") or 0), uncompressed_bytes=int(low.get("uncompressedBytes") or 0),
         tensor_comm=tensor_comm, tensor_limit=int(sc.get("tensorLimit") or 0),
-        activation_bytes=int(sc.get("activationBytes") or 0), link=link, link_world=link_world,
+        activation_bytes=int(sc.get("activationBytes") or 0), link=link, link_world=link_world, link_range=link_range,
         host=Host(cores=_num(summary, "scaling.host.cores", where),
                   ranks_on_host=int(_num(summary, "scaling.host.ranksOnHost", where)),
                   threads_per_rank=int(_num(summary, "scaling.host.threadsPerRank", where)), device=str(summary.get("device") or "cpu")),

@@ -6,7 +6,6 @@ rank gets which variables, which device, which ports.
 
 from __future__ import annotations
 
-import os
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -14,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from disttrain_api import constants as C
+
+from ..process.threads import threads_per_rank
 
 LOCALHOST = "127.0.0.1"
 # Set only when the user has not: one process per core share avoids the
@@ -147,9 +148,10 @@ class GangEnv:
     threads: int
 
 
-def default_threads(world_size: int, cpu_count: int | None = None) -> int:
-    cores = cpu_count if cpu_count is not None else (os.cpu_count() or 1)
-    return max(1, cores // max(1, world_size))
+def default_threads(world_size: int, cpu_count: float | None = None) -> int:
+    """Threads per rank of a local run: the CPUs this process may use (affinity, cgroup quota)
+    shared by the ranks."""
+    return threads_per_rank(world_size, cpu_count)
 
 
 def process_env(

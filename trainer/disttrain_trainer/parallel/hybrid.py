@@ -24,12 +24,16 @@ from ..process.config import ConfigError
 from ..process.precision import Amp
 from . import ddp as data_parallel
 from . import fsdp
+from .block_compile import apply_compile
 from .comm_profile import ProfiledComm
 from .mesh import Layout
 from .tensor import apply_tensor_parallel
 
 
-def apply_layout(model: nn.Module, *, mesh: DeviceMesh, layout: Layout, device: torch.device) -> nn.Module:
+def apply_layout(model: nn.Module, *, mesh: DeviceMesh, layout: Layout, device: torch.device,
+                 compile_mode: str | None = None) -> nn.Module:  # fmt: skip
+    """Tensor parallelism, then each block compiled (`compile_mode`), then the data dimension
+    (parallel/block_compile.py says why in this order)."""
     if layout.pp > 1:
         raise ConfigError(
             f"parallelism.pipeline {layout.pp} with tensor or FSDP is not implemented by this trainer yet "
@@ -38,6 +42,8 @@ def apply_layout(model: nn.Module, *, mesh: DeviceMesh, layout: Layout, device: 
     model = model.to(device)
     if layout.tp > 1:
         apply_tensor_parallel(model, mesh["tp"], sequence_parallel=layout.sequence_parallel)
+    if compile_mode is not None:
+        apply_compile(model, compile_mode)
     if layout.data_strategy == "fsdp":
         fsdp.shard(model, mesh["dp"])
     elif layout.dp > 1:

@@ -27,7 +27,6 @@ import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -38,6 +37,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.profiler import ProfilerActivity, profile
 
 from ..parallel.comm_profile import census
+from ..process.threads import usable_cores
 from .step_metrics import Tally
 
 # The kubelet keeps this many bytes of a container's termination message (the job's status.result).
@@ -50,20 +50,30 @@ DROP_FOR_MESSAGE = (("link", "bytes"), ("link", "seconds"), ("collectives",), ("
 # third sends what every later step sends.
 CENSUS_STEP = 3
 PROBE_BYTES = (4 << 10, 64 << 10, 1 << 20, 4 << 20)
-PROBE_REPS = 5  # the median of these per size: the typical all-reduce, which a step's mean sees
+# Per size: the median of these (the typical all-reduce, which a step's mean sees) and the
+# quartiles around it. 5 repetitions let one slow moment of a busy host move the fitted link by
+# tens of percent between two runs of the same job; 15 hold the median steady, and the quartiles
+# say how far it may still be off (the forecast's uncertainty, `disttrain explain`).
+PROBE_REPS = 15
+
+
+def _quartiles(xs: list[float]) -> tuple[float, float, float]:
+    q = statistics.quantiles(xs, n=4, method="inclusive")
+    return q[0], statistics.median(xs), q[2]
 
 
 def probe_link(device: torch.device, world_size: int) -> dict[str, Any] | None:
     """All-reduce PROBE_BYTES over every rank (collective: all ranks call it), fit alpha and beta.
 
     Each rank keeps its median of PROBE_REPS per size (not the fastest: a step's mean time sees
-    the typical all-reduce, scheduling delays included); the slowest rank's figure is taken (an
-    all-reduce of the times), so every rank fits the same link. About 30 all-reduces of at most
-    4 MiB: tens of milliseconds on a CPU host."""
+    the typical all-reduce, scheduling delays included) and its quartiles; the slowest rank's
+    figures are taken (an all-reduce of the times), so every rank fits the same link. `fast` and
+    `slow` are the links fitted to the first and third quartiles: the range the typical link lies
+    in. About 70 all-reduces of at most 4 MiB: a fraction of a second on a CPU host."""
     if world_size < 2:
         return None
     cuda = device.type == "cuda"
-    typical = []
+    typical: list[tuple[float, float, float]] = []
     for nbytes in PROBE_BYTES:
         buf = torch.zeros(nbytes // 4, dtype=torch.float32, device=device)
         dist.all_reduce(buf)  # connections and buffers set up outside the timing
@@ -75,25 +85,19 @@ def probe_link(device: torch.device, world_size: int) -> dict[str, Any] | None:
             if cuda:
                 torch.cuda.synchronize(device)
             reps.append(time.perf_counter() - t0)
-        typical.append(statistics.median(reps))
-    times = torch.tensor(typical, dtype=torch.float64, device=device)
+        typical.append(_quartiles(reps))
+    times = torch.tensor([t for q in typical for t in q], dtype=torch.float64, device=device)
     dist.all_reduce(times, op=dist.ReduceOp.MAX)
-    seconds = [float(t) for t in times.cpu()]
-    link = fit_link(world_size, list(zip(PROBE_BYTES, seconds, strict=True)))
+    low, mid, high = ([float(times[3 * i + k]) for i in range(len(PROBE_BYTES))] for k in range(3))
+
+    def fit(seconds: list[float]) -> Any:
+        return fit_link(world_size, list(zip(PROBE_BYTES, seconds, strict=True)))
+
+    link, fast, slow = fit(mid), fit(low), fit(high)
     return {"alphaS": link.alpha_s, "betaBytesPerS": link.beta_bytes_per_s, "worldSize": world_size,
-            "bytes": list(PROBE_BYTES), "seconds": seconds}  # fmt: skip
-
-
-def host_cores() -> float:
-    """CPUs this process may use: its affinity, capped by a cgroup CPU quota (a pod's limit)."""
-    cores = float(len(os.sched_getaffinity(0)))
-    try:
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
-        if quota != "max":
-            cores = min(cores, int(quota) / int(period))
-    except (OSError, ValueError):
-        pass
-    return cores
+            "fast": {"alphaS": fast.alpha_s, "betaBytesPerS": fast.beta_bytes_per_s},
+            "slow": {"alphaS": slow.alpha_s, "betaBytesPerS": slow.beta_bytes_per_s},
+            "bytes": list(PROBE_BYTES), "seconds": mid}  # fmt: skip
 
 
 @dataclass(kw_only=True)
@@ -227,7 +231,7 @@ def measured_tensor_comm(kinds: dict[str, tuple[int, int]]) -> dict[str, Any] | 
 
 def host_facts(*, world_size: int, nproc_per_node: int, master_addr: str) -> dict[str, Any]:
     local = master_addr in ("127.0.0.1", "localhost", "::1")  # `disttrain local`: every rank here
-    return {"cores": host_cores(), "ranksOnHost": world_size if local else nproc_per_node,
+    return {"cores": usable_cores(), "ranksOnHost": world_size if local else nproc_per_node,
             "threadsPerRank": torch.get_num_threads()}  # fmt: skip
 
 

@@ -15,7 +15,8 @@ import functools
 
 from torch import nn
 
-from ...parallel import ddp, hybrid
+from ...parallel import ddp, float8, hybrid
+from ...parallel.block_compile import apply_compile
 from ...parallel.comm_profile import ProfiledComm
 from ...parallel.ddp import CommClock
 from ...parallel.hybrid import is_sharded
@@ -47,11 +48,20 @@ def rng_stream(cfg: TrainerConfig, rank: int) -> int:
 
 
 def apply(model: nn.Module, *, mesh: DistContext, cfg: TrainerConfig) -> nn.Module:
-    """Wrap `model` for cfg.spec.mode."""
+    """Wrap `model` for cfg.spec.mode: float8, tensor parallelism, compile, then the data dimension
+    (parallel/block_compile.py says why in this order)."""
+    spec = cfg.spec
+    tr = spec.training
+    if tr.float8:
+        float8.check_device(mesh.device)
+        float8.apply_float8(model, fsdp=on_mesh(cfg) and spec.parallelism.data_strategy == "fsdp", name=spec.model.name)
     if on_mesh(cfg):
         lay = layout(cfg)
-        return hybrid.apply_layout(model, mesh=build_mesh(lay, mesh.device.type), layout=lay, device=mesh.device)
-    return ddp.wrap_ddp(model, ctx=mesh, training=cfg.spec.training)
+        return hybrid.apply_layout(model, mesh=build_mesh(lay, mesh.device.type), layout=lay, device=mesh.device,
+                                   compile_mode=tr.compile_mode)  # fmt: skip
+    if tr.compile_mode is not None:
+        apply_compile(model, tr.compile_mode, name=spec.model.name)
+    return ddp.wrap_ddp(model, ctx=mesh, training=tr)
 
 
 def comm_clock_for(model: nn.Module) -> CommClock | ProfiledComm | None:

@@ -29,6 +29,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 
 from ...data import Dataset, next_batch
 from ...parallel import ddp, hybrid
+from ...parallel.block_compile import compile_loss, loss_mode
 from ...parallel.comm_profile import ProfiledComm
 from ...parallel.ddp import CommClock, CommTimes
 from ...parallel.mesh import Layout
@@ -39,6 +40,7 @@ from ...run_common import SUMMARY_EVAL_KEY, Summary, evaluate, loss_fn_for, prob
 from ...telemetry import scaling_record
 from ...telemetry.finish_estimate import model_bytes, probe_due
 from ...telemetry.model_flops import throughput_fields
+from ...telemetry.steady_state import CompileRecord, peak_memory_per_rank, steady_fields
 from ...telemetry.step_metrics import StepRecord, Tally, ends_interval, fold_steps
 from . import layouts
 from .run_state import Run
@@ -107,9 +109,10 @@ def train(run: Run) -> Summary | None:
     tr = spec.training
     comm = run.comm if metrics.enabled else None
     step_fn = run.scaling.with_census(layouts.train_step_for(run.model, comm), run.model)
-    loss_fn = loss_fn_for(run.ds)
-    cuda = ctx.device.type == "cuda"
     layout = layouts.layout(run.cfg)
+    loss_fn = compile_loss(loss_fn_for(run.ds), loss_mode(tr.compile_mode, tensor_parallel=layout.tp > 1))
+    compiled = CompileRecord(tr.compile_mode)  # compile time apart; recompilations after the warm-up
+    cuda = ctx.device.type == "cuda"
     dp = layout.dp  # ranks of one tensor-parallel group share their samples
     if run.sharded:
         grad_bytes = hybrid.data_gradient_bytes(run.inner, layout)
@@ -185,6 +188,7 @@ def train(run: Run) -> Summary | None:
                     _log_interval(run, interval, losses, grad_bytes, dp)
                     run.totals.merge(interval)
                     run.scaling.interval(interval)
+                    compiled.interval()
                     if ctx.is_main and run.scaling.steady.steps and metrics.forecast_due():
                         run.metrics.observe_forecast(_forecast_inputs(run, layout, interval))
                     interval, losses = Tally(), []
@@ -197,6 +201,7 @@ def train(run: Run) -> Summary | None:
                     break
         train_s = time.perf_counter() - start
     finally:
+        compiled.close()
         run.report_checkpoints(wait=True)  # the last write finishes before the trainer exits
     if stopped:
         if steps:  # the interval cut short: its figures and its progress line, like a full one
@@ -233,6 +238,13 @@ def train(run: Run) -> Summary | None:
     }
     summary.update(throughput_fields(spec, vocab=run.ds.num_classes, samples_per_s=summary["samplesPerS"],
                                      device=ctx.device, accelerators=ctx.world_size))  # fmt: skip
+    # Beside the whole-run mean: the steady state (compile time out), compile time, peak memory per rank.
+    summary.update(steady_fields(run.scaling.steady, compiled.steady_s, spec=spec, vocab=run.ds.num_classes, dp=dp,
+                                 device=ctx.device, accelerators=ctx.world_size))  # fmt: skip
+    summary.update(compiled.fields())
+    peaks = peak_memory_per_rank(ctx.device, ctx.world_size)
+    if peaks is not None:
+        summary["peakMemoryBytesPerRank"] = peaks
     if eval_result is not None:
         summary[SUMMARY_EVAL_KEY[eval_result[0]]] = eval_result[1]
     summary["scaling"] = _scaling_block(run, layout)

@@ -15,6 +15,7 @@ activation memory held.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -29,16 +30,20 @@ from ...parallel.mesh import layout_for
 from ...process import stop_request
 from ...process.loop_gc import LoopGC
 from ...process.precision import Amp
+from ...process.stop_agreement import StopAgreement
 from ...run_common import SUMMARY_EVAL_KEY, evaluate
 from ...telemetry import scaling_record
 from ...telemetry.finish_estimate import model_bytes
 from ...telemetry.model_flops import throughput_fields
+from ...telemetry.steady_state import CompileRecord, peak_memory_per_rank, steady_fields
 from ...telemetry.step_metrics import Tally, ends_interval
 from ...weights.export import export_on_rank0
+from . import timeline
 from .pipedream import PipeDreamStage
 from .run_state import PipeRun
 from .schedules import StepOut
 from .stage_times import split_idle
+from .timeline import Token
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -114,82 +119,76 @@ def run_to_end(run: PipeRun, amp: Amp, wall0: float) -> dict[str, Any]:
     return summary
 
 
+@dataclass(frozen=True, kw_only=True)
+class _Pending:
+    """A step whose timeline waits for the log interval's exchange (timeline.py)."""
+
+    t0: float  # host: the step began (data)
+    t1: float  # host: data on the device
+    work_s: float  # host: the step's work (on a GPU only its launch; the events replace it)
+    after_s: float  # host: evaluation, checkpoint and bookkeeping after the work
+    span: tuple[Token, Token] | None  # a GPU step's work as events
+    opt_s: float
+    ar_s: float
+    samples: int
+    out: StepOut
+
+
 def loop(run: PipeRun, amp: Amp) -> dict[str, Any] | None:
     """Train to spec.training.steps and return the summary; None when every rank stopped on request.
 
-    The stop flag rides in the all_gather_object every step makes anyway (a SIGTERM to any rank
-    stops all of them after the same step, at no extra cost)."""
+    Each step's compute intervals wait on this rank until the end of its log interval, when the
+    ranks exchange them in one tensor all-gather (timeline.py) and split every step's idle time;
+    a SIGTERM to any rank stops all of them after the same step (process/stop_agreement.py: a
+    non-blocking flag on a gloo group of its own). On a GPU the device is synchronised once per
+    log interval, not per step."""
     spec, ctx = run.cfg.spec, run.ctx
     tr, pp = spec.training, spec.parallelism.pipeline
-    n_stages = run.plan.stages
     grad_bytes = _grad_bytes(run)
     eval_result: tuple[str, float] | None = None
     last_loss = float("nan")
-    interval, losses = Tally(), []
+    clock = run.engine.recorder.clock
+    compiled = CompileRecord(tr.compile_mode)  # compile time apart; recompilations after the warm-up
+    stop = StopAgreement(grace_s=spec.run_policy.termination_grace_period_seconds)
+    pending: list[_Pending] = []
+    interval: Tally = Tally()
     if ctx.is_main and run.metrics.enabled:  # the export's share of the run's end (the ETA adds it)
         run.metrics.finish.export_bytes = model_bytes(run.full)
     start = time.perf_counter()
-    with LoopGC() as loop_gc:
-        while run.step < tr.steps:
-            t0 = time.perf_counter()
-            xb, yb = next_batch(run.ds, run.sampler)
-            x = torch.from_numpy(np.asarray(xb)).to(ctx.device)
-            y = torch.from_numpy(np.asarray(yb)).to(ctx.device)
-            t1 = time.perf_counter()
-            out, ar_s, opt_s = _train_step(run, x, y)
-            if ctx.device.type == "cuda":
-                torch.cuda.synchronize(ctx.device)
-            work = time.perf_counter() - t1
-            # Every rank's timeline and loss: the pipeline's ranks split their idle time with them.
-            everyone: list[Any] = [None] * ctx.world_size
-            dist.all_gather_object(everyone, ((run.dp_rank, run.tp_rank), out.intervals, out.loss,
-                                              stop_request.requested()))  # fmt: skip
-            mine = (run.dp_rank, run.tp_rank)
-            times = split_idle(out.intervals, [ivs for d, ivs, _, _ in everyone if d == mine], n_stages)
-            step_losses = [ls for (_, t), _, ls, _ in everyone if ls is not None and t == 0]  # one per replica
-            stop_now = any(asked for *_, asked in everyone)
-            last_loss = float(np.mean(step_losses)) if step_losses else float("nan")
-            losses.append(last_loss)
-            run.step += 1
-            stop_now = stop_now and run.step < tr.steps
-            if tr.eval_interval_steps and run.step % tr.eval_interval_steps == 0 and run.step < tr.steps:
-                eval_result = _evaluate(run, amp)
-            if run.step % spec.checkpoint.interval_steps == 0 and run.step < tr.steps:  # the final one: run_to_end
-                run.save_checkpoint()
-            end = time.perf_counter()
-            compute = min(work, times.compute_s + opt_s)
-            comm = min(work - compute, times.p2p_s + ar_s)
-            t2 = t1 + compute + comm  # the rest of the step, up to `end`, is idle
-            run.metrics.observe_step_time(end - t0)
-            interval.add_step(t0=t0, t1=t1, t2=t2, end=end, exposed_s=comm, busy_s=comm, idle_s=end - t2,
-                              samples=len(x))  # fmt: skip
-            run.pmetrics.observe_step(times, p2p_s=times.p2p_s, allreduce_s=ar_s, act_peak_bytes=out.act_peak_bytes)
-            run.peak_bytes = max(run.peak_bytes, out.act_peak_bytes)
-            run.bubble["bubble"] += times.bubble_s
-            run.bubble["window"] += times.window_s
-            if stop_now or ends_interval(run.step, log_every=tr.log_interval_steps, steps=tr.steps):
-                lr = run.scheduler.get_last_lr()[0]
-                loss = float(np.mean(losses))
-                mfu = throughput_fields(spec, vocab=run.ds.num_classes, device=ctx.device, accelerators=ctx.world_size,
-                                        samples_per_s=interval.record()["samples_per_s"] * run.dp_size).get("mfu")  # fmt: skip
-                run.metrics.observe_interval(
-                    step=run.step, loss=loss, lr=lr, tally=interval, gradient_bytes=grad_bytes,
-                    extra={"stage": run.pp_rank, "p2p_s": times.p2p_s, "allreduce_s": ar_s, "bubble_s": times.bubble_s,
-                           "bubble_fraction": times.bubble_fraction, "window_s": times.window_s,
-                           "act_peak_bytes": out.act_peak_bytes},
-                    mfu=mfu, data_degree=run.dp_size,
-                )  # fmt: skip
-                if ctx.is_main:
-                    rec = interval.record()
-                    print(f"step {run.step}/{tr.steps} loss {loss:.4f} lr {lr:.4g} "
-                          f"samples/s {rec['samples_per_s'] * run.dp_size:.0f} bubble {times.bubble_fraction:.0%} "
-                          f"comm {rec['comm_exposed_fraction']:.0%}", flush=True)  # fmt: skip
-                run.totals.merge(interval)
-                run.scaling.interval(interval)
-                interval, losses = Tally(), []
-            loop_gc.after_step(run.step)
-            if stop_now:
-                return None
+    try:
+        with LoopGC() as loop_gc:
+            stop.start(run.step)
+            while run.step < tr.steps:
+                if not pending:
+                    clock.start_interval()  # the device is idle here: the interval's time reference
+                t0 = time.perf_counter()
+                xb, yb = next_batch(run.ds, run.sampler)
+                x = torch.from_numpy(np.asarray(xb)).to(ctx.device)
+                y = torch.from_numpy(np.asarray(yb)).to(ctx.device)
+                t1 = time.perf_counter()
+                w0 = clock.mark() if clock.cuda else None
+                out, ar_s, opt_s = _train_step(run, x, y)
+                span = (w0, clock.mark()) if clock.cuda else None
+                t_work = time.perf_counter()
+                run.step += 1
+                if tr.eval_interval_steps and run.step % tr.eval_interval_steps == 0 and run.step < tr.steps:
+                    eval_result = _evaluate(run, amp)
+                if run.step % spec.checkpoint.interval_steps == 0 and run.step < tr.steps:  # the final one: run_to_end
+                    run.save_checkpoint()
+                stop_now = run.step < tr.steps and stop.should_stop(run.step)
+                end = time.perf_counter()
+                pending.append(_Pending(t0=t0, t1=t1, work_s=t_work - t1, after_s=end - t_work, span=span,
+                                        opt_s=opt_s, ar_s=ar_s, samples=len(x), out=out))  # fmt: skip
+                if stop_now or ends_interval(run.step, log_every=tr.log_interval_steps, steps=tr.steps):
+                    last_loss = _close_interval(run, pending, interval, grad_bytes)
+                    compiled.interval()
+                    pending, interval = [], Tally()
+                loop_gc.after_step(run.step)
+                if stop_now:
+                    return None
+        stop.close()
+    finally:
+        compiled.close()
     train_s = time.perf_counter() - start
     eval_result = _evaluate(run, amp)
     stage_totals: list[Any] = [None] * ctx.world_size
@@ -218,10 +217,74 @@ def loop(run: PipeRun, amp: Amp) -> dict[str, Any] | None:
     }  # fmt: skip
     summary.update(throughput_fields(spec, vocab=run.ds.num_classes, samples_per_s=summary["samplesPerS"],
                                      device=ctx.device, accelerators=ctx.world_size))  # fmt: skip
+    summary.update(steady_fields(run.scaling.steady, compiled.steady_s, spec=spec, vocab=run.ds.num_classes,
+                                 dp=run.dp_size, device=ctx.device, accelerators=ctx.world_size))  # fmt: skip
+    summary.update(compiled.fields())
+    peaks = peak_memory_per_rank(ctx.device, ctx.world_size)
+    if peaks is not None:
+        summary["peakMemoryBytesPerRank"] = peaks
     if eval_result is not None:
         summary[SUMMARY_EVAL_KEY[eval_result[0]]] = eval_result[1]
     summary["scaling"] = _scaling_block(run)
     return summary
+
+
+def _close_interval(run: PipeRun, steps: list[_Pending], interval: Tally, grad_bytes: int) -> float:
+    """The end of a log interval (collective): exchange the steps' timelines, split each step's
+    time, publish the interval; returns the last step's loss (mean over the replicas)."""
+    spec, ctx, clock = run.cfg.spec, run.ctx, run.engine.recorder.clock
+    tr = spec.training
+    cap = timeline.capacity(spec.parallelism.microbatches, len(getattr(run.engine, "stage_ids", [0])))
+    if clock.cuda:
+        torch.cuda.synchronize(ctx.device)  # the one wait per interval: every event has happened
+    rows, own = [], []
+    for p in steps:
+        ivs = [(k, s, m, clock.resolve(a), clock.resolve(b)) for k, s, m, a, b in p.out.intervals]
+        own.append(ivs)
+        loss = None if p.out.loss is None else float(p.out.loss)
+        rows.append(timeline.pack(run.dp_rank, run.tp_rank, loss, ivs, cap))
+    everyone = timeline.exchange(rows, world_size=ctx.world_size, device=ctx.device)
+    mine = (run.dp_rank, run.tp_rank)
+    losses: list[float] = []
+    times = None
+    for p, ivs, ranks in zip(steps, own, everyone, strict=True):
+        times = split_idle(ivs, [r.intervals for r in ranks if (r.dp_rank, r.tp_rank) == mine], run.plan.stages)
+        step_losses = [r.loss for r in ranks if r.loss is not None and r.tp_rank == 0]  # one per replica
+        losses.append(float(np.mean(step_losses)) if step_losses else float("nan"))
+        # A GPU step's work is its events' span; a CPU step's the host's clock around it.
+        work = clock.resolve(p.span[1]) - clock.resolve(p.span[0]) if p.span is not None else p.work_s
+        compute = min(work, times.compute_s + p.opt_s)
+        comm = min(work - compute, times.p2p_s + p.ar_s)
+        t2 = p.t1 + compute + comm  # the rest of the step, up to `end`, is idle
+        end = p.t1 + work + p.after_s
+        run.metrics.observe_step_time(end - p.t0)
+        interval.add_step(t0=p.t0, t1=p.t1, t2=t2, end=end, exposed_s=comm, busy_s=comm, idle_s=end - t2,
+                          samples=p.samples)  # fmt: skip
+        run.pmetrics.observe_step(times, p2p_s=times.p2p_s, allreduce_s=p.ar_s, act_peak_bytes=p.out.act_peak_bytes)
+        run.peak_bytes = max(run.peak_bytes, p.out.act_peak_bytes)
+        run.bubble["bubble"] += times.bubble_s
+        run.bubble["window"] += times.window_s
+    assert times is not None
+    last = steps[-1]
+    lr = run.scheduler.get_last_lr()[0]
+    loss = float(np.mean(losses))
+    mfu = throughput_fields(spec, vocab=run.ds.num_classes, device=ctx.device, accelerators=ctx.world_size,
+                            samples_per_s=interval.record()["samples_per_s"] * run.dp_size).get("mfu")  # fmt: skip
+    run.metrics.observe_interval(
+        step=run.step, loss=loss, lr=lr, tally=interval, gradient_bytes=grad_bytes,
+        extra={"stage": run.pp_rank, "p2p_s": times.p2p_s, "allreduce_s": last.ar_s, "bubble_s": times.bubble_s,
+               "bubble_fraction": times.bubble_fraction, "window_s": times.window_s,
+               "act_peak_bytes": last.out.act_peak_bytes},
+        mfu=mfu, data_degree=run.dp_size,
+    )  # fmt: skip
+    if ctx.is_main:
+        rec = interval.record()
+        print(f"step {run.step}/{tr.steps} loss {loss:.4f} lr {lr:.4g} "
+              f"samples/s {rec['samples_per_s'] * run.dp_size:.0f} bubble {times.bubble_fraction:.0%} "
+              f"comm {rec['comm_exposed_fraction']:.0%}", flush=True)  # fmt: skip
+    run.totals.merge(interval)
+    run.scaling.interval(interval)
+    return losses[-1]
 
 
 def _scaling_block(run: PipeRun) -> dict[str, Any]:

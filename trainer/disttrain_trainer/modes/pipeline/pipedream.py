@@ -25,7 +25,6 @@ TAG_GRAD.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +35,7 @@ from torch import nn
 from torch.func import functional_call
 
 from .schedules import Recorder, SavedBytes, StepOut
+from .timeline import StageClock
 
 TAG_ACT, TAG_GRAD = 10, 11
 MAX_DIMS = 8
@@ -79,6 +79,9 @@ class PipeDreamStage:
     recorder: Recorder = field(default_factory=Recorder)
     _sends: list[Any] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        self.recorder.clock = StageClock(self.device)  # CUDA events on a GPU (timeline.py)
+
     @property
     def is_first(self) -> bool:
         return self.stage == 0
@@ -110,25 +113,25 @@ class PipeDreamStage:
     def _forward(self, mb: int, x: torch.Tensor | None, flights: dict[int, Flight]) -> None:
         inp = x if self.is_first else self._recv(self.stage - 1, TAG_ACT).requires_grad_()
         assert inp is not None
-        t0 = time.time()
+        t0 = self.recorder.clock.mark()
         stash = {n: p.detach().clone().requires_grad_() for n, p in self.module.named_parameters()}
         saved = SavedBytes({w.untyped_storage().data_ptr() for w in stash.values()})
         with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
             out = functional_call(self.module, stash, (inp,))
         flights[mb] = Flight(version=self.version, weights=stash, inp=inp, out=out)
         self.recorder.hold((self.stage, mb), saved.nbytes)
-        self.recorder.intervals.append(("F", self.stage, mb, t0, time.time()))
+        self.recorder.intervals.append(("F", self.stage, mb, t0, self.recorder.clock.mark()))
         if not self.is_last:
             self._send(out, self.stage + 1, TAG_ACT)
 
-    def _backward(self, mb: int, y: torch.Tensor | None, flights: dict[int, Flight], losses: list[float]) -> None:
+    def _backward(self, mb: int, y: torch.Tensor | None, flights: dict[int, Flight], losses: list[torch.Tensor]) -> None:
         grad_out = None if self.is_last else self._recv(self.stage + 1, TAG_GRAD)
-        t0 = time.time()
+        t0 = self.recorder.clock.mark()
         f = flights.pop(mb)
         if self.is_last:
             assert y is not None
             loss = self.loss_fn(f.out, y)
-            losses.append(float(loss.detach()))
+            losses.append(loss.detach().float())
             torch.autograd.backward(loss)
         else:
             torch.autograd.backward(f.out, grad_out)
@@ -149,13 +152,13 @@ class PipeDreamStage:
         self.optimizer.zero_grad(set_to_none=True)
         self.version += 1
         self.recorder.release((self.stage, mb))
-        self.recorder.intervals.append(("B", self.stage, mb, t0, time.time()))
+        self.recorder.intervals.append(("B", self.stage, mb, t0, self.recorder.clock.mark()))
 
     def step(self, x_mbs: Sequence[torch.Tensor] | None, y_mbs: Sequence[torch.Tensor] | None, m: int) -> StepOut:
         """One trainer step: m micro-batches through the asynchronous 1F1B schedule."""
         self.recorder.reset()
         flights: dict[int, Flight] = {}
-        losses: list[float] = []
+        losses: list[torch.Tensor] = []
 
         def xs(i: int) -> torch.Tensor | None:
             return x_mbs[i] if x_mbs is not None else None
@@ -175,7 +178,7 @@ class PipeDreamStage:
             w.wait()
         self._sends.clear()
         return StepOut(
-            loss=sum(losses) / len(losses) if losses else None,
+            loss=torch.stack(losses).mean() if losses else None,
             intervals=list(self.recorder.intervals),
             act_peak_bytes=self.recorder.peak_bytes,
         )

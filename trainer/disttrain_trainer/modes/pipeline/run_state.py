@@ -27,6 +27,7 @@ from ...checkpoints import whole as ckpt
 from ...checkpoints.fence import Fenced, Writer
 from ...data import Dataset, GlobalBatchSampler
 from ...optim import build_optimizer, build_scheduler
+from ...parallel.block_compile import apply_compile, compile_loss, loss_mode
 from ...parallel.blocks import block_state, check_chain, load_block_state, split_blocks
 from ...parallel.mesh import build_mesh, layout_for
 from ...parallel.tensor import stage_sharder
@@ -173,7 +174,8 @@ def setup(cfg: TrainerConfig, ctx: DistContext, ds: Dataset, model: nn.Module, m
                           stages=n_stages, saved=saved_plan, peer=tp)  # fmt: skip
     if ctx.is_main:
         print(f"disttrain-trainer: {plan.describe()}", flush=True)
-    loss_fn = loss_fn_for(ds)
+    mode = spec.training.compile_mode
+    loss_fn = compile_loss(loss_fn_for(ds), loss_mode(mode, tensor_parallel=tp > 1))
     opt_spec, batch = spec.optimizer, spec.data.batch_size
     engine: Pipeline | PipeDreamStage
     if par.schedule == "PipeDream":
@@ -191,6 +193,8 @@ def setup(cfg: TrainerConfig, ctx: DistContext, ds: Dataset, model: nn.Module, m
         ids = engine.block_ids
         stage_root = nn.ModuleList(engine.modules)
         optimizer = build_optimizer(engine.parameters(), opt_spec, batch)
+    if mode is not None:  # after the profile (eager block times) and the stages' tensor-parallel sharding
+        apply_compile(model, mode, name=spec.model.name)  # the blocks are the stages' own modules
     scheduler = build_scheduler(optimizer, opt_spec, batch, spec.training.steps)
     pm = PipelineMetrics(metrics, stage=pp_rank)
     pm.observe_plan(plan)

@@ -13,9 +13,10 @@ stage it holds and drives one of PyTorch's schedules:
   ZBVZeroBubble          the V-shaped zero-bubble variant: exactly two stages per rank.
 
 Stage modules are subclassed only to observe them: each forward/backward of a
-micro-batch is timed (stage_times.py splits the rest of the step into p2p
-and bubble) and the bytes autograd saves for it are counted, so the peak of
-activation memory held at once is measured, not computed from the schedule.
+micro-batch is timed (host clock on a CPU, CUDA events on a GPU: timeline.py;
+stage_times.py splits the rest of the step into p2p and bubble) and the bytes
+autograd saves for it are counted, so the peak of activation memory held at
+once is measured, not computed from the schedule.
 
 With tensor parallelism inside a pipeline, `shard_stage` shards each stage
 module over the tensor-parallel mesh before its PipelineStage is built (the
@@ -26,7 +27,6 @@ vocabulary-parallel cross-entropy, forward and backward.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +46,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from .partition import Plan
+from .timeline import StageClock, Token
 
 SCHEDULE_CLASSES: dict[str, type] = {
     "Naive": ScheduleGPipe,
@@ -77,9 +78,10 @@ def microbatches_for(schedule: str, microbatches: int) -> int:
 
 @dataclass
 class Recorder:
-    """This rank's compute intervals of one step and the activation bytes it holds."""
+    """This rank's compute intervals of one step (clock tokens: timeline.py) and the activation bytes it holds."""
 
-    intervals: list[tuple[str, int, int, float, float]] = field(default_factory=list)
+    clock: StageClock = field(default_factory=lambda: StageClock(torch.device("cpu")))
+    intervals: list[tuple[str, int, int, Token, Token]] = field(default_factory=list)
     held: dict[tuple[int, int], int] = field(default_factory=dict)
     peak_bytes: int = 0
 
@@ -132,34 +134,35 @@ class TimedStage(PipelineStage):
 
     def forward_one_chunk(self, fwd_chunk_id: int, args: Any, kwargs: Any = None, save_forward_output: bool = True) -> Any:  # noqa: E501, ANN401
         saved = SavedBytes(self._param_ptrs)
-        t0 = time.time()
+        clock = self.recorder.clock
+        t0 = clock.mark()
         with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
             out = super().forward_one_chunk(fwd_chunk_id, args, kwargs, save_forward_output)
-        self.recorder.intervals.append(("F", self.stage_index, fwd_chunk_id, t0, time.time()))
+        self.recorder.intervals.append(("F", self.stage_index, fwd_chunk_id, t0, clock.mark()))
         if self.has_backward:
             self.recorder.hold((self.stage_index, fwd_chunk_id), saved.nbytes)
         return out
 
     def backward_one_chunk(self, bwd_chunk_id: int, loss: Any = None, full_backward: bool = True, last_backward: bool = False) -> Any:  # noqa: E501, ANN401
-        t0 = time.time()
+        t0 = self.recorder.clock.mark()
         out = super().backward_one_chunk(bwd_chunk_id, loss, full_backward, last_backward)
-        self.recorder.intervals.append(("B", self.stage_index, bwd_chunk_id, t0, time.time()))
+        self.recorder.intervals.append(("B", self.stage_index, bwd_chunk_id, t0, self.recorder.clock.mark()))
         if full_backward:
             self.recorder.release((self.stage_index, bwd_chunk_id))
         return out
 
     def backward_weight_one_chunk(self, bwd_chunk_id: int, last_backward: bool = False) -> Any:  # noqa: ANN401
-        t0 = time.time()
+        t0 = self.recorder.clock.mark()
         out = super().backward_weight_one_chunk(bwd_chunk_id, last_backward)
-        self.recorder.intervals.append(("W", self.stage_index, bwd_chunk_id, t0, time.time()))
+        self.recorder.intervals.append(("W", self.stage_index, bwd_chunk_id, t0, self.recorder.clock.mark()))
         self.recorder.release((self.stage_index, bwd_chunk_id))
         return out
 
 
 @dataclass(frozen=True, kw_only=True)
 class StepOut:
-    loss: float | None  # mean over the step's micro-batches; only on the rank holding the last stage
-    intervals: list[tuple[str, int, int, float, float]]
+    loss: torch.Tensor | None  # mean over the step's micro-batches, on the device (no host sync); last stage only
+    intervals: list[tuple[str, int, int, Token, Token]]  # clock tokens (timeline.py)
     act_peak_bytes: int
 
 
@@ -188,7 +191,7 @@ class Pipeline:
         self.stage_ids = stage_indices(schedule, pp_rank, pp_size, virtual)
         self.num_stages = n
         self.block_ids = [k for s in self.stage_ids for k in plan.blocks_of(s)]
-        self.recorder = Recorder()
+        self.recorder = Recorder(clock=StageClock(device))
         self.modules = [nn.Sequential(*(blocks[k] for k in plan.blocks_of(s))).to(device) for s in self.stage_ids]
         if shard_stage is not None:
             self.modules = [shard_stage(mod, list(plan.blocks_of(s))) for s, mod in zip(self.stage_ids, self.modules, strict=True)]
@@ -221,7 +224,7 @@ class Pipeline:
             else:
                 self.schedule.step(**kwargs)
         # loss_parallel's loss is a replicated DTensor: its local value is the loss.
-        loss = float(torch.stack([_local(t).detach().float() for t in losses]).mean()) if losses else None
+        loss = torch.stack([_local(t).detach().float() for t in losses]).mean() if losses else None
         return StepOut(
             loss=loss, intervals=list(self.recorder.intervals), act_peak_bytes=self.recorder.peak_bytes
         )
