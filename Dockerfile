@@ -14,10 +14,9 @@
 # TORCH_VERSION (PyPI's Linux torch is one; https://download.pytorch.org/whl/cu130 picks a
 # CUDA version); empty (the default) keeps the wheelhouse's CPU torch. Or, with no network in
 # the build, WHEELS names a wheelhouse that holds a CUDA torch already (`make image-cuda`:
-# build/wheels-cuda).
-# The [trainer] extra brings
-# torchao (training.float8) into both: its float8 path is Python over torch._scaled_mm, so the
-# same wheel serves the CPU and the CUDA torch (the CPU image refuses float8 at start anyway).
+# build/wheels-cuda). The [trainer] extra brings torchao (training.float8) into both: its float8
+# path is Python over torch._scaled_mm, so the same wheel serves the CPU and the CUDA torch (the
+# CPU image refuses float8 at start anyway).
 ARG BASE_IMAGE=python:3.11-slim
 
 FROM ${BASE_IMAGE} AS base
