@@ -72,6 +72,17 @@ def test_a_run_whose_ranks_oversubscribed_its_cores_is_refused(tmp_path: Path, c
     assert "the run itself had 4 ranks x 1 thread(s) on 2 cores" in err and "OMP_NUM_THREADS=1" in err
 
 
+def test_one_rank_per_pod_under_a_fractional_cpu_quota_is_forecast(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A 250m worker pod: its one single-threaded rank is throttled, not contended; two ranks there are.
+    s = summary(world=2)
+    s["scaling"]["host"] = {"cores": 0.25, "ranksOnHost": 1, "threadsPerRank": 1}
+    assert main(["explain", str(run_dir(tmp_path, "quota", s)), "--max-n", "8"]) == 0, capsys.readouterr().err
+    assert "fastest: " in capsys.readouterr().out
+    s["scaling"]["host"] = {"cores": 0.5, "ranksOnHost": 2, "threadsPerRank": 1}
+    assert main(["explain", str(run_dir(tmp_path, "shared", s)), "--max-n", "8"]) == 2
+    assert "the run itself had 2 ranks x 1 thread(s) on 0.5 cores" in capsys.readouterr().err
+
+
 def test_a_single_rank_run_adds_its_compute_and_alone_needs_a_bandwidth(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     one = run_dir(tmp_path, "one", summary(world=1))
     two = run_dir(tmp_path, "two", summary(world=2))

@@ -140,8 +140,10 @@ OVERSUBSCRIBED = ("{ranks} ranks x {threads} thread(s) on {cores:g} cores: more 
 
 
 def oversubscribed(*, ranks: int, threads: int, cores: float) -> str | None:
-    """Why a CPU host with `ranks` ranks of `threads` threads is not forecast, or None when it fits."""
-    if cores <= 0 or ranks * max(1, threads) <= cores:
+    """Why a CPU host with `ranks` ranks of `threads` threads is not forecast, or None when it fits.
+    One single-threaded rank under a fractional CPU quota (a 250m pod) is throttled, not contended:
+    nothing shares its core, and every size's pods get the same quota, so it fits."""
+    if cores <= 0 or ranks * max(1, threads) <= max(1.0, cores):
         return None
     return OVERSUBSCRIBED.format(ranks=ranks, threads=max(1, threads), cores=cores)
 
