@@ -8,7 +8,9 @@ DCP's own final step has passed, rank 0 fsyncs, publishes and prunes it in the
 directory layout of checkpoints/directory.py, whose full `state.pt` checkpoints sit
 in the same folder and load here too. `verify` tells whether one can be loaded
 before any rank reads it: a damaged newest checkpoint is moved aside and the
-gang resumes from the one before, instead of failing on it at every restart.
+gang resumes from the one before, instead of failing on it at every restart. Nothing is unpickled
+with the standard loader: DCP's `.metadata` through safe_state.SafeReader, its non-tensor items
+through safe_state.SafeLoadPlanner, extra.pt weights-only.
 
 Model and optimizer state go through `get_state_dict`/`set_state_dict`, which
 key everything by parameter name (FQN) whatever the wrapping (DDP, FSDP2,
@@ -31,7 +33,6 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -40,7 +41,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from . import directory as cdir
-from . import fence, remote
+from . import fence, remote, safe_state
 from . import whole as ckpt
 
 FORMAT = "dcp"
@@ -82,7 +83,7 @@ def verify(path: Path) -> str | None:
     if problem is not None:
         return problem
     try:
-        metadata = FileSystemReader(path).read_metadata()
+        metadata = safe_state.SafeReader(path).read_metadata()
     except Exception as e:  # noqa: BLE001 - whatever the unpickler says, the checkpoint is unusable
         return f"{DCP_METADATA} does not load: {type(e).__name__}: {e}"
     needed: dict[str, int] = {}
@@ -96,7 +97,7 @@ def verify(path: Path) -> str | None:
         if size < end:
             return f"shard file {name} has {size} bytes, {DCP_METADATA} needs {end}"
     try:
-        torch.load(path / EXTRA_FILE, map_location="cpu", weights_only=False)
+        safe_state.load(path / EXTRA_FILE)
     except Exception as e:  # noqa: BLE001
         return f"{EXTRA_FILE} does not load: {type(e).__name__}: {e}"
     return None
@@ -207,7 +208,7 @@ def _raise(outcome: tuple[str, str] | None) -> None:
 def _publish(root: Path, tmp: Path, step: int, *, extra: dict[str, Any], keep: int, layout: str,
              writer: fence.Claim) -> None:  # fmt: skip
     """Rank 0, once every rank's shards are on disk: extra.pt, meta.json with the manifest, publish, prune."""
-    torch.save(extra, tmp / EXTRA_FILE)
+    torch.save(safe_state.plain(extra, "extra"), tmp / EXTRA_FILE)
     cdir.fsync_file(tmp / EXTRA_FILE)
     files = cdir.manifest(tmp)
     world = dist.get_world_size() if dist.is_initialized() else 1
@@ -245,10 +246,11 @@ def load(path: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer | Non
         state: dict[str, Any] = {"model": model_sd}
         if optims:
             state["optimizer"] = optim_sd
-        dcp.load(state, checkpoint_id=path)
+        dcp.load(state, checkpoint_id=path, storage_reader=safe_state.SafeReader(path),
+                 planner=safe_state.SafeLoadPlanner())  # fmt: skip
         set_state_dict(model, optims, model_state_dict=state["model"], optim_state_dict=state.get("optimizer", {}))
-        return torch.load(path / EXTRA_FILE, map_location="cpu", weights_only=False)
-    full = torch.load(path / ckpt.STATE_FILE, map_location="cpu", weights_only=False)
+        return safe_state.load(path / EXTRA_FILE)
+    full = safe_state.load(path / ckpt.STATE_FILE)
     return load_full(full, model=model, optimizer=optimizer)
 
 
