@@ -172,10 +172,23 @@ def _publish_remote(root: Path, tmp: Path, final: Path, keep: int) -> None:
     others = re.compile(r"^__\d+_\d+\.distcp$")
     files = sorted(f.name for f in source.iterdir() if f.is_file()
                    and (mine.match(f.name) or (rank == 0 and not others.match(f.name))))  # fmt: skip
+    # Rank 0 checks its claim on the bucket and names the folder (its claim's) every rank uploads into.
+    folder, outcome = "", None  # outcome: (kind, message) when rank 0 cannot go on
+    if rank == 0:
+        try:
+            folder = remote.prepare(root, name) or ""
+        except fence.Fenced as e:
+            outcome = ("fenced", str(e))
+        except Exception as e:  # noqa: BLE001 - every rank must hear of it, not wait forever
+            outcome = ("error", f"{type(e).__name__}: {e}")
+    folder, outcome = _from_rank0((folder, outcome))
+    if outcome is not None and rank != 0 and source == tmp:
+        shutil.rmtree(tmp, ignore_errors=True)
+    _raise(outcome)
     sizes: dict[str, int] = {}
     problem = ""
     try:
-        sizes = remote.upload(root, source, name, files)
+        sizes = remote.upload(root, source, folder, files)
     except Exception as e:  # noqa: BLE001 - every rank must hear of it, not wait forever
         problem = f"rank {rank}: {type(e).__name__}: {e}"
     if rank != 0 and source == tmp:
@@ -184,13 +197,14 @@ def _publish_remote(root: Path, tmp: Path, final: Path, keep: int) -> None:
     if dist.is_initialized():
         parts = [None] * dist.get_world_size()
         dist.all_gather_object(parts, (sizes, problem))
-    outcome: tuple[str, str] | None = None
     problems = [p for _, p in parts if p]
     if problems:
         outcome = ("error", "; ".join(problems))
     elif rank == 0:
         try:
             remote.commit(root, name, {k: v for s, _ in parts for k, v in s.items()}, keep)
+        except fence.Fenced as e:
+            outcome = ("fenced", str(e))
         except Exception as e:  # noqa: BLE001
             outcome = ("error", f"{type(e).__name__}: {e}")
     _raise(_from_rank0(outcome))

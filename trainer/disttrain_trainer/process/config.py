@@ -58,7 +58,7 @@ class TrainerConfig:
     device: str | None  # "cpu" | "cuda" | None (auto)
     restart_attempt: int = 0
     job_uid: str = ""  # the job's UID (operator pods); with restart_attempt it names a checkpoint writer
-    namespace: str = "default"  # the job's namespace (a metrics label)
+    namespace: str = "default"  # the job's namespace (a metrics label, part of spec.checkpoint.uri's prefix)
     # Train on CPU when GPUs were asked for but none is visible (spec.workers.allowCPUFallback
     # or the operator's DISTTRAIN_ALLOW_CPU_FALLBACK); otherwise that is a config error.
     allow_cpu_fallback: bool = False
