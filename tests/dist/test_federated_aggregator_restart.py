@@ -63,7 +63,7 @@ def plant(root: Path, target: Path) -> None:
     record = {"jobUID": "", "attempt": 0, "generation": claims[-1] + 1}
     published = sorted(p.name for p in root.iterdir() if p.name.startswith("step-"))
     (root / ".fence" / f"{claims[-1] + 1:012d}").write_text(json.dumps({**record, "published": published}))
-    (step / "meta.json").write_text(json.dumps({"step": 99_999_999, "world_size": 1, "format": 2, "writer": record,
+    (step / "meta.json").write_text(json.dumps({"step": 99_999_999, "world_size": 1, "format": 1, "writer": record,
                                                 "files": {"state.pt": (step / "state.pt").stat().st_size}}))
 
 
