@@ -165,7 +165,11 @@ def _marker_files(remote: Remote, marker: Marker) -> dict[str, int] | None:
             print(f"disttrain-trainer: skipping checkpoint {key}: its commit marker lists {name!r}, which {why}: "
                   f"it would be written outside the checkpoint's folder; refused", flush=True)  # fmt: skip
             return None
-    return {str(k): int(v) for k, v in files.items()}
+    try:
+        return {str(k): int(v) for k, v in files.items()}
+    except (TypeError, ValueError):
+        print(f"disttrain-trainer: skipping checkpoint {key}: its commit marker's sizes are not numbers", flush=True)
+        return None
 
 
 def _download(remote: Remote, root: Path, marker: Marker, files: dict[str, int]) -> bool:
@@ -232,12 +236,18 @@ def sync_down(root: Path) -> None:
             shutil.rmtree(child, ignore_errors=True)  # published here, never committed there
     sources = _SOURCES.setdefault(root.resolve(), {})
     for marker in reversed(wanted):
-        if (root / marker.step_name).is_dir():
-            sources.setdefault(marker.step_name, marker.name)
-            continue
+        local = root / marker.step_name
+        if local.is_dir() and sources.get(marker.step_name) == marker.name:
+            continue  # this process committed or fetched that very copy
         files = _marker_files(remote, marker)
-        if files is not None:
-            _download(remote, root, marker, files)
+        if files is None:
+            continue
+        if local.is_dir():
+            if all((local / f).is_file() and (local / f).stat().st_size == n for f, n in files.items()):
+                sources[marker.step_name] = marker.name
+                continue
+            shutil.rmtree(local, ignore_errors=True)  # another copy than the one committed: fetch that one
+        _download(remote, root, marker, files)
 
 
 def source_of(root: Path, step_name: str) -> str | None:
