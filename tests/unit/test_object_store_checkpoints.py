@@ -149,12 +149,12 @@ def test_a_replaced_writer_can_neither_commit_nor_overwrite_nor_prune(
 
 
 def test_a_marker_listing_a_file_outside_its_folder_is_refused_naming_the_key(
-    mirrored: Any, s3_server: Any, capsys: pytest.CaptureFixture[str]
+    mirrored: Any, s3_server: Any, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     root, bucket = mirrored
     remote.take_over(root, Writer(job_uid=JOB_UID, attempt=0))
     remote.publish(root, write_step(root, 10), keep=3)
-    for step, name in ((20, "../../../../escaped"), (30, "/tmp/escaped"), (40, "sub/state.pt")):
+    for step, name in ((20, "../../../escaped"), (30, str(tmp_path / "escaped")), (40, "sub/state.pt")):
         s3_server.client().put_object(Bucket=bucket, Key=f"runs/ns/job/step-{step:08d}.claim-1.committed",
                                       Body=json.dumps({"step": step, "files": {name: 1}}))  # fmt: skip
         s3_server.client().put_object(Bucket=bucket, Key=f"runs/ns/job/step-{step:08d}/claim-1/{name.lstrip('/')}",
@@ -166,7 +166,7 @@ def test_a_marker_listing_a_file_outside_its_folder_is_refused_naming_the_key(
     finally:
         remote.detach(fresh)
     assert sorted(p.name for p in fresh.iterdir() if p.name.startswith("step-")) == ["step-00000010"]
-    assert not list(root.parent.parent.rglob("escaped"))
+    assert not list(tmp_path.rglob("escaped"))
     out = capsys.readouterr().out
     for step, why in ((20, "has a '..' component"), (30, "is absolute"), (40, "is not a plain file name")):
         assert f"runs/ns/job/step-{step:08d}.claim-1.committed: its commit marker lists" in out and why in out, out
