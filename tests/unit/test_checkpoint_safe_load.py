@@ -101,7 +101,7 @@ def test_a_planted_sharded_checkpoint_and_model_init_are_refused_unread(tmp_path
 
 def test_a_peers_planted_part_is_refused() -> None:
     with pytest.raises(safe_state.UnsafeCheckpoint, match="rank 1"):
-        safe_state.loads(pickle.dumps(Payload(Path("/nonexistent/x"))), "rank 1's checkpoint part")
+        safe_state.loads(pickle.dumps(Payload(Path("/nonexistent/x")), protocol=2), "rank 1's checkpoint part")
 
 
 def test_a_checkpoint_of_the_previous_format_is_refused_until_converted_by_someone_who_trusts_it(
