@@ -15,7 +15,10 @@ ENV_LOCAL_RANK = "LOCAL_RANK"
 ENV_NODE_RANK = "NODE_RANK"  # = worker pod index
 ENV_NPROC_PER_NODE = "NPROC_PER_NODE"
 ENV_JOB = "DISTTRAIN_JOB"
-ENV_NAMESPACE = "DISTTRAIN_NAMESPACE"  # the job's namespace, a label of every metric series
+# The job's namespace: a label of every metric series, and part of spec.checkpoint.uri's prefix
+# (<uri>/<namespace>/<job>), so jobs of one name in two namespaces never share checkpoints.
+ENV_NAMESPACE = "DISTTRAIN_NAMESPACE"
+LOCAL_NAMESPACE = "local"  # what `disttrain local` sets
 ENV_CONFIG = "DISTTRAIN_CONFIG"  # path of the spec rendered as JSON
 ENV_RESTART_ATTEMPT = "DISTTRAIN_RESTART_ATTEMPT"
 # The job's UID: with the restart attempt it names a checkpoint writer (checkpoint fencing);

@@ -56,3 +56,10 @@ def object_store(spec: JobSpec, c: Checker) -> None:
         elif c.ok("spec.checkpoint.volume") and ck.volume:
             c.add("spec.checkpoint.uri", "not together with spec.checkpoint.volume: checkpoints go to object "
                   "storage or to a volume; remove one")  # fmt: skip
+    s = spec.object_store
+    if (spec.mode in ("federated", "paramserver") and ck.uri is not None and is_uri(d.path) and s is not None
+            and s.credentials_secret and not s.data_credentials_secret):  # fmt: skip
+        c.add("spec.objectStore.dataCredentialsSecret",
+              f"with checkpoint.uri, credentialsSecret goes only to the pods that write checkpoints; the {spec.mode} "
+              f"{'clients' if spec.mode == 'federated' else 'workers'} read {d.path} too: name a Secret with read "
+              "access to the data (keys AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)")  # fmt: skip

@@ -7,6 +7,11 @@ client process 0's clients sit in their AdvertiseKeys call; the aggregator is SI
 there, started again from its checkpoint, and process 1 thawed. Every client process must ride
 the restart out with its backoff (no crash: in a cluster a crashed client pod is counted as a
 failure) and the run must finish all its rounds with the resumed aggregator.
+
+While the aggregator is down, a checkpoint is planted in its directory, as a pod with write access
+would plant it: `step-99999999/` whose state.pt is a pickle that creates a file when unpickled,
+with a meta.json and a fence claim forged to match. The restarted aggregator must neither run it
+nor resume from it, and must say why.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from disttrain_api import model as api
 from disttrain_trainer.launcher import env as envmod
 from disttrain_trainer.launcher import identity
@@ -35,6 +41,30 @@ SPEC = {
     "federated": {"clients": 5, "clientsPerRound": 5, "minAnsweredClients": 3, "rounds": ROUNDS,
                   "secureAggregation": True, "roundTimeoutSeconds": 6, "partition": {"kind": "iid"}},
 }  # fmt: skip
+
+
+class Payload:
+    """Unpickled by a loader that can run code, this creates `target`."""
+
+    def __init__(self, target: Path) -> None:
+        self.target = target
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (Path.write_text, (self.target, "code ran"))
+
+
+def plant(root: Path, target: Path) -> None:
+    """step-99999999 with a payload state.pt, a meta.json with its true manifest, and a claim after the
+    newest one that lists it as published: the next claim carries it over as a checkpoint to pick."""
+    step = root / "step-99999999"
+    step.mkdir()
+    torch.save({"model": Payload(target), "round": 99_999_999}, step / "state.pt")
+    claims = sorted(int(p.name) for p in (root / ".fence").iterdir() if p.name.isdigit())
+    record = {"jobUID": "", "attempt": 0, "generation": claims[-1] + 1}
+    published = sorted(p.name for p in root.iterdir() if p.name.startswith("step-"))
+    (root / ".fence" / f"{claims[-1] + 1:012d}").write_text(json.dumps({**record, "published": published}))
+    (step / "meta.json").write_text(json.dumps({"step": 99_999_999, "world_size": 1, "format": 1, "writer": record,
+                                                "files": {"state.pt": (step / "state.pt").stat().st_size}}))
 
 
 def _rounds(run_dir: Path) -> list[dict]:
@@ -89,6 +119,7 @@ def test_clients_ride_out_an_aggregator_killed_mid_round(tmp_path: Path) -> None
         time.sleep(2.5)  # well inside the key stage's 6 s wait for the frozen clients
         procs["aggregator"].kill()
         procs["aggregator"].wait()
+        plant(tmp_path / "checkpoints" / "fedrestart", tmp_path / "pwned")
         time.sleep(1.0)  # the clients find it gone and back off
         procs["aggregator"] = start("aggregator2", agg_env)  # same env: same checkpoint dir, same token key
         os.kill(procs["client1"].pid, signal.SIGCONT)
@@ -106,6 +137,9 @@ def test_clients_ride_out_an_aggregator_killed_mid_round(tmp_path: Path) -> None
             f.close()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == ROUNDS and summary["resumedFromStep"] == done_before, summary
+    assert not (tmp_path / "pwned").exists(), "the planted checkpoint's pickle ran in the aggregator"
+    log = (tmp_path / "aggregator2.log").read_text()
+    assert "step-99999999 is unreadable" in log and "refused unread" in log, log[-3000:]
     assert [r["round"] for r in _rounds(run_dir)] == list(range(1, ROUNDS + 1))
     # Process 0's clients were in a secure stage when the aggregator died, and retried.
     assert "AdvertiseKeys: UNAVAILABLE" in (tmp_path / "client0.log").read_text()

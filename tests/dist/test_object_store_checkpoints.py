@@ -1,6 +1,8 @@
 """Checkpoints on a real S3-compatible server (moto, keys checked), through real trainer processes:
 a 2-rank run publishes each checkpoint by a commit marker after its objects, keeps the newest
-`keep`, and a run on a fresh pod (empty staging) resumes from the newest *committed* one exactly;
+`keep`, and a run on a fresh pod (empty staging) resumes from the newest *committed* one exactly,
+under a claim of its own, after which a late process of the replaced attempt is fenced off the
+bucket (exit 4) and changes nothing;
 a committed checkpoint whose object was truncated is skipped for the one before (here at another
 world size); sharded checkpoints from ranks on separate disks commit and resume; a missing bucket
 is exit 2 before training, an endpoint that does not answer exit 1."""
@@ -62,24 +64,34 @@ def test_a_2_rank_run_on_s3_resumes_from_the_newest_committed_checkpoint_exactly
     data_bucket = s3_server.bucket("data")
     s3_server.client().upload_file(str(tmp_path / "corpus" / "train.bin"), data_bucket, "corpus/train.bin")
     spec = gpt_spec(f"s3://{data_bucket}/corpus", uri=f"s3://{bucket}/runs", endpoint=s3_server.url)
-    first = trainer.run(spec, world=2, job="gpt", env=s3_server.env())  # uninterrupted: the reference
+    attempt = {C.ENV_JOB_UID: "uid-gpt", C.ENV_RESTART_ATTEMPT: "0"}
+    first = trainer.run(spec, world=2, job="gpt", env={**s3_server.env(), **attempt})  # uninterrupted: the reference
     assert first.summary["resumedFromStep"] is None
     objects = keys(s3_server, bucket)
-    # keep 2: steps 8 and 12 committed; 4 was pruned marker first, then its objects.
+    # keep 2: steps 8 and 12 committed; 4 was pruned marker first, then its objects. The prefix
+    # holds the namespace (the harness sets none: "default"); the markers the writer's claim.
     assert [k for k in objects if k.endswith(".committed")] == [
-        "runs/gpt/step-00000008.committed", "runs/gpt/step-00000012.committed"]
-    assert not any(k.startswith("runs/gpt/step-00000004") for k in objects)
-    assert "runs/gpt/step-00000012/state.pt" in objects
+        "runs/default/gpt/step-00000008.claim-1.committed", "runs/default/gpt/step-00000012.claim-1.committed"]
+    assert not any(k.startswith("runs/default/gpt/step-00000004") for k in objects)
+    assert "runs/default/gpt/step-00000012/claim-1/state.pt" in objects
     # The exported model lies beside the checkpoints, and the summary (status.result) names it there.
-    assert first.summary["export"]["path"] == f"s3://{bucket}/runs/gpt/export"
-    assert {"runs/gpt/export/model.safetensors", "runs/gpt/export/model.json"} <= set(objects)
+    assert first.summary["export"]["path"] == f"s3://{bucket}/runs/default/gpt/export"
+    assert {"runs/default/gpt/export/model.safetensors", "runs/default/gpt/export/model.json"} <= set(objects)
     # The newest one's objects are all there, but its marker is not: uploaded, never committed.
-    s3_server.client().delete_object(Bucket=bucket, Key="runs/gpt/step-00000012.committed")
+    s3_server.client().delete_object(Bucket=bucket, Key="runs/default/gpt/step-00000012.claim-1.committed")
     fresh = tmp_path / "other-pod"  # a new gang's empty staging: only the bucket remembers
-    again = trainer.run(spec, world=2, job="gpt", env={**s3_server.env(), C.ENV_CHECKPOINT_DIR: str(fresh)})
+    again = trainer.run(spec, world=2, job="gpt", env={**s3_server.env(), C.ENV_CHECKPOINT_DIR: str(fresh),
+                                                       **attempt, C.ENV_RESTART_ATTEMPT: "1"})  # fmt: skip
     assert again.summary["resumedFromStep"] == 8
     assert_same_model(ckpt.load(fresh / "gpt", STEPS)["model"], ckpt.load(first.checkpoint_dir, STEPS)["model"])
-    assert "runs/gpt/step-00000012.committed" in keys(s3_server, bucket)  # re-saved and committed
+    assert "runs/default/gpt/step-00000012.claim-2.committed" in keys(s3_server, bucket)  # re-saved and committed
+    # A process of the replaced attempt 0 that starts only now is refused by the bucket's claims.
+    before = keys(s3_server, bucket)
+    late = trainer.run(spec, world=1, job="gpt", env={**s3_server.env(), C.ENV_CHECKPOINT_DIR: str(tmp_path / "late"),
+                                                      **attempt}, expect_ok=False)  # fmt: skip
+    assert late.returncodes == [exitcodes.FENCED], late.outputs[0][-2000:]
+    assert "claimed by restart attempt 1" in late.outputs[0]
+    assert keys(s3_server, bucket) == before
 
 
 def test_a_truncated_committed_checkpoint_falls_back_to_the_one_before_at_another_world_size(
@@ -90,8 +102,9 @@ def test_a_truncated_committed_checkpoint_falls_back_to_the_one_before_at_anothe
     s3_server.client().upload_file(str(tmp_path / "corpus" / "train.bin"), bucket, "corpus/train.bin")
     spec = gpt_spec(f"s3://{bucket}/corpus", uri=f"s3://{bucket}/runs", endpoint=s3_server.url)
     ref = trainer.run(spec, world=1, job="gpt", env=s3_server.env())
-    state = s3_server.client().get_object(Bucket=bucket, Key="runs/gpt/step-00000012/state.pt")["Body"].read()
-    s3_server.client().put_object(Bucket=bucket, Key="runs/gpt/step-00000012/state.pt", Body=state[: len(state) // 2])
+    key = "runs/default/gpt/step-00000012/claim-1/state.pt"
+    state = s3_server.client().get_object(Bucket=bucket, Key=key)["Body"].read()
+    s3_server.client().put_object(Bucket=bucket, Key=key, Body=state[: len(state) // 2])
     fresh = tmp_path / "other-pod"
     again = trainer.run(spec, world=2, job="gpt", env={**s3_server.env(), C.ENV_CHECKPOINT_DIR: str(fresh)})
     assert again.summary["resumedFromStep"] == 8 and again.summary["worldSize"] == 2
@@ -128,10 +141,10 @@ def test_sharded_checkpoints_from_ranks_on_separate_disks_commit_and_resume(
     disks = [{C.ENV_CHECKPOINT_DIR: str(tmp_path / f"pod-{r}")} for r in range(2)]
     first = trainer.run(spec, world=2, job="gpt", env=s3_server.env(), rank_env=disks)
     objects = keys(s3_server, bucket)
-    shards = [k for k in objects if k.startswith("runs/gpt/step-00000012/") and k.endswith(".distcp")]
+    shards = [k for k in objects if k.startswith("runs/default/gpt/step-00000012/claim-1/") and k.endswith(".distcp")]
     assert len(shards) == 2, objects  # one per rank, each uploaded from its own disk
     assert not (tmp_path / "pod-1" / "gpt" / "step-00000012").exists()  # rank 1 never had the whole checkpoint
-    s3_server.client().delete_object(Bucket=bucket, Key="runs/gpt/step-00000012.committed")
+    s3_server.client().delete_object(Bucket=bucket, Key="runs/default/gpt/step-00000012.claim-1.committed")
     fresh = [{C.ENV_CHECKPOINT_DIR: str(tmp_path / f"new-pod-{r}")} for r in range(2)]
     again = trainer.run(spec, world=2, job="gpt", env=s3_server.env(), rank_env=fresh)
     assert again.summary["resumedFromStep"] == 8

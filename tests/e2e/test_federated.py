@@ -4,11 +4,16 @@ accuracy; killing the aggregator pod resumes from its checkpointed round; killin
 pod leaves the rounds going (no gang restart in this mode).
 
 The operator creates the two Secrets (TLS key pair, identity credentials); the aggregator
-checkpoints to a volume that outlives its pod (the namespace's checkpoint claim).
+checkpoints to a volume that outlives its pod (the namespace's checkpoint claim), which the client
+pods mount read-only: a client that tries to plant a checkpoint for the aggregator to resume from
+(a pickle payload, a forged meta.json and fence claim) is refused by the file system. That such a
+checkpoint, were it there, would be neither run nor resumed from is tests/dist/
+test_federated_aggregator_restart.py's (a planted one, read by a restarted aggregator).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +33,30 @@ def _manifest(name: str, ns: str, cpu: str = "750m", **fed: Any) -> dict[str, An
     obj["spec"]["checkpoint"]["volume"] = dict(CHECKPOINT_VOLUME)
     obj["spec"]["federated"].update(fed)
     return obj
+
+
+# Run in a client pod: plant step-99999999 (a pickle that would create a file when unpickled), its
+# meta.json and a fence claim in the aggregator's checkpoint directory; print what the file system said.
+PLANT = """
+import errno, json, os, pickle, sys
+root = os.path.join(sys.argv[1], sys.argv[2])
+class Payload:
+    def __reduce__(self):
+        return (os.system, ("touch /tmp/pwned",))
+out = {}
+for name, body in (("step-99999999/state.pt", pickle.dumps({"model": Payload()})),
+                   ("step-99999999/meta.json", json.dumps({"step": 99999999, "format": 2}).encode()),
+                   (".fence/999999999999", json.dumps({"attempt": 0, "published": ["step-99999999"]}).encode())):
+    path = os.path.join(root, name)
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(body)
+        out[name] = "written"
+    except OSError as e:
+        out[name] = errno.errorcode.get(e.errno, str(e.errno))
+print(json.dumps(out))
+"""
 
 
 def _pods(kubectl: Any, ns: str, name: str, role: str) -> list[dict[str, Any]]:
@@ -59,6 +88,14 @@ def test_killed_aggregator_resumes_and_killed_client_is_replaced(kubectl: Any, o
     # Round 4 done: round 3's checkpoint is written (each round's is saved before the next starts).
     kubectl.wait_for("round 4", lambda: (kubectl.job(namespace, "fedkill").get("status") or {}).get("step", 0) >= 4,
                      timeout=600)  # fmt: skip
+    client = _pods(kubectl, namespace, "fedkill", "client")[0]
+    mount, = (m for m in client["spec"]["containers"][0]["volumeMounts"] if m["name"] == "checkpoints")
+    assert mount.get("readOnly") is True, mount
+    got = kubectl.run("exec", "-n", namespace, client["metadata"]["name"], "-c", "trainer", "--", "python", "-c",
+                      PLANT, mount["mountPath"], "fedkill", timeout=120)  # fmt: skip
+    planted = json.loads(got.stdout.strip().splitlines()[-1])
+    # Read-only: nothing lands where the aggregator resumes from.
+    assert planted == dict.fromkeys(planted, "EROFS") and len(planted) == 3, planted
     agg = _pods(kubectl, namespace, "fedkill", "aggregator")[0]["metadata"]["name"]
     kubectl.run("delete", "pod", agg, "-n", namespace, "--grace-period=0", "--force")
     client = _pods(kubectl, namespace, "fedkill", "client")[0]["metadata"]["name"]

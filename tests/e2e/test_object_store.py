@@ -28,7 +28,7 @@ from .test_user_image import user_job, write_corpus  # type: ignore[import-not-f
 pytestmark = pytest.mark.timeout(900)  # moto serves every ranged read single-threaded: 253 s on a loaded 2-core machine
 SECRET = "s3-credentials"
 STEPS, INTERVAL, KILL_AFTER = 300, 20, 40
-MARKER = re.compile(r"/step-(\d{8,})\.committed$")
+MARKER = re.compile(r"/step-(\d{8,})\.claim-(\d+)\.committed$")  # the commit marker of the writer's claim
 
 
 @pytest.fixture
@@ -39,11 +39,16 @@ def store(request: pytest.FixtureRequest, s3_servers: Any) -> Any:
     return s3_servers(BRIDGE_IP)
 
 
-def committed_steps(store: Any, bucket: str, job: str) -> list[int]:
-    """Steps whose commit marker is in the bucket (a checkpoint without one does not exist)."""
-    pages = store.client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"runs/{job}/")
-    return sorted(int(m.group(1)) for page in pages for o in page.get("Contents", [])
-                  if (m := MARKER.search("/" + o["Key"])))  # fmt: skip
+def committed(store: Any, bucket: str, ns: str, job: str) -> dict[int, int]:
+    """Step -> the claim whose commit marker is in the bucket under the job's prefix <uri>/<namespace>/<job>
+    (a checkpoint without one does not exist)."""
+    pages = store.client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"runs/{ns}/{job}/")
+    return {int(m.group(1)): int(m.group(2)) for page in pages for o in page.get("Contents", [])
+            if (m := MARKER.search("/" + o["Key"]))}  # fmt: skip
+
+
+def committed_steps(store: Any, bucket: str, ns: str, job: str) -> list[int]:
+    return sorted(committed(store, bucket, ns, job))
 
 
 def s3_job(name: str, ns: str, store: Any, bucket: str) -> dict[str, Any]:
@@ -57,10 +62,11 @@ def s3_job(name: str, ns: str, store: Any, bucket: str) -> dict[str, Any]:
     return obj
 
 
-def final_parameters(store: Any, bucket: str, job: str) -> dict[str, torch.Tensor]:
-    assert max(committed_steps(store, bucket, job)) == STEPS
-    body = store.client().get_object(Bucket=bucket, Key=f"runs/{job}/step-{STEPS:08d}/state.pt")["Body"].read()
-    state = torch.load(io.BytesIO(body), map_location="cpu", weights_only=False)
+def final_parameters(store: Any, bucket: str, ns: str, job: str) -> dict[str, torch.Tensor]:
+    claim = committed(store, bucket, ns, job)[STEPS]
+    key = f"runs/{ns}/{job}/step-{STEPS:08d}/claim-{claim}/state.pt"
+    body = store.client().get_object(Bucket=bucket, Key=key)["Body"].read()
+    state = torch.load(io.BytesIO(body), map_location="cpu", weights_only=True)
     return {k: v for k, v in state["model"].items() if isinstance(v, torch.Tensor)}
 
 
@@ -85,13 +91,13 @@ def test_token_data_and_checkpoints_on_s3_resume_exactly_after_a_kill(
         status = kubectl.job(namespace, killed).get("status") or {}
         if status.get("phase") in ("Succeeded", "Failed"):
             raise AssertionError(f"{killed} finished before the kill: {status}")
-        return max([s for s in committed_steps(store, bucket, killed) if s >= KILL_AFTER], default=0)
+        return max([s for s in committed_steps(store, bucket, namespace, killed) if s >= KILL_AFTER], default=0)
 
     kubectl.wait_for(f"{killed} to commit step {KILL_AFTER} to the bucket", checkpointed, timeout=450, interval=0.3)
     volumes = [v for p in kubectl.pods(namespace, killed) for v in p["spec"].get("volumes") or []]
     assert not [v for v in volumes if "persistentVolumeClaim" in v or "hostPath" in v], volumes
     kill_when_running(cluster, kubectl, namespace, killed, f"{killed}-worker-1")
-    assert max(committed_steps(store, bucket, killed)) < STEPS, "the kill came after the last step: raise STEPS"
+    assert max(committed_steps(store, bucket, namespace, killed)) < STEPS, "the kill came after the last step: raise STEPS"
     wait_restarts(kubectl, namespace, killed, 1)
     done = {name: kubectl.wait_phase(namespace, name, ("Succeeded", "Failed"), timeout=450) for name in names}
     for name, job in done.items():
@@ -100,7 +106,7 @@ def test_token_data_and_checkpoints_on_s3_resume_exactly_after_a_kill(
     resumed = done[killed]["status"]["result"]["resumedFromStep"]
     # The new gang's pods had empty checkpoint folders: the step came from the bucket.
     assert KILL_AFTER <= resumed < STEPS, done[killed]["status"]["result"]
-    ref, got = final_parameters(store, bucket, reference), final_parameters(store, bucket, killed)
+    ref, got = final_parameters(store, bucket, namespace, reference), final_parameters(store, bucket, namespace, killed)
     assert ref.keys() == got.keys() and ref
     worst = max(float((ref[k].double() - got[k].double()).abs().max()) for k in ref)
     print(f"resumed from step {resumed} (from s3://{bucket}/runs); max |killed - reference| over {len(ref)} "
@@ -108,6 +114,8 @@ def test_token_data_and_checkpoints_on_s3_resume_exactly_after_a_kill(
     assert worst <= 1e-6
     # The final model is exported beside the checkpoints in the bucket, weights first, model.json last.
     export = done[killed]["status"]["result"]["export"]
-    assert export["path"] == f"s3://{bucket}/runs/{killed}/export" and export["step"] == STEPS, export
+    assert export["path"] == f"s3://{bucket}/runs/{namespace}/{killed}/export" and export["step"] == STEPS, export
     for name in (export["weights"], "model.json"):
-        store.client().head_object(Bucket=bucket, Key=f"runs/{killed}/export/{name}")
+        store.client().head_object(Bucket=bucket, Key=f"runs/{namespace}/{killed}/export/{name}")
+    # The new gang claimed the prefix after the killed one: its last checkpoint is under a newer claim.
+    assert committed(store, bucket, namespace, killed)[STEPS] > 1

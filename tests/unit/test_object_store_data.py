@@ -1,7 +1,8 @@
 """Data on a real S3-compatible server (moto in server mode on loopback, keys checked): token
 windows read by ranged GETs give exactly the batches of the same local file, other formats are
-staged once, and every bad store (missing bucket, refused keys, missing object, closed port) is
-refused before training with the URI and what is wrong."""
+staged once, and every bad store (missing bucket, refused keys, missing object, closed port, a key
+that would be written outside the staging folder) is refused before training with the URI and what
+is wrong."""
 
 from __future__ import annotations
 
@@ -110,6 +111,19 @@ def test_a_missing_bucket_a_missing_object_and_a_truncated_one_are_config_errors
     assert "truncated" in msg and "3 bytes" in msg
     msg = _refused(spec({"path": f"s3://{bucket}/rows", "format": "npy"}, aws_env.url, {"name": "mlp"}), tmp_path)
     assert f"s3://{bucket}/rows does not exist" in msg
+
+
+@pytest.mark.parametrize(("key", "why"), [("rows/a/../../../escaped.npy", "has a '..' component"),
+                                         ("rows//escaped.npy", "is absolute")])
+def test_an_object_key_that_would_leave_the_staging_folder_is_refused_naming_it(
+    aws_env: Any, tmp_path: Path, key: str, why: str
+) -> None:
+    bucket = aws_env.bucket("keys")
+    for name in ("rows/x.npy", "rows/y.npy", key):
+        aws_env.client().put_object(Bucket=bucket, Key=name, Body=b"\x93NUMPY")
+    msg = _refused(spec({"path": f"s3://{bucket}/rows", "format": "npy"}, aws_env.url, {"name": "mlp"}), tmp_path)
+    assert f"object key s3://{bucket}/{key} {why}" in msg and "refused" in msg, msg
+    assert not list(tmp_path.rglob("escaped.npy"))
 
 
 def test_refused_credentials_are_a_config_error(aws_env: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

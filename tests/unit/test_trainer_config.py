@@ -96,3 +96,20 @@ def test_cross_field_rules_apply(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigError, match="spec.data.name"):
         load_config({C.ENV_CONFIG: str(path), C.ENV_RANK: "0"})
+
+
+@pytest.mark.parametrize(("mode", "role", "node_rank", "writes"), [
+    ("data", "", 1, True), ("federated", C.ROLE_AGGREGATOR, 0, True), ("federated", C.ROLE_CLIENT, 0, False),
+    ("paramserver", C.ROLE_SERVER, 1, True), ("paramserver", C.ROLE_WORKER, 0, True),
+    ("paramserver", C.ROLE_WORKER, 1, False),
+])  # fmt: skip
+def test_only_the_pods_that_write_checkpoints_attach_the_bucket(tmp_path: Path, mode: str, role: str, node_rank: int,
+                                                                writes: bool) -> None:  # fmt: skip
+    """The same answer as the operator's mounts and credentials (disttrain_api.checkpoint_access): a
+    federated client or parameter-server worker 1 never touches checkpoint.uri (it has no credentials)."""
+    path = tmp_path / "config.json"
+    body = {"mode": mode, "workers": {"replicas": 2}, "model": {"name": "mlp"}, "data": {"name": "digits"}}
+    path.write_text(json.dumps(to_json(parse_spec(body))))
+    cfg = load_config({C.ENV_CONFIG: str(path), C.ENV_WORLD_SIZE: "2", C.ENV_RANK: str(node_rank),
+                       C.ENV_NODE_RANK: str(node_rank), C.ENV_ROLE: role})  # fmt: skip
+    assert cfg.writes_checkpoints is writes

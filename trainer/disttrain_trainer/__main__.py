@@ -57,7 +57,8 @@ def main() -> int:
 def _main() -> int:
     try:
         cfg = load_config()
-        remote_checkpoints.attach_spec(cfg.spec, cfg.job, cfg.checkpoint_dir)
+        if cfg.writes_checkpoints:  # a pod that does not (a federated client) has no credentials for them
+            remote_checkpoints.attach_spec(cfg.spec, namespace=cfg.namespace, job=cfg.job, root=cfg.checkpoint_dir)
         try:
             # The mode's package only: a federated client never loads the data loop's modules.
             entry = entry_for(cfg.spec)

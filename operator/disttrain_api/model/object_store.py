@@ -20,7 +20,15 @@ class ObjectStoreSpec:
     credentials_secret: str | None = fld(
         None,
         pattern=DNS_SUBDOMAIN_PATTERN,
-        desc="A Secret in the job's namespace with keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, handed to "
-        "every pod that reads data or checkpoints as environment variables (the operator never reads it); "
-        "empty: the pods' own credentials (e.g. a node role).",
+        desc="A Secret in the job's namespace with keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, handed as "
+        "environment variables to the pods that write checkpoints (workers, the federated aggregator, "
+        "parameter servers and worker 0) and, without checkpoint.uri, to every pod (the operator never reads "
+        "it); empty: the pods' own credentials (e.g. a node role).",
+    )
+    data_credentials_secret: str | None = fld(
+        None,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        desc="A Secret like credentialsSecret, for the pods that only read data (federated clients, "
+        "parameter-server workers but worker 0): give it read access to data.path only. With checkpoint.uri "
+        "these pods never get credentialsSecret, so without this Secret they use their own credentials.",
     )

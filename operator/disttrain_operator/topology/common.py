@@ -13,8 +13,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from disttrain_api import checkpoint_access, pod_rules
 from disttrain_api import constants as c
-from disttrain_api import pod_rules
 from disttrain_api.model import API_VERSION, KIND, JobSpec, to_json
 
 from ..settings import GpuPods
@@ -277,9 +277,15 @@ def build_pod(
         port_name = METRICS_PORT_NAME if local == 0 else f"{METRICS_PORT_NAME}-{local}"
         container_ports.append({"name": port_name, "containerPort": spec.metrics.port + local, "protocol": "TCP"})
     tmp_mount = {"name": "tmp", "mountPath": c.TMP_MOUNT_DIR}
+    # A pod that writes no checkpoint (a federated client) may read the volume (model.init), never change
+    # it: whatever it left there would be read by the writer that resumes (checkpoint_access.py).
+    writer = checkpoint_access.writes_checkpoints(spec.mode, role, index)
+    checkpoint_mount: dict[str, Any] = {"name": "checkpoints", "mountPath": spec.checkpoint.path}
+    if not writer:
+        checkpoint_mount["readOnly"] = True
     volume_mounts = [
         {"name": "config", "mountPath": c.CONFIG_MOUNT_DIR, "readOnly": True},
-        {"name": "checkpoints", "mountPath": spec.checkpoint.path},
+        checkpoint_mount,
         {"name": "run", "mountPath": RUN_DIR},
         tmp_mount,
     ]
@@ -313,7 +319,8 @@ def build_pod(
     user_env = list(template.pop("env", []) or []) + list(user_container.pop("env", []) or [])
     container["env"] = _merge_env({**WRITABLE_ENV, **env}, user_env)
     taken = {e.get("name") for e in container["env"]}
-    container["env"] += [e for e in object_store_env(spec) if e["name"] not in taken]  # the user's own env wins
+    store_env = object_store_env(spec, writes_checkpoints=writer)
+    container["env"] += [e for e in store_env if e["name"] not in taken]  # the user's own env wins
     user_mounts = list(template.pop("volumeMounts", []) or []) + list(user_container.pop("volumeMounts", []) or [])
     container["volumeMounts"] = _merge_named(volume_mounts, user_mounts)
     user_container.pop("name", None)

@@ -199,7 +199,9 @@ def clean_partial(root: Path) -> list[Path]:
 def take_over(root: Path, writer: fence.Writer) -> fence.Claim:
     """What a writer does before it reads anything: claim the directory, finish interrupted
     replacements, remove partial writes."""
-    remote.sync_down(root)  # spec.checkpoint.uri: the committed checkpoints, before the claim counts them
+    # spec.checkpoint.uri: claim the bucket's prefix, then fetch what that claim may pick, before the
+    # local claim counts what is here.
+    remote.take_over(root, writer)
     mine = fence.claim(root, writer)
     clean_partial(root)
     return mine

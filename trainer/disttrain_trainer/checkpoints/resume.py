@@ -45,15 +45,18 @@ def agree_on_checkpoint(
             loaded = _pick(root, sharded=sharded)
         except fence.Fenced as e:
             refused = str(e)
-    choice = [refused or ((loaded[0], isinstance(loaded[1], Path)) if loaded is not None else None)]
+    picked = None
+    if loaded is not None:  # spec.checkpoint.uri: the marker rank 0's copy came from, for the other pods
+        picked = (loaded[0], isinstance(loaded[1], Path), remote.source_of(root, ckpt.name_for(loaded[0])))
+    choice = [refused or picked]
     dist.broadcast_object_list(choice, src=0)
     if isinstance(choice[0], str):
         raise fence.Fenced(choice[0])
     if choice[0] is None:
         return None
-    step, is_dcp = choice[0]
+    step, is_dcp, marker = choice[0]
     if not ctx.is_main:  # spec.checkpoint.uri: a pod of its own downloads what rank 0 picked
-        remote.ensure_local(root, ckpt.name_for(step))
+        remote.ensure_local(root, ckpt.name_for(step), marker)
     if is_dcp:
         return step, root / ckpt.name_for(step)
     if loaded is None:

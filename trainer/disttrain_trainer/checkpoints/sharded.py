@@ -8,7 +8,9 @@ DCP's own final step has passed, rank 0 fsyncs, publishes and prunes it in the
 directory layout of checkpoints/directory.py, whose full `state.pt` checkpoints sit
 in the same folder and load here too. `verify` tells whether one can be loaded
 before any rank reads it: a damaged newest checkpoint is moved aside and the
-gang resumes from the one before, instead of failing on it at every restart.
+gang resumes from the one before, instead of failing on it at every restart. Nothing is unpickled
+with the standard loader: DCP's `.metadata` through safe_state.SafeReader, its non-tensor items
+through safe_state.SafeLoadPlanner, extra.pt weights-only.
 
 Model and optimizer state go through `get_state_dict`/`set_state_dict`, which
 key everything by parameter name (FQN) whatever the wrapping (DDP, FSDP2,
@@ -31,7 +33,6 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -40,7 +41,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from . import directory as cdir
-from . import fence, remote
+from . import fence, remote, safe_state
 from . import whole as ckpt
 
 FORMAT = "dcp"
@@ -82,7 +83,7 @@ def verify(path: Path) -> str | None:
     if problem is not None:
         return problem
     try:
-        metadata = FileSystemReader(path).read_metadata()
+        metadata = safe_state.SafeReader(path).read_metadata()
     except Exception as e:  # noqa: BLE001 - whatever the unpickler says, the checkpoint is unusable
         return f"{DCP_METADATA} does not load: {type(e).__name__}: {e}"
     needed: dict[str, int] = {}
@@ -96,7 +97,7 @@ def verify(path: Path) -> str | None:
         if size < end:
             return f"shard file {name} has {size} bytes, {DCP_METADATA} needs {end}"
     try:
-        torch.load(path / EXTRA_FILE, map_location="cpu", weights_only=False)
+        safe_state.load(path / EXTRA_FILE)
     except Exception as e:  # noqa: BLE001
         return f"{EXTRA_FILE} does not load: {type(e).__name__}: {e}"
     return None
@@ -171,10 +172,23 @@ def _publish_remote(root: Path, tmp: Path, final: Path, keep: int) -> None:
     others = re.compile(r"^__\d+_\d+\.distcp$")
     files = sorted(f.name for f in source.iterdir() if f.is_file()
                    and (mine.match(f.name) or (rank == 0 and not others.match(f.name))))  # fmt: skip
+    # Rank 0 checks its claim on the bucket and names the folder (its claim's) every rank uploads into.
+    folder, outcome = "", None  # outcome: (kind, message) when rank 0 cannot go on
+    if rank == 0:
+        try:
+            folder = remote.prepare(root, name) or ""
+        except fence.Fenced as e:
+            outcome = ("fenced", str(e))
+        except Exception as e:  # noqa: BLE001 - every rank must hear of it, not wait forever
+            outcome = ("error", f"{type(e).__name__}: {e}")
+    folder, outcome = _from_rank0((folder, outcome))
+    if outcome is not None and rank != 0 and source == tmp:
+        shutil.rmtree(tmp, ignore_errors=True)
+    _raise(outcome)
     sizes: dict[str, int] = {}
     problem = ""
     try:
-        sizes = remote.upload(root, source, name, files)
+        sizes = remote.upload(root, source, folder, files)
     except Exception as e:  # noqa: BLE001 - every rank must hear of it, not wait forever
         problem = f"rank {rank}: {type(e).__name__}: {e}"
     if rank != 0 and source == tmp:
@@ -183,13 +197,14 @@ def _publish_remote(root: Path, tmp: Path, final: Path, keep: int) -> None:
     if dist.is_initialized():
         parts = [None] * dist.get_world_size()
         dist.all_gather_object(parts, (sizes, problem))
-    outcome: tuple[str, str] | None = None
     problems = [p for _, p in parts if p]
     if problems:
         outcome = ("error", "; ".join(problems))
     elif rank == 0:
         try:
             remote.commit(root, name, {k: v for s, _ in parts for k, v in s.items()}, keep)
+        except fence.Fenced as e:
+            outcome = ("fenced", str(e))
         except Exception as e:  # noqa: BLE001
             outcome = ("error", f"{type(e).__name__}: {e}")
     _raise(_from_rank0(outcome))
@@ -207,7 +222,7 @@ def _raise(outcome: tuple[str, str] | None) -> None:
 def _publish(root: Path, tmp: Path, step: int, *, extra: dict[str, Any], keep: int, layout: str,
              writer: fence.Claim) -> None:  # fmt: skip
     """Rank 0, once every rank's shards are on disk: extra.pt, meta.json with the manifest, publish, prune."""
-    torch.save(extra, tmp / EXTRA_FILE)
+    torch.save(safe_state.plain(extra, "extra"), tmp / EXTRA_FILE)
     cdir.fsync_file(tmp / EXTRA_FILE)
     files = cdir.manifest(tmp)
     world = dist.get_world_size() if dist.is_initialized() else 1
@@ -245,10 +260,11 @@ def load(path: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer | Non
         state: dict[str, Any] = {"model": model_sd}
         if optims:
             state["optimizer"] = optim_sd
-        dcp.load(state, checkpoint_id=path)
+        dcp.load(state, checkpoint_id=path, storage_reader=safe_state.SafeReader(path),
+                 planner=safe_state.SafeLoadPlanner())  # fmt: skip
         set_state_dict(model, optims, model_state_dict=state["model"], optim_state_dict=state.get("optimizer", {}))
-        return torch.load(path / EXTRA_FILE, map_location="cpu", weights_only=False)
-    full = torch.load(path / ckpt.STATE_FILE, map_location="cpu", weights_only=False)
+        return safe_state.load(path / EXTRA_FILE)
+    full = safe_state.load(path / ckpt.STATE_FILE)
     return load_full(full, model=model, optimizer=optimizer)
 
 

@@ -3,7 +3,9 @@ state, so it loads at any world size) and `meta.json`, in the directory layout o
 (atomic publish, atomic re-save, newest-k pruning, unreadable ones moved aside, writers fenced).
 
 `load(root, step)` reads one exact step, so every rank can load the step rank 0 chose;
-`load_latest` returns the newest one that loads and moves the ones that do not aside.
+`load_latest` returns the newest one that loads and moves the ones that do not aside. state.pt
+holds tensors and plain values only and is read weights-only (safe_state.py): a file that would
+need a code-running unpickler (planted, or of an older disttrain) is refused and moved aside.
 
 `AsyncSaver` keeps the write off the training loop: the loop pays only for a copy
 of the state into host memory (`snapshot`), a background thread serialises and
@@ -32,14 +34,17 @@ import torch
 from disttrain_api import constants as C
 
 from . import directory as cdir
-from . import fence, remote
+from . import fence, remote, safe_state
 from .directory import META_FILE, TMP_PREFIX, clean_partial, name_for, prune
 
 __all__ = ["META_FILE", "STATE_FILE", "TMP_PREFIX", "AsyncSaver", "SaveResult", "clean_partial", "list_checkpoints",
            "load", "load_latest", "name_for", "prune", "save", "snapshot"]  # fmt: skip
 
 STATE_FILE = "state.pt"
-FORMAT = 1
+# 2: tensors and plain values only (numpy RNG state as lists); 1: the same layout, written before
+# that, readable only where it happens to hold nothing else (e.g. the federated aggregator's).
+FORMAT = 2
+FORMATS = (1, FORMAT)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,7 +57,7 @@ class SaveResult:
 def list_checkpoints(root: Path) -> list[tuple[int, Path]]:
     """Checkpoints of this format (state.pt) this process may pick, oldest first."""
     return [(e.step, e.path) for e in cdir.entries(root)
-            if e.meta is not None and e.meta.get("format", FORMAT) == FORMAT and (e.path / STATE_FILE).is_file()]  # fmt: skip
+            if e.meta is not None and e.meta.get("format", 1) in FORMATS and (e.path / STATE_FILE).is_file()]  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -89,8 +94,10 @@ def _write_state(path: Path, state: dict[str, Any], step: int) -> None:
 def save(root: Path, state: dict[str, Any], step: int, *, keep: int, world_size: int) -> SaveResult:
     """Write `state` as checkpoint `step` atomically, then keep only the newest `keep`.
 
-    Raises fence.Fenced, having changed nothing, when a newer writer claimed `root`."""
+    Raises fence.Fenced, having changed nothing, when a newer writer claimed `root`; TypeError,
+    naming the key, when `state` holds a value that is neither a tensor nor plain (safe_state.plain)."""
     start = time.perf_counter()
+    state = safe_state.plain(state)
     root.mkdir(parents=True, exist_ok=True)
     mine = fence.check(root, f"write {name_for(step)}")
     tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{name_for(step)}-", dir=root))
@@ -221,12 +228,13 @@ class AsyncSaver:
 
 
 def load(root: Path, step: int, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Checkpoint `step` exactly; raises when it is missing, incomplete or does not load."""
+    """Checkpoint `step` exactly; raises when it is missing, incomplete or does not load, and
+    safe_state.UnsafeCheckpoint when it holds more than tensors and plain values."""
     path = root / name_for(step)
     problem = cdir.manifest_problem(path, cdir.read_meta(path))
     if problem is not None:
         raise ValueError(f"{path}: {problem}")
-    return torch.load(path / STATE_FILE, map_location=map_location, weights_only=False)
+    return safe_state.load(path / STATE_FILE, map_location)
 
 
 def load_latest(

@@ -27,6 +27,7 @@ from disttrain_api.model import JobSpec
 from disttrain_api.object_store_rules import is_uri
 
 from ..process.config import ConfigError
+from ..process.safe_paths import UnsafePath, contained
 from .cache import build_once
 
 __all__ = ["StoreUnreachable", "Store", "check_bucket", "is_uri", "split", "stage", "store_for"]
@@ -182,14 +183,18 @@ def stage(spec: JobSpec, cache: Path) -> Path:
     def download(tmp: Path) -> None:
         fs = store.filesystem()
         try:
+            top = contained(tmp, base, what=f"{uri}: its last segment", flat=True)
             if single:
-                fs.get_file(uri, str(tmp / base))
+                fs.get_file(uri, str(top))
             else:
                 prefix = uri[len(C.OBJECT_STORE_SCHEME):].rstrip("/") + "/"
                 for name, _, _ in objs:
-                    local = tmp / base / name[len(prefix):]
+                    # A key is the bucket's to choose: one naming `..` or an absolute path is refused.
+                    local = contained(top, name[len(prefix):], what=f"object key {C.OBJECT_STORE_SCHEME}{name}")
                     local.parent.mkdir(parents=True, exist_ok=True)
                     fs.get_file(f"{C.OBJECT_STORE_SCHEME}{name}", str(local))
+        except UnsafePath as e:
+            raise ConfigError(f"spec.data.path: {e}") from None
         except Exception as e:  # noqa: BLE001
             raise explain(e, uri, "spec.data.path", store) from None
         (tmp / ".staged").write_text(json.dumps(objs))

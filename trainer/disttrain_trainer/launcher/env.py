@@ -174,6 +174,7 @@ def process_env(
             C.ENV_NODE_RANK: str(slot.node_rank),
             C.ENV_NPROC_PER_NODE: str(gang.procs_per_worker),
             C.ENV_JOB: gang.job,
+            C.ENV_NAMESPACE: C.LOCAL_NAMESPACE,
             C.ENV_CONFIG: str(gang.config_path),
             C.ENV_RESTART_ATTEMPT: str(gang.restart_attempt),
             C.ENV_CHECKPOINT_DIR: str(gang.checkpoint_dir),

@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from disttrain_api import checkpoint_access, validation
 from disttrain_api import constants as C
-from disttrain_api import validation
 from disttrain_api.model import JobSpec, SpecError, parse_spec
 
 DEFAULT_RENDEZVOUS_TIMEOUT_S = 300.0
@@ -70,13 +70,20 @@ class TrainerConfig:
     device: str | None  # "cpu" | "cuda" | None (auto)
     restart_attempt: int = 0
     job_uid: str = ""  # the job's UID (operator pods); with restart_attempt it names a checkpoint writer
-    namespace: str = "default"  # the job's namespace (a metrics label)
+    namespace: str = "default"  # the job's namespace (a metrics label, part of spec.checkpoint.uri's prefix)
+    role: str = ""  # DISTTRAIN_ROLE: federated and parameter-server pods' side (aggregator, client, ...)
     # Train on CPU when GPUs were asked for but none is visible (spec.workers.allowCPUFallback
     # or the operator's DISTTRAIN_ALLOW_CPU_FALLBACK); otherwise that is a config error.
     allow_cpu_fallback: bool = False
     # How long a rank waits for MASTER_ADDR to resolve and for the gang to join. Peer
     # pods may stay Pending for minutes; past this the rank exits FAILED and is retried.
     rendezvous_timeout_s: float = DEFAULT_RENDEZVOUS_TIMEOUT_S
+
+    @property
+    def writes_checkpoints(self) -> bool:
+        """Whether this pod writes checkpoints or the export (disttrain_api.checkpoint_access): one that
+        does not is given no write access to them (a read-only volume, no checkpoint credentials)."""
+        return checkpoint_access.writes_checkpoints(self.spec.mode, self.role, self.node_rank)
 
     def for_local_rank(self, local_rank: int) -> TrainerConfig:
         """The config of local rank i in a pod that runs NPROC_PER_NODE processes."""
@@ -195,6 +202,7 @@ def load_config(environ: Mapping[str, str] | None = None) -> TrainerConfig:
         restart_attempt=_int(env, C.ENV_RESTART_ATTEMPT, 0),
         job_uid=env.get(C.ENV_JOB_UID) or "",
         namespace=env.get(C.ENV_NAMESPACE) or "default",
+        role=env.get(C.ENV_ROLE) or "",
         allow_cpu_fallback=spec.workers.allow_cpu_fallback
         or (env.get(C.ENV_ALLOW_CPU_FALLBACK) or "").strip().lower() in ("1", "true", "yes", "on"),
         rendezvous_timeout_s=_positive_float(env, C.ENV_RENDEZVOUS_TIMEOUT, DEFAULT_RENDEZVOUS_TIMEOUT_S),

@@ -35,10 +35,10 @@ from disttrain_api import constants as C
 from disttrain_api.model import ModelSpec
 from safetensors import SafetensorError, safe_open
 from torch import nn
-from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from ..checkpoints import directory as cdir
+from ..checkpoints import safe_state
 from ..checkpoints import sharded as sharded_ckpt
 from ..checkpoints import whole as whole_ckpt
 from ..parallel.blocks import split_blocks
@@ -200,10 +200,10 @@ def checkpoint_source(path: Path, model: nn.Module) -> Source:
     if sharded_ckpt.is_sharded_checkpoint(path):
         return _dcp_source(path)
     try:
-        # A checkpoint is a pickle (sampler and RNG state beside the weights): point model.init only
-        # at checkpoints you trust; safetensors files carry nothing but tensors.
-        state = torch.load(path / whole_ckpt.STATE_FILE, map_location="cpu", weights_only=False)
-    except Exception as e:  # noqa: BLE001 - whatever the unpickler says, the file is unusable
+        # Read weights-only (checkpoints/safe_state.py): a file that names anything but tensors and
+        # plain values is refused unread, whoever wrote it.
+        state = safe_state.load(path / whole_ckpt.STATE_FILE)
+    except Exception as e:  # noqa: BLE001 - whatever the loader says, the file is unusable
         raise ConfigError(f"model.init {path / whole_ckpt.STATE_FILE}: does not load ({type(e).__name__}: {e})") from None
     tensors = _model_tensors(path, state, model)
     return Source(path=path, shapes={n: tuple(t.shape) for n, t in tensors.items()},
@@ -233,7 +233,10 @@ def _from_blocks(blocks_state: dict[str, torch.Tensor], model: nn.Module) -> dic
 
 
 def _dcp_source(path: Path) -> Source:
-    metadata = FileSystemReader(path).read_metadata()
+    try:
+        metadata = safe_state.SafeReader(path).read_metadata()
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"model.init {path}: DCP metadata does not load ({type(e).__name__}: {e})") from None
     found = {
         k[len(DCP_MODEL_PREFIX):]: md
         for k, md in metadata.state_dict_metadata.items()
@@ -246,7 +249,8 @@ def _dcp_source(path: Path) -> Source:
         # DCP warns that it assumes one process, which is the point here.
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
-            dcp.load({"model": model}, checkpoint_id=path, no_dist=True)
+            dcp.load({"model": model}, checkpoint_id=path, no_dist=True, storage_reader=safe_state.SafeReader(path),
+                     planner=safe_state.SafeLoadPlanner())  # fmt: skip
         return model
 
     return Source(path=path, shapes={n: tuple(md.size) for n, md in found.items()}, read=read)

@@ -66,7 +66,7 @@ class Run:
 
     def state(self) -> dict[str, Any]:
         """Everything a resume needs; a sharded model's model and optimizer go to DCP instead."""
-        return {**self._own_state(), **self._rank_parts(rank_state.gather_now(self._rank_part(), self.ctx.world_size))}
+        return {**self._own_state(), **self._rank_parts(rank_state.gather_now(self._rank_part(), self.ctx.world_size, self.ctx.device))}
 
     def _own_state(self) -> dict[str, Any]:
         """The state without the per-rank parts (RNG streams, comm-hook state)."""
@@ -147,7 +147,8 @@ class Run:
         part = self._rank_part()
         # PowerSGD's error feedback is model-sized: gathered synchronously; RNG streams alone fit a slot.
         ws = self.ctx.world_size
-        pending = rank_state.gather_now(part, ws) if part[1] is not None else rank_state.gather_async(part, ws, self.ctx.device)
+        dev = self.ctx.device
+        pending = rank_state.gather_now(part, ws, dev) if part[1] is not None else rank_state.gather_async(part, ws, dev)
         if not self.ctx.is_main:
             self._gather = pending  # its send buffer lives until the collective completes
             return
