@@ -41,6 +41,7 @@ from .scraper import Endpoint, ProgressScraper
 from .settings import OperatorSettings
 from .statusdiff import ProgressWrites, merge_patch, progress_only
 from .topology.common import BuildContext, config_map_name
+from .topology.served import server_name
 
 log = logging.getLogger("disttrain.operator")
 EventFn = Callable[[dict[str, Any], str, str, str], None]
@@ -179,7 +180,7 @@ class Reconciler:
         all_views = [pod_view(p, now) for p in raw_pods]
         views = [v for v in all_views if v.role == role]
 
-        source = _progress_source(mode, status, views, all_views) if effective is not None else None
+        source = _progress_source(mode, status, views, all_views, key, meta["uid"]) if effective is not None else None
         prog = self.scraper.latest(key) if source is not None else None
         taken = self.scraper.taken_at(key) if prog is not None else None
 
@@ -204,7 +205,7 @@ class Reconciler:
         # decides it runs: that reconcile's own status write may be the job's last watch event
         # for a long time (steady pods send none), and the first reading triggers the next one.
         run = plan.spec
-        source = _progress_source(mode, plan.status, views, all_views) if run is not None else None
+        source = _progress_source(mode, plan.status, views, all_views, key, meta["uid"]) if run is not None else None
         self.scraper.target(key, Endpoint(source.ip, run.metrics.port) if source and source.ip and run else None)
         servers_seen = any(v.role in (c.ROLE_AGGREGATOR, c.ROLE_SERVER) for v in all_views)
         again = self._apply(key, job, status, plan, views, servers_seen, mono)
@@ -331,14 +332,19 @@ class Reconciler:
         return blocked, delay
 
 
-def _progress_source(mode: str, status: dict[str, Any], views: list[PodView], all_views: list[PodView]
-                     ) -> PodView | None:  # fmt: skip
-    """The running pod whose metrics endpoint tells the job's progress, if the job runs."""
+def _progress_source(mode: str, status: dict[str, Any], views: list[PodView], all_views: list[PodView],
+                     key: JobKey, uid: str) -> PodView | None:  # fmt: skip
+    """The running pod whose metrics endpoint tells the job's progress, if the job runs: one of the
+    job's own (a pod that merely carries the job's labels is never read)."""
     if status.get("phase") != RUNNING:
         return None
-    attempt = max([int(status.get("attempt") or 0), *(v.attempt for v in views)])
+    ours = [v for v in views if v.owner_uid == uid]
+    attempt = max([int(status.get("attempt") or 0), *(v.attempt for v in ours)])
     if mode == "federated":
-        # Rounds are counted (and checkpointed) by the aggregator, not by client 0.
+        # Rounds are counted (and checkpointed) by the aggregator, not by client 0. Its pod's
+        # controller is the ReplicaSet of the job's aggregator Deployment.
+        replica_sets = f"{server_name(key[1], c.ROLE_AGGREGATOR)}-"
         return next((v for v in all_views if v.role == c.ROLE_AGGREGATOR and v.phase == "Running"
-                     and not v.deleting), None)
-    return next((v for v in views if v.index == 0 and v.attempt == attempt and v.phase == "Running"), None)
+                     and not v.deleting and v.owner_kind == "ReplicaSet" and v.owner_name.startswith(replica_sets)),
+                    None)  # fmt: skip
+    return next((v for v in ours if v.index == 0 and v.attempt == attempt and v.phase == "Running"), None)
