@@ -20,6 +20,7 @@ from typing import Any
 
 from disttrain_api.model import KIND, JobSpec
 
+from . import job_secrets
 from .decision import (
     FAILED,
     IMMUTABLE_FIELDS,
@@ -199,6 +200,9 @@ def _decide(obs: Observed, foreign: list[PodView]) -> Plan:
             b.phase(PENDING, f"waiting for the garbage collector to delete {len(earlier)} pod(s) of an earlier "
                              f"job with this name (e.g. {earlier[0].name})")
             return finish()
+        if mint := job_secrets.due(spec, st, obs.now, obs.tls_renew_before_s):
+            # Created and recorded in the status by this reconcile; the gang, mounting them, by the next.
+            return finish(mint_secrets=mint)
         n = len(current)
         msg = f"created {replicas} {spec.mode}-parallel worker pods (attempt {attempt})"
         # Assumes the creation succeeds; the glue writes blocked.creation_blocked's status instead when not.

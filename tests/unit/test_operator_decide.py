@@ -336,8 +336,10 @@ def test_pods_that_only_copy_the_jobs_labels_do_not_block_its_creation() -> None
     assert not any(r == "NameConflict" for _, r, _ in plan.events)
     # A federated job's gang are its clients: a copy named like a worker holds none of their names.
     fed = api.parse_spec({"mode": "federated", "workers": {"replicas": 2}})
-    assert decide(obs(None, [pod(0)], uid="new-uid", name="j", spec=fed)).create
-    assert not decide(obs(None, [pod(0, name="j-client-0")], uid="new-uid", name="j", spec=fed)).create
+    free = decide(obs(None, [pod(0)], uid="new-uid", name="j", spec=fed))
+    assert free.mint_secrets == ("identity", "tls") and cond(free.status, "NameConflict") is None
+    held = decide(obs(None, [pod(0, name="j-client-0")], uid="new-uid", name="j", spec=fed))
+    assert not held.mint_secrets and cond(held.status, "NameConflict")["status"] == "True"  # type: ignore[index]
 
 
 def test_foreign_pods_beside_a_running_gang_are_never_counted_or_deleted() -> None:

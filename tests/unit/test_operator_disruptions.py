@@ -18,6 +18,9 @@ RUNNING = {
     "startTime": format_time(NOW - timedelta(seconds=30)), "observedGeneration": 1,
     "conditions": [{"type": "Created", "status": "True", "reason": "GangCreated"},
                    {"type": "Running", "status": "True", "reason": "GangRunning"}],
+    # The Secrets a federated or paramserver gang mounts (data mode needs none).
+    "secrets": {"identity": "j-identity-0a1b2c3d4e", "tls": "j-tls-0a1b2c3d4e",
+                "tlsNotAfter": format_time(NOW + timedelta(days=300))},
 }  # fmt: skip
 
 
