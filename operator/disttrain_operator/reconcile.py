@@ -184,7 +184,8 @@ class Reconciler:
         kube = self.kube
         meta = job["metadata"]
         ns, name = key
-        restarting = int(plan.status.get("attempt") or 0) > int(old.get("attempt") or 0) and not plan.create
+        restarting = (int(plan.status.get("attempt") or 0) > int(old.get("attempt") or 0) and not plan.create
+                      and not plan.mint_secrets)  # a resume creates (or mints for) the gang: no restart
         retry: float | None = None
         if plan.mint_secrets and plan.spec is not None:
             plan, retry = self._mint(key, job, old, plan, pods)
