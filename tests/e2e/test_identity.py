@@ -209,9 +209,11 @@ def check_a_client_pod(kubectl: Kubectl, ns: str, name: str, planted_key: bytes)
     uid = kubectl.job(ns, name)["metadata"]["uid"].replace("-", "")[:8]
 
     def running(role: str) -> dict[str, Any] | None:
-        return next((p for p in kubectl.pods(ns, name) if p["metadata"]["labels"].get("disttrain.dev/role") == role
-                     and p["status"].get("phase") == "Running" and p["status"].get("podIP")
-                     and not p["metadata"].get("deletionTimestamp")), None)  # fmt: skip
+        """The newest running pod of `role` (an aggregator of the gang before the renewal may linger)."""
+        pods = [p for p in kubectl.pods(ns, name) if p["metadata"]["labels"].get("disttrain.dev/role") == role
+                and p["status"].get("phase") == "Running" and p["status"].get("podIP")
+                and not p["metadata"].get("deletionTimestamp")]  # fmt: skip
+        return max(pods, key=lambda p: p["metadata"]["creationTimestamp"], default=None)
 
     aggregator = kubectl.wait_for("the aggregator running", lambda: running("aggregator"), timeout=60)
     client = kubectl.wait_for("a client pod running", lambda: running("client"), timeout=60)
