@@ -34,7 +34,7 @@ from .blocked import creation_blocked
 from .cache import JobCache, JobKey
 from .creation import Outcome, create_children, delete_servers
 from .decide import decide, needs_recheck
-from .decision import PENDING, RUNNING, TERMINAL, Observed, Plan
+from .decision import PENDING, RUNNING, Observed, Plan
 from .expectations import Expectations
 from .kube import Conflict, Kube
 from .observe import PodView, controller_of, pod_view
@@ -171,9 +171,9 @@ class Reconciler:
         again = self._apply(key, job, status, plan, views, servers_seen, mono)
         if needs_recheck(obs, plan):
             again = min(again if again is not None else settings.poll_interval_s, settings.poll_interval_s)
-        if run is not None and plan.status.get("phase") not in TERMINAL and (
+        if run is not None and plan.status.get("phase") in (PENDING, RUNNING) and (
             renew := job_secrets.seconds_until_due(run, plan.status, now, settings.tls_renew_before_s)
-        ) is not None:  # the clock alone makes the certificate due: no event would say so
+        ) is not None:  # the clock alone makes the certificate due (decided in these phases): no event says so
             again = min(again if again is not None else renew, max(renew, 1.0))
         return again
 

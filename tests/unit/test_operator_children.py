@@ -385,6 +385,15 @@ def test_a_short_lived_certificate_is_renewed_and_the_gang_and_servers_move_to_i
     assert secret_mounts(api) == {second["identity"], second["tls"]}  # every pod and the new aggregator
 
 
+def test_a_suspended_job_with_an_expiring_certificate_is_not_polled() -> None:
+    # Renewed when it resumes (the gang is recreated then anyway), not reconciled every second meanwhile.
+    api, jobs, rec, _ = fed_setup(runPolicy={"suspend": True})
+    api.job["status"] = {"phase": "Suspended", "observedGeneration": 1, "lastSpecReplicas": 2, "conditions": [],
+                         "secrets": {"identity": "i", "tls": "t", "tlsNotAfter": format_time(datetime.now(UTC))}}
+    edited(api, jobs)
+    assert rec(KEY, []) is None
+
+
 def test_a_config_map_with_the_jobs_config_name_that_is_not_the_jobs_is_never_read() -> None:
     # Anyone may create `<job>-config`: with the job's generation changed, the operator reads the
     # spec the gang runs from it; one another owner holds must not decide the immutable fields.
