@@ -174,7 +174,7 @@ class Reconciler:
         if run is not None and plan.status.get("phase") in (PENDING, RUNNING) and (
             renew := job_secrets.seconds_until_due(run, plan.status, now, settings.tls_renew_before_s)
         ) is not None:  # the clock alone makes the certificate due (decided in these phases): no event says so
-            again = min(again if again is not None else renew, max(renew, 1.0))
+            again = min(again if again is not None else renew, max(renew, settings.poll_interval_s))
         return again
 
     def _apply(self, key: JobKey, job: dict[str, Any], old: dict[str, Any], plan: Plan, pods: list[PodView],
