@@ -88,6 +88,9 @@ ENV_IDENTITY_DIR = "DISTTRAIN_IDENTITY_DIR"
 ENV_TLS_SERVER_NAME = "DISTTRAIN_TLS_SERVER_NAME"
 TLS_MOUNT_DIR = "/etc/disttrain/tls"
 IDENTITY_MOUNT_DIR = "/etc/disttrain/identity"
+# Names of the pod volumes holding them (reserved: a workers.template volume may not take them).
+TLS_VOLUME = "disttrain-tls"
+IDENTITY_VOLUME = "disttrain-identity"
 LABEL_MODE = "disttrain.dev/mode"
 # Mesh layout of a gang, for humans (kubectl describe): "dp=2,pp=2,tp=1".
 ANNOTATION_MESH = "disttrain.dev/mesh"

@@ -12,10 +12,14 @@ worth a restart, so they mean one thing each:
 - STOPPED (3) is "stopped on request": the process got SIGTERM (Kubernetes
   deleting, evicting, draining or preempting its pod, a suspend, `disttrain
   local` stopping its gang) or a peer did, every rank stopped at the same step
-  and the state of that step is checkpointed. The operator counts such a pod as
-  a disruption (status.disruptions), never against runPolicy.backoffLimit, and
-  the next gang resumes from that step. A process killed before it could save
-  (SIGKILL after the grace period) exits 137, which is a failure.
+  and the state of that step is checkpointed; the next gang resumes from that
+  step. It is a disruption (status.disruptions, never against
+  runPolicy.backoffLimit) only when a stop was asked for: the pod was being
+  deleted or carries a DisruptionTarget condition (operator), or the launcher
+  itself sent the SIGTERM (`disttrain local`). An exit 3 nobody asked for (the
+  model's own code exited 3) counts against backoffLimit like FAILED. A process
+  killed before it could save (SIGKILL after the grace period) exits 137, which
+  is a failure.
 - FENCED (4): a newer writer claimed the job's checkpoint directory (checkpoint
   fencing): the process belonged to a gang that was replaced while it still ran (its
   node was declared lost and its pod force-deleted), so it stopped without writing.
@@ -39,7 +43,8 @@ MEANING = {
     OK: "succeeded",
     FAILED: "failed; transient, retried up to runPolicy.backoffLimit",
     CONFIG: "invalid manifest or config rejected; permanent, never retried",
-    STOPPED: "stopped on request (SIGTERM) after checkpointing its step; a disruption, not counted as a restart",
+    STOPPED: "stopped on request (SIGTERM) after checkpointing its step; a disruption (not counted as a restart) "
+             "when the pod was being deleted or the launcher sent the stop, else a failure",
     FENCED: "fenced: a newer gang claimed the checkpoint directory; this process stopped without writing",
     INTERRUPTED: "interrupted (Ctrl-C)",
 }

@@ -40,9 +40,9 @@ MOUNT_FIELDS = ("name", "mountPath", "readOnly", "subPath", "subPathExpr")
 # cluster admin's object).
 VOLUME_SOURCES = ("configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim", "projected",
                   "secret")
-# Volumes the operator adds to every pod (topology/common.py, topology/federated.py): a
-# template volume or mount of the same name would replace them.
-RESERVED_VOLUMES = ("config", "checkpoints", "dataset", "run", "tmp", "federated-tls", "federated-token")
+# Volumes the operator adds to pods (topology/common.py; the TLS and identity Secrets of
+# topology/credentials.py): a template volume or mount of the same name would replace them.
+RESERVED_VOLUMES = ("config", "checkpoints", "dataset", "run", "tmp", c.TLS_VOLUME, c.IDENTITY_VOLUME)
 # Annotations that loosen a container's confinement (AppArmor, the pre-1.19 seccomp fields).
 RESERVED_ANNOTATION_PREFIXES = ("container.apparmor.security.beta.kubernetes.io/",
                                 "seccomp.security.alpha.kubernetes.io/",

@@ -9,8 +9,11 @@ An object is the job's only when its controller owner reference carries the job'
 - anything else (an orphan, another owner's object, a user's Helm-managed Service) is a
   NameConflict: the operator never touches it, the job waits until the name is free.
 Secrets and NetworkPolicies are the exception: the operator may only create them (it can
-read none), and their names carry the job's UID (topology.common.minted_name), so 409 means
-this job created it already.
+read none), so a 409 cannot be sorted. A Secret is the job's only when this create answered
+201 (`Outcome.created`): the reconciler records its name in the job's status and mounts
+nothing else (job_secrets.py), so a Secret someone else created first is never used. A
+NetworkPolicy's name carries the job's UID (topology.common.minted_name); a 409 there is
+left as it is: whoever could create it could as well add a policy opening the job's pods.
 
 Every other 4xx answer to a create (422 Invalid, 403 Forbidden by a quota or an admission
 policy, 400) is the API server rejecting the object: reported with its message, never
@@ -32,7 +35,7 @@ from .observe import controller_of
 
 # Answers to a create that say nothing about the object itself: retried as errors.
 TRANSIENT = (401, 404, 408, 429)
-# Created once and never read back (RBAC: create only); their names carry the job's UID.
+# Created and never read back (RBAC: create only): a 409 says nothing about whose it is.
 MINTED_KINDS = ("Secret", "NetworkPolicy")
 
 
@@ -43,6 +46,9 @@ class Outcome:
     conflicts: list[str] = field(default_factory=list)  # objects holding our names (NameConflict)
     waiting: list[str] = field(default_factory=list)  # an earlier job's objects the garbage collector deletes
     rejected: list[str] = field(default_factory=list)  # the API server's refusals, with its message
+    created: list[str] = field(default_factory=list)  # names of the objects this call created (201)
+    # Secrets and NetworkPolicies that existed already (409): whose, nobody here can tell.
+    existing: list[str] = field(default_factory=list)
 
     @property
     def done(self) -> bool:
@@ -70,7 +76,8 @@ def _attempt(kube: Kube, obj: dict[str, Any]) -> dict[str, Any] | None | KubeErr
 def _existing(kube: Kube, obj: dict[str, Any], uid: str, job: str, out: Outcome) -> None:
     """Sort an object whose name was taken (409) into ours, an earlier job's, or a conflict."""
     if obj["kind"] in MINTED_KINDS:
-        return  # named with our UID: nobody else has it
+        out.existing.append(obj["metadata"]["name"])  # cannot be read; a Secret is the job's only when created
+        return
     live = kube.get(obj)
     if live is None:
         out.waiting.append(f"{describe(obj)} (deleted meanwhile)")
@@ -93,6 +100,8 @@ def _create_all(kube: Kube, objs: list[dict[str, Any]], uid: str, job: str, out:
             out.rejected.append(f"{describe(obj)}: HTTP {result.status}{reason}: {result.message}")
         elif result is None:
             _existing(kube, obj, uid, job, out)
+        else:
+            out.created.append(obj["metadata"]["name"])
 
 
 def create_children(kube: Kube, children: topology.Children, job: dict[str, Any]) -> Outcome:

@@ -20,6 +20,7 @@ from typing import Any
 
 from disttrain_api.model import KIND, JobSpec
 
+from . import job_secrets
 from .decision import (
     FAILED,
     IMMUTABLE_FIELDS,
@@ -36,6 +37,8 @@ from .decision import (
 )
 from .observe import PodView, format_time, parse_time
 from .running_gang import decide_running
+from .topology import gang_role
+from .topology.common import pod_name
 
 
 def earlier_job(p: PodView, obs: Observed) -> bool:
@@ -46,10 +49,13 @@ def earlier_job(p: PodView, obs: Observed) -> bool:
 def decide(obs: Observed) -> Plan:
     """The next status and actions. Pods carrying the job's labels but controlled by
     another owner are never adopted, counted or deleted: those of an earlier job with
-    this name go with it (garbage collection), any other (an orphan, another owner's) is
-    a NameConflict. No gang is created while either exists: they hold the pod names and
-    would answer for the job's DNS names. Only a pod of an earlier job that its node
-    cannot confirm deleted (Terminating for too long) is force-deleted, as ours are."""
+    this name go with it (garbage collection), and no gang is created while they exist
+    (they hold the pod names and would answer for the job's DNS names). Any other (an
+    orphan, another owner's pod) is a NameConflict only when it holds the name of a pod
+    the gang needs; one that merely copies the job's labels is ignored (anyone who can
+    create pods in the namespace could otherwise keep the job from starting). Only a pod
+    of an earlier job that its node cannot confirm deleted (Terminating for too long) is
+    force-deleted, as ours are."""
     ours = [p for p in obs.pods if p.owner_uid == obs.uid]
     foreign = [p for p in obs.pods if p.owner_uid != obs.uid]
     plan = _decide(dataclasses.replace(obs, pods=ours), foreign)
@@ -182,16 +188,21 @@ def _decide(obs: Observed, foreign: list[PodView]) -> Plan:
         )
 
     if phase in ("", RESTARTING) or (phase == PENDING and not b.is_true("Created")):
-        others = [p for p in foreign if not earlier_job(p, obs)]
+        names = gang_pod_names(spec, obs.name, replicas)
+        others = [p for p in foreign if not earlier_job(p, obs) and p.name in names]
         if others:
             msg = "; ".join(name_conflict(f"Pod {p.name}", p.owner_kind, p.owner_name) for p in others[:3])
             b.condition("NameConflict", True, "NameConflict", msg)
             b.phase(PENDING, f"waiting for names to be free: {msg}")
             return finish()
-        if foreign:
-            b.phase(PENDING, f"waiting for the garbage collector to delete {len(foreign)} pod(s) of an earlier "
-                             f"job with this name (e.g. {foreign[0].name})")
+        earlier = [p for p in foreign if earlier_job(p, obs)]
+        if earlier:
+            b.phase(PENDING, f"waiting for the garbage collector to delete {len(earlier)} pod(s) of an earlier "
+                             f"job with this name (e.g. {earlier[0].name})")
             return finish()
+        if mint := job_secrets.due(spec, st, obs.now, obs.tls_renew_before_s):
+            # Created and recorded in the status by this reconcile; the gang, mounting them, by the next.
+            return finish(mint_secrets=mint)
         n = len(current)
         msg = f"created {replicas} {spec.mode}-parallel worker pods (attempt {attempt})"
         # Assumes the creation succeeds; the glue writes blocked.creation_blocked's status instead when not.
@@ -206,6 +217,11 @@ def _decide(obs: Observed, foreign: list[PodView]) -> Plan:
 
     return decide_running(b, finish, plan, obs, spec=spec, pods=pods, current=current, live=live, attempt=attempt,
                           replicas=replicas, restarts=restarts, phase=phase)
+
+
+def gang_pod_names(spec: JobSpec, job: str, replicas: int) -> frozenset[str]:
+    """The names of the gang's pods (the server Deployments' pods get generated names)."""
+    return frozenset(pod_name(job, gang_role(spec.mode), i) for i in range(replicas))
 
 
 def _immutable_diff(old: JobSpec, new: JobSpec) -> list[str]:

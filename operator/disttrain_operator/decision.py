@@ -23,6 +23,11 @@ TERMINAL = (SUCCEEDED, FAILED)
 IMMUTABLE_FIELDS = ("mode", "model", "parallelism")
 # The reason (condition, Event) of a gang restart or pod replacement caused by a disruption.
 DISRUPTED = "Disrupted"
+# The reason of a gang restart that puts the pods on new Secrets (job_secrets.py): routine.
+SECRETS_RENEWED = "SecretsRenewed"
+# Defaults of the TLS certificates the operator mints (settings.py): valid a year, renewed a month ahead.
+TLS_VALID_S = 365 * 86400.0
+TLS_RENEW_BEFORE_S = 30 * 86400.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,9 +47,11 @@ class Observed:
     now: datetime
     force_delete_after_s: float = 30.0
     node_lost_after_s: float = 300.0  # settings.NODE_LOST_AFTER_S: Kubernetes' pod-eviction default
-    # UIDs of pods this operator deleted lately (reconcile.Expectations): a pod deleted by
+    # UIDs of pods this operator deleted lately (expectations.py): a pod deleted by
     # anyone else (a drain, an eviction, a user) is a disruption, not a failure.
     deleted_by_operator: frozenset[str] = frozenset()
+    # How long before its TLS certificate expires the gang moves to a new one (settings).
+    tls_renew_before_s: float = TLS_RENEW_BEFORE_S
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,6 +63,9 @@ class Plan:
     force_delete_pods: list[str] = field(default_factory=list)
     delete_servers: bool = False  # federated/paramserver Deployment
     delete_job: bool = False  # ttlSecondsAfterFinished expired
+    # Secrets (credentials.IDENTITY, TLS) to create under fresh names and record in status.secrets
+    # before the gang may be created (job_secrets.py); nothing else happens in such a reconcile.
+    mint_secrets: tuple[str, ...] = ()
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (Normal|Warning, reason, message)
 
 
@@ -107,7 +117,7 @@ class StatusBuilder:
         if type_ in STATE_CONDITIONS:
             return
         warn = (type_ in ("Failed", "InvalidSpec", "Restarting", "NameConflict", "ChildRejected")
-                or reason in ("Unschedulable",)) and reason != DISRUPTED
+                or reason in ("Unschedulable",)) and reason not in (DISRUPTED, SECRETS_RENEWED)
         self.event("Warning" if warn else "Normal", reason, message or type_)
 
     def event(self, kind: str, reason: str, message: str) -> None:

@@ -147,9 +147,11 @@ class Kube:
         )
         return body
 
-    def delete_job(self, namespace: str, name: str) -> None:
+    def delete_job(self, namespace: str, name: str, uid: str) -> None:
+        """Delete the job `name` only if it is still the one with `uid` (409 otherwise: a job
+        created anew under the name since, by anyone, is never hit)."""
         self.request("DELETE", self._job_path(namespace, name), resource=PLURAL, verb="delete",
-                     body={"propagationPolicy": "Background"}, allow=(404,))
+                     body={"propagationPolicy": "Background", "preconditions": {"uid": uid}}, allow=(404, 409))
 
     def post_event(self, job: dict[str, Any], type_: str, reason: str, message: str) -> None:
         """One core/v1 Event on the job (what `kubectl describe` lists). Posted once, never
@@ -209,9 +211,12 @@ class Kube:
         return None if status == 404 else body
 
     def delete_pod(self, namespace: str, name: str, uid: str, *, force: bool = False) -> None:
-        """Delete the pod `name` only if it is still the one with `uid` (409 otherwise: ignored).
-        grace 0 removes the object at once: only for pods whose node cannot confirm."""
-        body: dict[str, Any] = {"preconditions": {"uid": uid}} if uid else {}
+        """Delete the pod `name` only if it is still the one with `uid` (409 otherwise: ignored);
+        never by name alone. grace 0 removes the object at once: only for pods whose node cannot
+        confirm."""
+        if not uid:
+            raise ValueError(f"pod {namespace}/{name}: refusing a delete without the UID it must have")
+        body: dict[str, Any] = {"preconditions": {"uid": uid}}
         if force:
             body["gracePeriodSeconds"] = 0
         self.request("DELETE", f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}", resource="pods",

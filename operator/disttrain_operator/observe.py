@@ -89,8 +89,16 @@ def slim_pod(pod: dict[str, Any]) -> dict[str, Any]:
 
 
 def disruption_of(name: str, phase: str, pod_reason: str, message: str, conditions: dict[str, Any],
-                  exit_code: int | None) -> str:  # fmt: skip
-    """Why a pod that ended (or is being ended) was disrupted, or "" when nothing says so."""
+                  exit_code: int | None, *, deleting: bool) -> str:  # fmt: skip
+    """Why a pod that ended (or is being ended) was disrupted, or "" when nothing says so.
+
+    Exit code STOPPED says only that the trainer got SIGTERM and saved its step; it is a
+    disruption when a stop was asked for: the pod is being deleted (by the operator, a drain,
+    an eviction, a user: every DELETE sets deletionTimestamp before the kubelet signals the
+    container, so the pod itself records the request, whoever made it and across operator
+    restarts), or a DisruptionTarget condition or a kubelet's reason says so (above). A
+    trainer that exits 3 with none of these (its own code did, or a signal from inside the
+    container) failed: it counts against runPolicy.backoffLimit, or it would restart forever."""
     target = conditions.get(DISRUPTION_CONDITION) or {}
     if target.get("status") == "True":
         detail = target.get("message") or target.get("reason") or "DisruptionTarget"
@@ -100,7 +108,7 @@ def disruption_of(name: str, phase: str, pod_reason: str, message: str, conditio
     if pod_reason in DISRUPTION_REASONS:
         detail = f": {message}" if message else ""
         return f"pod {name} was {DISRUPTION_REASONS[pod_reason]}{detail}"[:300]
-    if exit_code == exitcodes.STOPPED:
+    if exit_code == exitcodes.STOPPED and deleting:
         return f"pod {name} stopped on request (exit code {exit_code}) after checkpointing its step"
     return ""
 
@@ -158,7 +166,8 @@ def pod_view(pod: dict[str, Any], now: datetime) -> PodView:
         message=message,
         owner_uid=(controller_of(pod) or {}).get("uid", ""),
         owner_kind=(controller_of(pod) or {}).get("kind", ""),
-        disruption=disruption_of(meta.get("name", ""), phase, pod_reason, pod_message, conditions, exit_code),
+        disruption=disruption_of(meta.get("name", ""), phase, pod_reason, pod_message, conditions, exit_code,
+                                 deleting=deleted is not None),
         owner_name=(controller_of(pod) or {}).get("name", ""),
     )
 

@@ -10,7 +10,6 @@ redirect is never followed). One scrape thread is held at most `timeout_s`.
 
 from __future__ import annotations
 
-import functools
 import json
 import socket
 import time
@@ -20,6 +19,7 @@ from disttrain_api import metric_names as names
 from disttrain_api.metric_names import PROGRESS_SERIES as SERIES
 from disttrain_api.scaling.hint import HINT_CLEAR_FRACTION, Proposal, propose
 
+from .forecast_cache import ForecastCache
 from .observe import parse_prometheus
 
 # A reading's key for the forecast on rank 0's published inputs (a Proposal, or None when they
@@ -90,15 +90,22 @@ def read_bounded(ip: str, port: int, *, timeout_s: float, max_bytes: int = MAX_B
     return body if len(body) <= max_bytes else None
 
 
-@functools.lru_cache(maxsize=1024)
-def _proposal(body: bytes) -> Proposal | None:
-    """The forecast on one published document (rank 0 republishes once per log interval: the
-    same bytes are forecast once, however many scrapes read them)."""
+# Forecasts by a digest of the document: bounded in entries and bytes, never the bodies.
+FORECASTS: ForecastCache[Proposal | None] = ForecastCache()
+
+
+def _forecast(body: bytes) -> Proposal | None:
     try:
         inputs = json.loads(body)
     except ValueError:
         return None
     return propose(inputs)
+
+
+def _proposal(body: bytes) -> Proposal | None:
+    """The forecast on one published document (rank 0 republishes once per log interval: the
+    same bytes are forecast once, however many scrapes read them)."""
+    return FORECASTS.get(body, _forecast)
 
 
 def scrape(ip: str, port: int, timeout_s: float = 1.5) -> dict[str, Any] | None:

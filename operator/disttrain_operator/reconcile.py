@@ -15,12 +15,12 @@ the API by a watch event, so the glue keeps two promises a fresh LIST used to ke
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import logging
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -29,23 +29,24 @@ from disttrain_api import constants as c
 from disttrain_api.model import SpecError, parse_spec
 from disttrain_api.validation import load_job
 
-from . import opmetrics, topology
+from . import job_secrets, opmetrics, topology
 from .blocked import creation_blocked
 from .cache import JobCache, JobKey
-from .creation import create_children, delete_servers
+from .creation import Outcome, create_children, delete_servers
 from .decide import decide, needs_recheck
 from .decision import PENDING, RUNNING, Observed, Plan
+from .expectations import Expectations
 from .kube import Conflict, Kube
-from .observe import PodView, pod_view
+from .observe import PodView, controller_of, pod_view
 from .scraper import Endpoint, ProgressScraper
 from .settings import OperatorSettings
 from .statusdiff import ProgressWrites, merge_patch, progress_only
-from .topology.common import BuildContext, config_map_name
+from .topology import credentials
+from .topology.common import BuildContext, Children, config_map_name
+from .topology.served import server_name
 
 log = logging.getLogger("disttrain.operator")
 EventFn = Callable[[dict[str, Any], str, str, str], None]
-# How long a created pod that the watch has not shown yet still counts as existing.
-EXPECT_TIMEOUT_S = 30.0
 # A blocked creation (a name held by another object, a child the API server rejects) is
 # tried again after the poll interval, doubling up to this.
 MAX_CREATE_RETRY_S = 60.0
@@ -68,53 +69,12 @@ def _accepted_spec(kube: Kube, job: dict[str, Any], status: dict[str, Any], *, v
     if valid and status.get("observedGeneration") == job["metadata"].get("generation") and not refused:
         return "unchanged"
     cm = kube.read_config_map(ns, config_map_name(name))
-    if not cm:
-        return None
+    if not cm or (controller_of(cm) or {}).get("uid") != job["metadata"]["uid"]:
+        return None  # none, or not this job's (anyone may create a ConfigMap of that name): never read
     try:
         return parse_spec(json.loads((cm.get("data") or {}).get(c.CONFIG_FILENAME, "{}")))
     except (SpecError, ValueError):
         return None
-
-
-@dataclass
-class Expectations:
-    """Pods created or deleted by this operator whose watch event has not arrived yet, per job."""
-
-    created: dict[JobKey, tuple[frozenset[str], float]] = field(default_factory=dict)
-    deleted: dict[JobKey, dict[str, float]] = field(default_factory=dict)  # pod uid -> when
-    guard: threading.Lock = field(default_factory=threading.Lock)
-
-    def expect_created(self, key: JobKey, names: list[str], now: float) -> None:
-        with self.guard:
-            self.created[key] = (frozenset(names), now + EXPECT_TIMEOUT_S)
-
-    def waiting_for(self, key: JobKey, seen: set[str], now: float) -> frozenset[str]:
-        """Created pods not seen yet; empty (and forgotten) once all are seen or too late."""
-        with self.guard:
-            names, until = self.created.get(key, (frozenset(), 0.0))
-            missing = names - seen
-            if not missing or now >= until:
-                self.created.pop(key, None)
-                return frozenset()
-            return missing
-
-    def expect_deleted(self, key: JobKey, uids: list[str], now: float) -> None:
-        with self.guard:
-            mine = self.deleted.setdefault(key, {})
-            for uid in uids:
-                mine[uid] = now + EXPECT_TIMEOUT_S
-
-    def already_deleted(self, key: JobKey, now: float) -> set[str]:
-        with self.guard:
-            mine = self.deleted.get(key, {})
-            for uid in [u for u, until in mine.items() if now >= until]:
-                del mine[uid]
-            return set(mine)
-
-    def forget(self, key: JobKey) -> None:
-        with self.guard:
-            self.created.pop(key, None)
-            self.deleted.pop(key, None)
 
 
 class Reconciler:
@@ -179,7 +139,7 @@ class Reconciler:
         all_views = [pod_view(p, now) for p in raw_pods]
         views = [v for v in all_views if v.role == role]
 
-        source = _progress_source(mode, status, views, all_views) if effective is not None else None
+        source = _progress_source(mode, status, views, all_views, key, meta["uid"]) if effective is not None else None
         prog = self.scraper.latest(key) if source is not None else None
         taken = self.scraper.taken_at(key) if prog is not None else None
 
@@ -198,18 +158,23 @@ class Reconciler:
             force_delete_after_s=settings.force_delete_after_s,
             node_lost_after_s=settings.node_lost_after_s,
             deleted_by_operator=frozenset(self.expect.already_deleted(key, mono)),
+            tls_renew_before_s=settings.tls_renew_before_s,
         )
         plan = decide(obs)
         # Scrape the pod that reports progress while the job runs, from the reconcile that
         # decides it runs: that reconcile's own status write may be the job's last watch event
         # for a long time (steady pods send none), and the first reading triggers the next one.
         run = plan.spec
-        source = _progress_source(mode, plan.status, views, all_views) if run is not None else None
+        source = _progress_source(mode, plan.status, views, all_views, key, meta["uid"]) if run is not None else None
         self.scraper.target(key, Endpoint(source.ip, run.metrics.port) if source and source.ip and run else None)
         servers_seen = any(v.role in (c.ROLE_AGGREGATOR, c.ROLE_SERVER) for v in all_views)
         again = self._apply(key, job, status, plan, views, servers_seen, mono)
         if needs_recheck(obs, plan):
             again = min(again if again is not None else settings.poll_interval_s, settings.poll_interval_s)
+        if run is not None and plan.status.get("phase") in (PENDING, RUNNING) and (
+            renew := job_secrets.seconds_until_due(run, plan.status, now, settings.tls_renew_before_s)
+        ) is not None:  # the clock alone makes the certificate due (decided in these phases): no event says so
+            again = min(again if again is not None else renew, max(renew, settings.poll_interval_s))
         return again
 
     def _apply(self, key: JobKey, job: dict[str, Any], old: dict[str, Any], plan: Plan, pods: list[PodView],
@@ -219,9 +184,12 @@ class Reconciler:
         kube = self.kube
         meta = job["metadata"]
         ns, name = key
-        restarting = int(plan.status.get("attempt") or 0) > int(old.get("attempt") or 0) and not plan.create
+        restarting = (int(plan.status.get("attempt") or 0) > int(old.get("attempt") or 0) and not plan.create
+                      and not plan.mint_secrets)  # a resume creates (or mints for) the gang: no restart
         retry: float | None = None
-        if plan.create and plan.spec is not None:
+        if plan.mint_secrets and plan.spec is not None:
+            plan, retry = self._mint(key, job, old, plan, pods)
+        elif plan.create and plan.spec is not None:
             plan, retry = self._create(key, job, old, plan, pods)
         new = plan.status
         patch = merge_patch(old, new)
@@ -263,16 +231,18 @@ class Reconciler:
             write_status()
             reason = next((cond["reason"] for cond in new["conditions"] if cond["type"] == "Restarting"), "Restart")
             opmetrics.RESTARTS.labels(reason=reason).inc()
-        uids = {p.name: p.uid for p in pods}
+        uids = {p.name: p.uid for p in pods if p.uid}
         gone = self.expect.already_deleted(key, mono)
-        # Deletes name the pod the decision saw (its UID): never a same-named successor.
+        # Deletes name the pod the decision saw (its UID, a precondition): never a same-named successor.
         for pod in plan.force_delete_pods:
-            kube.delete_pod(ns, pod, uids.get(pod, ""), force=True)
+            if pod in uids:
+                kube.delete_pod(ns, pod, uids[pod], force=True)
         # A pod deleted by an earlier reconcile whose watch event has not arrived yet is not
         # deleted again.
-        doomed = [pod for pod in plan.delete_pods if pod not in plan.force_delete_pods and uids.get(pod) not in gone]
-        kube.each(lambda pod: kube.delete_pod(ns, pod, uids.get(pod, "")), doomed)
-        self.expect.expect_deleted(key, [uids[p] for p in doomed if uids.get(p)], mono)
+        doomed = [pod for pod in plan.delete_pods if pod not in plan.force_delete_pods and pod in uids
+                  and uids[pod] not in gone]  # fmt: skip
+        kube.each(lambda pod: kube.delete_pod(ns, pod, uids[pod]), doomed)
+        self.expect.expect_deleted(key, [uids[p] for p in doomed], mono)
         if (plan.delete_servers and plan.spec is not None and plan.spec.mode in ("federated", "paramserver")
                 and (servers_seen or patch)):
             delete_servers(kube, plan.spec, job)
@@ -284,18 +254,15 @@ class Reconciler:
         opmetrics.set_phase(meta["uid"], new.get("phase"))
         if plan.delete_job:
             self.event(job, "Normal", "TTLExpired", "ttlSecondsAfterFinished expired: deleting the job")
-            kube.delete_job(ns, name)
+            kube.delete_job(ns, name, meta["uid"])
         if retry is not None:
             return retry if deferred is None else min(retry, deferred)
         return deferred
 
-    def _create(self, key: JobKey, job: dict[str, Any], old: dict[str, Any], plan: Plan, pods: list[PodView]
-                ) -> tuple[Plan, float | None]:  # fmt: skip
-        """Create the planned children; when something stops it, the plan to act on instead
-        (blocked.py) and the seconds until the next try (backoff), else (plan, None)."""
+    def _context(self, job: dict[str, Any], plan: Plan, secret_names: dict[str, str]) -> BuildContext:
         settings, meta, new = self.settings, job["metadata"], plan.status
         assert plan.spec is not None
-        ctx = BuildContext(
+        return BuildContext(
             name=meta["name"],
             namespace=meta["namespace"],
             uid=meta["uid"],
@@ -305,8 +272,50 @@ class Reconciler:
             replicas=int(new.get("replicas") or plan.spec.workers.replicas),
             gpu=settings.gpu,
             allow_cpu_fallback=settings.allow_cpu_fallback,
+            secret_names=secret_names,
+            tls_valid_s=settings.tls_valid_s,
         )
-        children = topology.build_children(plan.spec, ctx)
+
+    def _mint(self, key: JobKey, job: dict[str, Any], old: dict[str, Any], plan: Plan, pods: list[PodView]
+              ) -> tuple[Plan, float | None]:  # fmt: skip
+        """Create the Secrets plan.mint_secrets names under fresh random names and record those the
+        API server created (201) in the plan's status (job_secrets.py); reconcile again at once,
+        to create the gang that mounts them. A fresh name already taken (409: someone created
+        it meanwhile) is simply not recorded: the next reconcile mints another."""
+        assert plan.spec is not None
+        name = job["metadata"]["name"]
+        fresh = {purpose: credentials.fresh_secret_name(name, purpose) for purpose in plan.mint_secrets}
+        ctx = self._context(job, plan, {**job_secrets.recorded(plan.status), **fresh})
+        wanted = [s for s in topology.build_children(plan.spec, ctx).secrets if s["metadata"]["name"] in fresh.values()]
+        for secret in wanted:
+            kopf.adopt(secret, owner=job)
+        outcome = create_children(self.kube, Children(secrets=wanted), job)
+        status = copy.deepcopy(plan.status)
+        by_name = {s["metadata"]["name"]: s for s in wanted}
+        for purpose, secret_name in fresh.items():
+            if secret_name in outcome.created:
+                job_secrets.record(status, purpose, secret_name,
+                                   credentials.not_after(by_name[secret_name]) if purpose == credentials.TLS else None)
+                log.info("%s/%s: created Secret %s (%s)", *key, secret_name, purpose)
+            elif secret_name in outcome.existing:
+                log.warning("%s/%s: Secret %s existed before the operator created it: not the job's, never "
+                            "mounted; minting another name", *key, secret_name)
+        plan = dataclasses.replace(plan, status=status)
+        if outcome.rejected:
+            return self._blocked(key, job, old, plan, pods, outcome)
+        self._create_retries.pop(key, None)
+        return plan, (0.0 if len(outcome.created) == len(fresh) else self.settings.poll_interval_s)
+
+    def _create(self, key: JobKey, job: dict[str, Any], old: dict[str, Any], plan: Plan, pods: list[PodView]
+                ) -> tuple[Plan, float | None]:  # fmt: skip
+        """Create the planned children; when something stops it, the plan to act on instead
+        (blocked.py) and the seconds until the next try (backoff), else (plan, None). The
+        Secrets are not among them: _mint created them, and the pods mount the names recorded."""
+        assert plan.spec is not None
+        names = job_secrets.recorded(plan.status)
+        if missing := [p for p in job_secrets.needed(plan.spec) if p not in names]:  # decide() mints first
+            raise RuntimeError(f"{key[0]}/{key[1]}: no recorded {', '.join(missing)} Secret to mount")
+        children = dataclasses.replace(topology.build_children(plan.spec, self._context(job, plan, names)), secrets=[])
         for obj in children.all():
             # Builders already set the controller reference; kopf.adopt keeps the kopf idiom
             # (idempotent for our own reference) and copies the job's labels to its children.
@@ -318,10 +327,16 @@ class Reconciler:
             return plan, None
         # Nothing recorded as created: a later reconcile plans the creation again.
         self.expect.forget(key)
+        return self._blocked(key, job, old, plan, pods, outcome)
+
+    def _blocked(self, key: JobKey, job: dict[str, Any], old: dict[str, Any], plan: Plan, pods: list[PodView],
+                 outcome: Outcome) -> tuple[Plan, float | None]:  # fmt: skip
+        """The status of a creation something stopped (blocked.py), and when to try again (backoff)."""
+        settings = self.settings
         tries = self._create_retries[key] = self._create_retries.get(key, 0) + 1
         for what in (*outcome.conflicts, *outcome.rejected, *outcome.waiting):
             log.info("%s/%s: creation blocked (try %d): %s", *key, tries, what)
-        ours = [p.name for p in pods if p.owner_uid == meta["uid"] and not p.deleting]
+        ours = [p.name for p in pods if p.owner_uid == job["metadata"]["uid"] and not p.deleting]
         blocked, left = creation_blocked(plan, old, datetime.now(UTC), outcome, ours)
         delay = min(settings.poll_interval_s * 2 ** (tries - 1), MAX_CREATE_RETRY_S)
         if not outcome.conflicts and not outcome.rejected:
@@ -331,14 +346,19 @@ class Reconciler:
         return blocked, delay
 
 
-def _progress_source(mode: str, status: dict[str, Any], views: list[PodView], all_views: list[PodView]
-                     ) -> PodView | None:  # fmt: skip
-    """The running pod whose metrics endpoint tells the job's progress, if the job runs."""
+def _progress_source(mode: str, status: dict[str, Any], views: list[PodView], all_views: list[PodView],
+                     key: JobKey, uid: str) -> PodView | None:  # fmt: skip
+    """The running pod whose metrics endpoint tells the job's progress, if the job runs: one of the
+    job's own (a pod that merely carries the job's labels is never read)."""
     if status.get("phase") != RUNNING:
         return None
-    attempt = max([int(status.get("attempt") or 0), *(v.attempt for v in views)])
+    ours = [v for v in views if v.owner_uid == uid]
+    attempt = max([int(status.get("attempt") or 0), *(v.attempt for v in ours)])
     if mode == "federated":
-        # Rounds are counted (and checkpointed) by the aggregator, not by client 0.
+        # Rounds are counted (and checkpointed) by the aggregator, not by client 0. Its pod's
+        # controller is the ReplicaSet of the job's aggregator Deployment.
+        replica_sets = f"{server_name(key[1], c.ROLE_AGGREGATOR)}-"
         return next((v for v in all_views if v.role == c.ROLE_AGGREGATOR and v.phase == "Running"
-                     and not v.deleting), None)
-    return next((v for v in views if v.index == 0 and v.attempt == attempt and v.phase == "Running"), None)
+                     and not v.deleting and v.owner_kind == "ReplicaSet" and v.owner_name.startswith(replica_sets)),
+                    None)  # fmt: skip
+    return next((v for v in ours if v.index == 0 and v.attempt == attempt and v.phase == "Running"), None)

@@ -7,6 +7,7 @@ Succeeded is the job's success; all running is Running, with rank 0's progress.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -17,11 +18,13 @@ from disttrain_api.model import JobSpec
 from disttrain_api.scaling import hint as scaling
 from disttrain_api.validation import valid_sizes
 
+from . import job_secrets
 from .decision import (
     DISRUPTED,
     FAILED,
     PENDING,
     RUNNING,
+    SECRETS_RENEWED,
     SUCCEEDED,
     Observed,
     Plan,
@@ -31,6 +34,7 @@ from .decision import (
 )
 from .observe import PodView, format_time, parse_summary
 from .progress import FORECAST
+from .topology.credentials import TLS
 
 # Exit code 2 is the trainer's "configuration error / mode not implemented": retrying cannot help.
 PERMANENT_EXIT_CODES = exitcodes.PERMANENT
@@ -46,6 +50,15 @@ def decide_running(b: StatusBuilder, finish: Callable[..., Plan], plan: dict[str
                    replicas: int, restarts: int, phase: str) -> Plan:  # fmt: skip
     """The gang of this attempt exists: failed / vanished / unschedulable / running / done."""
     st = b.status
+    if renew := job_secrets.due(spec, st, obs.now, obs.tls_renew_before_s):
+        # Pods and servers mount Secrets by name at their start: new ones need new pods (job_secrets.py).
+        expires = (st.get("secrets") or {}).get(job_secrets.NOT_AFTER)
+        why = (f"the TLS certificate expires at {expires}" if job_secrets.recorded(st).get(TLS) and TLS in renew
+               else "the job's Secrets are not recorded in its status (an earlier operator version made them)")
+        msg = (f"{why}: recreating the gang and its servers on new {', '.join(renew)} Secrets "
+               "(not counted against runPolicy.backoffLimit)")
+        return dataclasses.replace(restart(b, st, plan, current, pods, attempt + 1, replicas, SECRETS_RENEWED, msg,
+                                           count=False), delete_servers=True)  # fmt: skip
     gang = {p.index: p for p in current}
     missing = [i for i in range(replicas) if i not in gang]
     reasons = [r for p in current if (r := failure(p, obs.node_lost_after_s))]

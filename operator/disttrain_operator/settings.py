@@ -14,6 +14,8 @@ from typing import Any
 
 from disttrain_api.progress import PROGRESS_INTERVAL_S
 
+from .decision import TLS_RENEW_BEFORE_S, TLS_VALID_S
+
 ENV_PREFIX = "DISTTRAIN_OPERATOR_"
 DEFAULT_IMAGE = "disttrain-trainer:dev"
 # Kubernetes' default-not-ready/unreachable-toleration-seconds (the pod-eviction default).
@@ -69,7 +71,19 @@ class OperatorSettings:
     # run with one active; off for the single-replica default, which needs no Lease.
     leader_elect: bool = False
     lease_namespace: str = ""  # empty: the operator's own namespace
+    # The TLS certificates the operator mints for federated and parameter-server jobs: valid this
+    # long, and replaced (a new Secret, the gang and its servers recreated on it) once only
+    # tls_renew_before_s of their validity is left (job_secrets.py).
+    tls_valid_s: float = TLS_VALID_S
+    tls_renew_before_s: float = TLS_RENEW_BEFORE_S
     extra: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.tls_renew_before_s < self.tls_valid_s:
+            raise ValueError(
+                f"{ENV_PREFIX}TLS_RENEW_BEFORE ({self.tls_renew_before_s:g} s) must be positive and shorter than "
+                f"{ENV_PREFIX}TLS_VALIDITY ({self.tls_valid_s:g} s): a new certificate would be due at once"
+            )
 
     def trainer_image(self, job_image: str, gpus: int) -> str:
         """The image a job's pods run: its own `spec.image`, else the GPU image for a job that
@@ -153,6 +167,8 @@ def from_env(environ: Mapping[str, str] | None = None, **overrides: object) -> O
         "allow_cpu_fallback": _env_bool(get("ALLOW_CPU_FALLBACK"), False),
         "leader_elect": _env_bool(get("LEADER_ELECT"), False),
         "lease_namespace": get("LEASE_NAMESPACE") or "",
+        "tls_valid_s": number("TLS_VALIDITY", TLS_VALID_S, float),
+        "tls_renew_before_s": number("TLS_RENEW_BEFORE", TLS_RENEW_BEFORE_S, float),
     }
     for key, value in overrides.items():
         if value is not None:

@@ -183,3 +183,42 @@ def test_disttrain_local_fails_at_once_when_one_process_of_a_replica_exits_2(tmp
     assert res.returncode == exitcodes.CONFIG, res.stdout + res.stderr
     assert "the trainer rejected the job: rank 1" in res.stderr, res.stderr
     assert "restarting" not in res.stdout, res.stdout
+
+
+# A model whose own code exits with the stop code (3): nobody asked it to stop.
+EXITS_3_MODULE = """
+import sys
+def factory(spec, ds):
+    sys.exit(3)
+"""
+EXITS_3_MANIFEST = """\
+apiVersion: disttrain.dev/v1alpha1
+kind: DistTrainJob
+metadata: {name: exits-3}
+spec:
+  mode: data
+  workers: {replicas: 1}
+  model: {name: "exits_3_model:factory"}
+  data: {name: digits, batchSize: 64}
+  training: {steps: 2}
+  runPolicy: {backoffLimit: 1, activeDeadlineSeconds: 300}
+"""
+
+
+def test_disttrain_local_counts_an_exit_3_it_did_not_ask_for_until_the_backoff_limit(tmp_path: Path) -> None:
+    """Exit 3 is a disruption (not counted) only after the launcher's own SIGTERM; a model that exits
+    3 by itself would otherwise restart until the deadline."""
+    (tmp_path / "exits_3_model.py").write_text(EXITS_3_MODULE)
+    manifest = tmp_path / "exits-3.yaml"
+    manifest.write_text(EXITS_3_MANIFEST)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    res = subprocess.run(
+        [sys.executable, "-m", "disttrain_cli", "local", str(manifest), "--run-dir",
+         str(tmp_path / "run"), "--no-progress", "--metrics-port", "0"],
+        env=env, capture_output=True, text=True, timeout=TIMEOUT_S,
+    )  # fmt: skip
+    assert res.returncode == exitcodes.FAILED, res.stdout + res.stderr
+    assert "BackoffLimitExceeded: 1 restarts (runPolicy.backoffLimit=1)" in res.stderr, res.stdout + res.stderr
+    assert "exit code 3" in res.stderr and "a stop disttrain local did not ask for" in res.stdout, res.stdout
+    summary = json.loads((tmp_path / "run" / "local-summary.json").read_text())
+    assert summary["status"] == "Failed" and summary["restarts"] == 1, summary

@@ -193,8 +193,10 @@ def _wait_for_gc_of_jobs(kubectl: Kubectl) -> None:
 
 
 class OperatorProcess:
-    def __init__(self, kubectl: Kubectl, namespaces: list[str], log: Path, extra: tuple[str, ...] = ()) -> None:
+    def __init__(self, kubectl: Kubectl, namespaces: list[str], log: Path, extra: tuple[str, ...] = (),
+                 env: dict[str, str] | None = None) -> None:  # fmt: skip
         self.kubectl, self.namespaces, self.log, self.extra = kubectl, namespaces, log, extra
+        self.settings = dict(env or {})  # DISTTRAIN_OPERATOR_* settings only env vars carry
         self.metrics_port = free_port()
         self.liveness_port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
@@ -216,7 +218,7 @@ class OperatorProcess:
         self.fh = open(self.log, "ab")  # noqa: SIM115 - closed in stop()
         # The local cluster and kind advertise nvidia.com/gpu without GPUs behind it: let GPU
         # jobs train on CPU there instead of failing with "no CUDA device" (exit 2).
-        env = {**self.kubectl.env, "DISTTRAIN_OPERATOR_ALLOW_CPU_FALLBACK": "true"}
+        env = {**self.kubectl.env, "DISTTRAIN_OPERATOR_ALLOW_CPU_FALLBACK": "true", **self.settings}
         self.proc = subprocess.Popen(args, env=env, stdout=self.fh, stderr=subprocess.STDOUT)
 
     def kill(self) -> None:

@@ -72,8 +72,9 @@ def test_federated_example_succeeds_on_the_cluster(kubectl: Any, operator: Any, 
     assert job["status"]["result"]["testAccuracy"] >= 0.90
     assert job["status"]["restarts"] == 0
     secrets = kubectl.run("get", "secrets", "-n", namespace, "-o", "name").stdout.split()
-    uid = job["metadata"]["uid"].replace("-", "")[:8]
-    assert {f"secret/fed-tls-{uid}", f"secret/fed-identity-{uid}"} <= set(secrets)
+    minted = job["status"]["secrets"]  # created by the operator, recorded once the API server had them
+    assert minted["tls"].startswith("fed-tls-") and minted["identity"].startswith("fed-identity-"), minted
+    assert {f"secret/{minted['tls']}", f"secret/{minted['identity']}"} <= set(secrets)
 
 
 def test_killed_aggregator_resumes_and_killed_client_is_replaced(kubectl: Any, operator: Any, namespace: str) -> None:

@@ -43,9 +43,10 @@ def test_paramserver_example_succeeds(kubectl: Kubectl, operator: OperatorProces
     assert status["result"]["testAccuracy"] >= 0.95, status["result"]
     assert status["result"]["mode"] == "paramserver" and status["restarts"] == 0
     # Over TLS with per-worker credentials: the operator minted both Secrets and mounted them.
-    uid = job["metadata"]["uid"].replace("-", "")[:8]
+    minted = status["secrets"]  # created by the operator, recorded once the API server had them
     secrets = kubectl.run("get", "secrets", "-n", namespace, "-l", f"disttrain.dev/job-name={name}", "-o", "name")
-    assert sorted(secrets.stdout.split()) == [f"secret/{name}-identity-{uid}", f"secret/{name}-tls-{uid}"]
+    assert sorted(secrets.stdout.split()) == [f"secret/{minted['identity']}", f"secret/{minted['tls']}"]
+    assert minted["identity"].startswith(f"{name}-identity-") and minted["tls"].startswith(f"{name}-tls-")
 
 
 def test_paramserver_killed_worker_is_replaced_alone(

@@ -135,3 +135,19 @@ def test_ttl_after_finished_deletes_the_job(kubectl: Kubectl, operator: Operator
     assert job["status"]["phase"] == "Succeeded", job["status"]
     kubectl.wait_for("the finished job to be deleted", lambda: kubectl.run(
         "get", JOBS, name, "-n", namespace, "--ignore-not-found", "-o", "name").stdout.strip() == "", timeout=60)
+
+
+def test_a_trainer_that_exits_3_by_itself_reaches_the_backoff_limit(
+    kubectl: Kubectl, operator: OperatorProcess, namespace: str
+) -> None:
+    """Exit 3 is the stop code, but nobody deleted these pods: each gang counts as a failure, and
+    the job fails at runPolicy.backoffLimit instead of restarting forever as disruptions."""
+    name = uniq("exit3")
+    obj = job_manifest(name, namespace, sleep=1, workers=SLEEPER, runPolicy={"backoffLimit": 1})
+    obj["spec"]["workers"]["template"]["containers"][0]["command"] = ["sh", "-c", "exit 3"]
+    kubectl.apply(obj)
+    job = kubectl.wait_phase(namespace, name, ("Failed", "Succeeded"), timeout=180)
+    status = job["status"]
+    cond = condition(job, "Failed")
+    assert cond and cond["reason"] == "BackoffLimitExceeded" and "exit code 3" in cond["message"], status
+    assert status["restarts"] == 1 and status["disruptions"] == 0, status

@@ -19,6 +19,8 @@ STATUS = {
     "startTime": format_time(NOW - timedelta(seconds=30)), "observedGeneration": 1,
     "conditions": [{"type": "Created", "status": "True", "reason": "GangCreated"},
                    {"type": "Running", "status": "True", "reason": "GangRunning"}],
+    "secrets": {"identity": "job1-identity-0a1b2c3d4e", "tls": "job1-tls-0a1b2c3d4e",
+                "tlsNotAfter": format_time(NOW + timedelta(days=300))},
 }  # fmt: skip
 
 

@@ -20,6 +20,12 @@ if mode == "ok":
 if mode == "fail" and rank == 1:
     print("disttrain-trainer: boom on rank 1", file=sys.stderr)
     sys.exit(1)
+if mode == "exit3" and rank == 1:
+    sys.exit(3)  # the stop code, with no stop asked for
+if mode == "stop3":
+    import signal
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(3))  # as the trainer: stop on SIGTERM, exit 3
+    print("ready", flush=True)
 if mode == "config":
     # Rank 0 exits 1 first (as if its connection broke), rank 1 rejects the config after it.
     if rank == 1:
@@ -89,3 +95,34 @@ def test_a_config_rejection_decides_the_outcome_over_a_peers_transient_exit(tmp_
     outcome = gang.poll()
     assert isinstance(outcome, Failure)
     assert (outcome.rank, outcome.returncode) == (1, 2)
+
+
+def test_exit_3_is_a_disruption_only_after_the_launchers_own_sigterm(tmp_path: Path) -> None:
+    """The stop code alone proves nothing: a process whose own code exits 3 failed (counted against
+    backoffLimit), one that exits 3 on the SIGTERM this launcher sent was disrupted."""
+    gang = _start(tmp_path / "own", "exit3")
+    outcome = _wait(gang)
+    assert isinstance(outcome, Failure) and (outcome.rank, outcome.returncode) == (1, 3)
+    assert not outcome.stop_sent and not outcome.disruption
+    gang.stop(grace_s=5)
+
+    gang = _start(tmp_path / "asked", "stop3")
+    logs = [tmp_path / "asked" / "logs" / f"rank{r}.log" for r in (0, 1)]
+    deadline = time.monotonic() + 30
+    while not all("ready" in log.read_text() for log in logs):  # the handlers are installed
+        assert time.monotonic() < deadline, [log.read_text() for log in logs]
+        time.sleep(0.05)
+    assert gang.poll() is False
+    gang.stop(grace_s=5)
+    outcome = gang.poll()
+    assert isinstance(outcome, Failure) and outcome.returncode == 3, outcome
+    assert outcome.stop_sent and outcome.disruption
+
+
+def test_only_the_stop_code_after_a_requested_stop_is_a_disruption() -> None:
+    def failure(code: int, sent: bool) -> Failure:
+        return Failure(rank=0, pid=1, returncode=code, log=Path("x"), log_tail=(), stop_sent=sent)
+
+    assert failure(3, True).disruption
+    assert not failure(3, False).disruption  # a model that exits 3 by itself
+    assert not failure(1, True).disruption and not failure(-9, True).disruption  # crashed or killed while stopping

@@ -6,12 +6,14 @@ what the job controls."""
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from cryptography import x509
 from disttrain_api.model import PLURAL, parse_spec
 from disttrain_operator.cache import JobCache
 from disttrain_operator.creation import delete_servers
@@ -29,6 +31,19 @@ INTERVAL = 3.0
 
 def owned_by(kind: str, name: str, uid: str) -> list[dict[str, Any]]:
     return [{"apiVersion": "x/v1", "kind": kind, "name": name, "uid": uid, "controller": True}]
+
+
+def merge(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """A JSON merge patch (RFC 7386), as the API server applies one."""
+    out = copy.deepcopy(target)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
 
 
 class Api(Kube):
@@ -53,10 +68,7 @@ class Api(Kube):
 
     def _answer(self, path: str, resource: str, verb: str, body: Any) -> tuple[int, dict[str, Any]]:
         if resource == PLURAL + "/status":
-            self.job["status"] = {**(self.job.get("status") or {}), **body["status"]}
-            for key, value in body["status"].items():
-                if value is None:
-                    self.job["status"].pop(key)
+            self.job["status"] = merge(self.job.get("status") or {}, body["status"])
             self.job["metadata"]["resourceVersion"] = str(int(self.job["metadata"]["resourceVersion"]) + 1)
             return 200, copy.deepcopy(self.job)
         if resource in ("events", PLURAL):
@@ -249,3 +261,185 @@ def test_server_deployments_are_deleted_one_by_one_only_when_the_job_controls_th
     assert [w[:3] for w in api.writes] == [("delete", "deployments", f"{NAME}-server-0")]
     assert api.writes[0][3]["preconditions"] == {"uid": "d0"}
     assert ("deployments", f"{NAME}-server-1") in api.objects  # not ours: kept
+
+
+# ------------------------------------------------------------------ what the operator may use
+
+
+def edited(api: Api, jobs: JobCache) -> None:
+    """The test changed api.job: a new resourceVersion, as the API server gives it, and into the cache."""
+    api.job["metadata"]["resourceVersion"] = str(int(api.job["metadata"]["resourceVersion"]) + 1)
+    jobs.put(KEY, copy.deepcopy(api.job))
+
+
+def fed_setup(**spec: Any) -> tuple[Api, JobCache, Reconciler, list[tuple[str, str, str]]]:
+    return setup(mode="federated", federated={"clients": 4, "clientsPerRound": 2}, **spec)
+
+
+def secret_mounts(api: Api) -> set[str]:
+    """Every Secret name a pod or pod template of the job mounts."""
+    specs = [o["spec"] for (r, _), o in api.objects.items() if r == "pods"]
+    specs += [o["spec"]["template"]["spec"] for (r, _), o in api.objects.items() if r == "deployments"]
+    return {v["secret"]["secretName"] for s in specs for v in s["volumes"] if "secret" in v}
+
+
+def settle(rec: Reconciler, api: Api, phase: str = "Pending", rounds: int = 4) -> None:
+    for _ in range(rounds):
+        rec(KEY, api.pods(phase))
+
+
+def test_secrets_someone_created_under_the_names_the_operator_would_predict_are_never_mounted() -> None:
+    # Anyone who may create Secrets in the namespace and read the job (its UID is public) can take
+    # the names an older operator used, with a key of their own.
+    api, _, rec, _ = fed_setup()
+    planted = {f"{NAME}-identity-{UID.replace('-', '')[:8]}", f"{NAME}-tls-{UID.replace('-', '')[:8]}",
+               f"{NAME}-identity", f"{NAME}-tls"}
+    for name in planted:
+        api.objects[("secrets", name)] = {"kind": "Secret", "metadata": {"name": name, "uid": "attacker"},
+                                          "data": {"server.key": "a25vd24="}}
+    first = rec(KEY, [])
+    created = [n for verb, r, n, _ in api.writes if (verb, r) == ("create", "secrets")]
+    # The first reconcile only mints (fresh random names) and records them; no pod yet.
+    assert first == 0.0 and not [w for w in api.writes if w[1] in ("pods", "deployments")]
+    recorded = api.job["status"]["secrets"]
+    assert {recorded["identity"], recorded["tls"]} == set(created) and not set(created) & planted
+    assert recorded["identity"].startswith(f"{NAME}-identity-") and len(recorded["identity"]) == len(NAME) + 20
+    settle(rec, api)
+    assert secret_mounts(api) == {recorded["identity"], recorded["tls"]}
+    assert api.job["status"]["secrets"] == recorded  # minted once
+    assert all(api.objects[("secrets", n)]["metadata"]["uid"] == "attacker" for n in planted)  # left alone
+
+
+def test_a_fresh_secret_name_taken_meanwhile_is_not_the_jobs_and_another_is_minted() -> None:
+    api, _, rec, _ = fed_setup()
+    taken: list[str] = []
+    answer = api._answer
+
+    def squat(path: str, resource: str, verb: str, body: Any) -> tuple[int, dict[str, Any]]:
+        # Someone creates the identity Secret's fresh name just before the operator does.
+        if verb == "create" and resource == "secrets" and "-identity-" in body["metadata"]["name"] and not taken:
+            taken.append(body["metadata"]["name"])
+            api.objects[("secrets", taken[0])] = {"metadata": {"name": taken[0], "uid": "attacker"}}
+        return answer(path, resource, verb, body)
+
+    api._answer = squat  # type: ignore[method-assign]
+    again = rec(KEY, [])
+    assert again == INTERVAL and "identity" not in api.job["status"]["secrets"]  # tls recorded, identity not
+    settle(rec, api)
+    identity = api.job["status"]["secrets"]["identity"]
+    assert identity != taken[0] and taken[0] not in secret_mounts(api) and identity in secret_mounts(api)
+
+
+def test_the_gang_is_created_only_once_its_secrets_are_recorded() -> None:
+    api, _, rec, _ = fed_setup()
+    api.rejections[("secrets", "*")] = (403, "secrets is forbidden: exceeded quota")
+    answer = api._answer
+
+    def quota(path: str, resource: str, verb: str, body: Any) -> tuple[int, dict[str, Any]]:
+        if verb == "create" and resource == "secrets":
+            return 403, {"kind": "Status", "reason": "Forbidden", "message": "exceeded quota: secrets=0"}
+        return answer(path, resource, verb, body)
+
+    api._answer = quota  # type: ignore[method-assign]
+    rec(KEY, [])
+    assert "exceeded quota" in condition(api, "ChildRejected")["message"]  # type: ignore[index]
+    assert not api.job["status"].get("secrets") and not [w for w in api.writes if w[1] != "secrets"]
+    api._answer = answer  # type: ignore[method-assign]
+    settle(rec, api)
+    assert condition(api, "Created")["status"] == "True"  # type: ignore[index]
+    assert secret_mounts(api) == set(job_secrets_recorded(api).values())
+
+
+def job_secrets_recorded(api: Api) -> dict[str, str]:
+    return {k: v for k, v in api.job["status"]["secrets"].items() if k in ("identity", "tls")}
+
+
+def test_a_short_lived_certificate_is_renewed_and_the_gang_and_servers_move_to_it() -> None:
+    api, jobs, rec, events = fed_setup()
+    rec.settings = OperatorSettings(poll_interval_s=INTERVAL, tls_valid_s=120, tls_renew_before_s=60)
+    settle(rec, api)
+    first = dict(api.job["status"]["secrets"])
+    cert = x509.load_pem_x509_certificate(base64.b64decode(api.objects[("secrets", first["tls"])]["data"]["tls.crt"]))
+    assert abs((cert.not_valid_after_utc - datetime.now(UTC)).total_seconds() - 120) < 30  # the setting
+    assert first["tlsNotAfter"] == format_time(cert.not_valid_after_utc)
+    # Running: reconciled again by the clock once the renewal is due (about 60 s from now).
+    api.job["status"]["phase"] = "Running"
+    edited(api, jobs)
+    again = rec(KEY, api.pods("Running"))
+    assert again is not None and again <= 61, again
+    # The renewal is due: the gang and its servers are recreated, not counted as a restart.
+    due = api.job["status"]["secrets"]["tlsNotAfter"] = format_time(datetime.now(UTC) + timedelta(seconds=59))
+    edited(api, jobs)
+    rec(KEY, api.pods("Running"))
+    st = api.job["status"]
+    assert st["phase"] == "Restarting" and st["restarts"] == 0 and st["attempt"] == 1
+    assert condition(api, "Restarting")["reason"] == "SecretsRenewed"  # type: ignore[index]
+    assert ("Normal", "SecretsRenewed") in [(t, r) for t, r, _ in events]
+    assert ("delete", "deployments", f"{NAME}-aggregator") in [w[:3] for w in api.writes]
+    for pod in [k for k in api.objects if k[0] == "pods"]:  # the kubelet's part
+        del api.objects[pod]
+    settle(rec, api)
+    second = api.job["status"]["secrets"]
+    assert second["identity"] == first["identity"] and second["tls"] != first["tls"]
+    assert second["tlsNotAfter"] > due
+    assert secret_mounts(api) == {second["identity"], second["tls"]}  # every pod and the new aggregator
+
+
+def test_a_suspended_job_with_an_expiring_certificate_is_not_polled() -> None:
+    # Renewed when it resumes (the gang is recreated then anyway), not reconciled every second meanwhile.
+    api, jobs, rec, _ = fed_setup(runPolicy={"suspend": True})
+    api.job["status"] = {"phase": "Suspended", "observedGeneration": 1, "lastSpecReplicas": 2, "conditions": [],
+                         "secrets": {"identity": "i", "tls": "t", "tlsNotAfter": format_time(datetime.now(UTC))}}
+    edited(api, jobs)
+    assert rec(KEY, []) is None
+
+
+def test_a_config_map_with_the_jobs_config_name_that_is_not_the_jobs_is_never_read() -> None:
+    # Anyone may create `<job>-config`: with the job's generation changed, the operator reads the
+    # spec the gang runs from it; one another owner holds must not decide the immutable fields.
+    api, jobs, rec, _ = setup()
+    rec(KEY, [])
+    rec(KEY, api.pods("Running"))
+    forged = {"mode": "tensor", "workers": {"replicas": 2}, "parallelism": {"tensor": 2}}
+    api.objects[("configmaps", f"{NAME}-config")] = {"kind": "ConfigMap", "metadata": {
+        "name": f"{NAME}-config", "uid": "forged", "resourceVersion": "9",
+        "ownerReferences": owned_by("DistTrainJob", "someone", "someone-uid")},
+        "data": {"config.json": json.dumps(forged)}}
+    api.job["metadata"]["generation"] = 2
+    edited(api, jobs)
+    rec(KEY, api.pods("Running"))
+    assert condition(api, "InvalidSpec") is None, api.job["status"]  # not compared with the forged spec
+    assert api.job["status"]["observedGeneration"] == 2
+
+
+def test_the_ttl_delete_of_the_job_carries_its_uid() -> None:
+    api, jobs, rec, _ = setup(runPolicy={"ttlSecondsAfterFinished": 0})
+    api.job["status"] = {"phase": "Succeeded", "completionTime": format_time(datetime.now(UTC) - timedelta(seconds=5)),
+                         "conditions": [], "observedGeneration": 1}
+    deletes: list[Any] = []
+    answer = api._answer
+
+    def record(path: str, resource: str, verb: str, body: Any) -> tuple[int, dict[str, Any]]:
+        if resource == PLURAL and verb == "delete":
+            deletes.append(body)
+        return answer(path, resource, verb, body)
+
+    api._answer = record  # type: ignore[method-assign]
+    edited(api, jobs)
+    rec(KEY, [])
+    assert deletes == [{"propagationPolicy": "Background", "preconditions": {"uid": UID}}]
+
+
+def test_a_pod_that_copies_the_jobs_labels_is_never_scraped_for_its_progress() -> None:
+    api, jobs, rec, _ = setup()
+    rec(KEY, [])
+    pods = api.pods("Running")
+    for pod in pods:
+        pod["status"]["podIP"] = f"10.0.0.{pod['metadata']['labels']['disttrain.dev/replica-index']}"
+    copy_ = copy.deepcopy(pods[0])
+    copy_["metadata"].update(name="impostor", uid="impostor-uid", ownerReferences=[])
+    copy_["status"]["podIP"] = "10.9.9.9"
+    api.job["status"]["phase"] = "Running"
+    edited(api, jobs)
+    rec(KEY, [copy_, *pods])
+    assert rec.scraper._targets[KEY].ip == "10.0.0.0"  # the job's own rank 0

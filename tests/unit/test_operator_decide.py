@@ -333,6 +333,24 @@ def test_pods_with_the_jobs_label_that_are_not_its_own_are_a_name_conflict() -> 
     assert freed.create and cond(freed.status, "NameConflict")["status"] == "False"
 
 
+def test_pods_that_only_copy_the_jobs_labels_do_not_block_its_creation() -> None:
+    # Same namespace, the job's labels (role, index, attempt), but other names: nothing they hold
+    # is a name the gang needs, so the gang is created, and they are neither adopted nor deleted.
+    copies = [pod(0, name="copy-a", attempt=0),
+              pod(1, name="copy-b", owner_uid="rs-uid", owner_kind="ReplicaSet", owner_name="web-5d9"),
+              pod(5, name="j-worker-5")]  # beyond the gang's two pods
+    plan = decide(obs(None, copies, uid="new-uid", name="j"))
+    assert plan.create and not plan.delete_pods and not plan.force_delete_pods, plan.status
+    assert cond(plan.status, "NameConflict") is None and cond(plan.status, "Created")["status"] == "True"  # type: ignore[index]
+    assert not any(r == "NameConflict" for _, r, _ in plan.events)
+    # A federated job's gang are its clients: a copy named like a worker holds none of their names.
+    fed = api.parse_spec({"mode": "federated", "workers": {"replicas": 2}})
+    free = decide(obs(None, [pod(0)], uid="new-uid", name="j", spec=fed))
+    assert free.mint_secrets == ("identity", "tls") and cond(free.status, "NameConflict") is None
+    held = decide(obs(None, [pod(0, name="j-client-0")], uid="new-uid", name="j", spec=fed))
+    assert not held.mint_secrets and cond(held.status, "NameConflict")["status"] == "True"  # type: ignore[index]
+
+
 def test_foreign_pods_beside_a_running_gang_are_never_counted_or_deleted() -> None:
     ours = [pod(0, owner_uid="me"), pod(1, owner_uid="me")]
     orphan = pod(2, "Failed", exit_code=1, attempt=7)  # no controller at all

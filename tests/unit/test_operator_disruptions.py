@@ -18,6 +18,9 @@ RUNNING = {
     "startTime": format_time(NOW - timedelta(seconds=30)), "observedGeneration": 1,
     "conditions": [{"type": "Created", "status": "True", "reason": "GangCreated"},
                    {"type": "Running", "status": "True", "reason": "GangRunning"}],
+    # The Secrets a federated or paramserver gang mounts (data mode needs none).
+    "secrets": {"identity": "j-identity-0a1b2c3d4e", "tls": "j-tls-0a1b2c3d4e",
+                "tlsNotAfter": format_time(NOW + timedelta(days=300))},
 }  # fmt: skip
 
 
@@ -75,8 +78,9 @@ SIGNALS = {
     "node-shutdown": {"phase": "Failed", "reason": "Terminated", "message": "Pod was terminated in response to "
                                                                             "imminent node shutdown."},
     "node-shutdown-newer": {"phase": "Failed", "reason": "Shutdown"},
-    # SIGTERM reached the trainer (or a peer): it checkpointed its step and exited STOPPED.
-    "trainer-stopped": {"phase": "Failed", "exit_code": 3},
+    # The pod was deleted and SIGTERM reached the trainer (or a peer): it checkpointed its step and
+    # exited STOPPED.
+    "trainer-stopped": {"phase": "Failed", "exit_code": 3, "deleting": True},
 }
 
 
@@ -124,8 +128,30 @@ def test_a_pod_the_operator_deleted_itself_is_not_a_disruption() -> None:
 
 def test_peers_that_lost_a_disrupted_pod_belong_to_its_disruption() -> None:
     # Rank 0 was drained and stopped; rank 1 lost its connection mid-stop and exited FAILED.
-    plan = decide(observed(status(), views(raw_pod(0, "Failed", exit_code=3), raw_pod(1, "Failed", exit_code=1))))
+    plan = decide(observed(status(), views(raw_pod(0, "Failed", exit_code=3, deleting=True),
+                                           raw_pod(1, "Failed", exit_code=1))))
     assert plan.status["restarts"] == 0 and plan.status["disruptions"] == 1
+
+
+@pytest.mark.parametrize("mode", ["data", "paramserver", "federated"])
+def test_a_trainer_that_exits_3_by_itself_counts_and_reaches_the_backoff_limit(mode: str) -> None:
+    """Nobody deleted the pod and nothing marked it: its own code exited 3 (the stop code). That is
+    a failure, or a model that exits 3 would restart forever."""
+    s = spec(mode, backoff=1)
+    role = "client" if mode == "federated" else "worker"
+
+    def pod(index: int, **kw: Any) -> dict[str, Any]:
+        raw = raw_pod(index, **kw)
+        raw["metadata"]["labels"]["disttrain.dev/role"] = role
+        return raw
+
+    first = decide(observed(status(), views(pod(0), pod(1, phase="Failed", exit_code=3)), s))
+    assert first.status["restarts"] == 1 and first.status["disruptions"] == 0, first.status
+    assert not any(r == "Disrupted" for _, r, _ in first.events), first.events
+    # At the limit: the next exit 3 fails the job.
+    again = decide(observed(status(restarts=1), views(pod(0), pod(1, phase="Failed", exit_code=3)), s))
+    assert again.status["phase"] == "Failed", again.status
+    assert reason_of(again, "Failed") == "BackoffLimitExceeded" and "exit code 3" in again.status["message"]
 
 
 def test_a_config_error_fails_the_job_even_beside_a_disruption() -> None:

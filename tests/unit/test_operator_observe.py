@@ -82,12 +82,28 @@ def test_settings_reject_non_numbers_naming_the_variable() -> None:
     ({"phase": "Failed", "reason": "Preempting"}, "preempted by its kubelet"),
     ({"phase": "Failed", "reason": "Terminated"}, "node shutdown"),
     ({"phase": "Failed", "reason": "Shutdown"}, "node shutdown"),
-    ({"phase": "Failed", "containerStatuses": [{"name": "trainer", "state": {"terminated": {"exitCode": 3}}}]},
-     "stopped on request (exit code 3)"),
+    ({"phase": "Failed", "containerStatuses": [{"name": "trainer", "state": {"terminated": {"exitCode": 3}}}],
+      "deleting": True}, "stopped on request (exit code 3)"),
 ])  # fmt: skip
 def test_disruptions_are_recognised_from_the_pod(status: dict[str, object], says: str) -> None:
-    p = pod_view(raw(**status), NOW)  # type: ignore[arg-type]
+    status = dict(status)
+    pod = raw(**{k: v for k, v in status.items() if k != "deleting"})  # type: ignore[arg-type]
+    if status.get("deleting"):
+        pod["metadata"]["deletionTimestamp"] = "2026-01-01T11:59:58Z"  # type: ignore[index]
+    p = pod_view(pod, NOW)
     assert says in p.disruption and p.disruption.startswith("pod j-worker-1 ")
+
+
+def test_exit_3_is_a_disruption_only_when_a_stop_was_asked_for() -> None:
+    """The trainer exits 3 after SIGTERM; only a deletion (deletionTimestamp: the operator's, a
+    drain's, a user's) or a DisruptionTarget condition says that someone asked for the stop."""
+    stopped = {"phase": "Failed", "containerStatuses": [{"name": "trainer", "state": {"terminated": {"exitCode": 3}}}]}
+    assert pod_view(raw(**stopped), NOW).disruption == ""  # type: ignore[arg-type]  # its own code exited 3
+    target = [{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}]
+    assert "PreemptionByScheduler" in pod_view(raw(**stopped, conditions=target), NOW).disruption  # type: ignore[arg-type]
+    deleted = raw(**stopped)  # type: ignore[arg-type]
+    deleted["metadata"]["deletionTimestamp"] = "2026-01-01T11:59:58Z"  # type: ignore[index]
+    assert "stopped on request" in pod_view(deleted, NOW).disruption
 
 
 @pytest.mark.parametrize("status", [

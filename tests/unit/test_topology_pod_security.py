@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from disttrain_api import constants as c
 from disttrain_api import model as api
+from disttrain_api.pod_rules import RESERVED_VOLUMES, template_errors
 from disttrain_operator.topology import BUILDERS, build_children
 from disttrain_operator.topology.common import BuildContext
 
@@ -177,3 +178,20 @@ def test_every_derived_name_of_the_longest_job_name_is_a_valid_label(mode: str) 
             assert len(value) <= 63
     for pod in children.pods:
         assert len(pod["spec"]["hostname"]) <= 63 and DNS_1035.match(pod["spec"]["hostname"])
+
+
+
+@pytest.mark.parametrize("mode", sorted(BUILDERS))
+def test_every_volume_the_operator_adds_is_reserved_from_templates(mode: str) -> None:
+    """A template volume named like one of the operator's would replace it or be refused by the API
+    server as a duplicate: validation must refuse exactly those names, the Secrets' volumes too."""
+    added = {v["name"] for pod in pods_of(mode, {}, data={"volume": {"persistentVolumeClaim": {"claimName": "d"}}})
+             for v in pod["spec"]["volumes"]}  # fmt: skip
+    assert added <= set(RESERVED_VOLUMES), added - set(RESERVED_VOLUMES)
+    for name in sorted(added):
+        template = {"volumes": [{"name": name, "configMap": {"name": "users-own"}}]}
+        spec = api.parse_spec({"mode": mode, "workers": {"replicas": 2, "template": template}})
+        errors = [e.message for e in template_errors(spec.workers.template, spec.checkpoint.path)]
+        assert any("the operator's volume" in e for e in errors), (name, errors)
+        assert not [v for pod in pods_of(mode, template) for v in pod["spec"]["volumes"]
+                    if (v.get("configMap") or {}).get("name") == "users-own"]  # fmt: skip

@@ -45,7 +45,7 @@ from .job import (
 from .object_store import ObjectStoreSpec
 from .paramserver import ParamServerSpec
 from .run_policy import RunPolicy
-from .status import Condition, JobStatus, Progress, WorkerCounts, parse_status
+from .status import Condition, JobSecrets, JobStatus, Progress, WorkerCounts, parse_status
 from .tracking import MlflowSpec, TrackingSpec
 from .training import (
     CheckpointSpec,
@@ -122,6 +122,7 @@ __all__ = [
     "GROUP",
     "JOB_NAME_PATTERN",
     "JobSpec",
+    "JobSecrets",
     "JobStatus",
     "Progress",
     "KIND",

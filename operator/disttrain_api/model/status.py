@@ -68,6 +68,25 @@ class Progress:
 
 
 @dataclass(frozen=True, kw_only=True)
+class JobSecrets:
+    identity: str | None = fld(
+        None,
+        desc="The Secret with the server key and every identity's credential that the operator created for "
+        "this job (federated, paramserver); the only one the pods mount for it. Named <job>-identity-<random>, "
+        "recorded here once the API server accepted its creation, so a Secret someone created under a name "
+        "they could predict is never mounted.",
+    )
+    tls: str | None = fld(
+        None, desc="The TLS Secret the operator created (none with tls: false or a tlsSecretName), recorded the same way."
+    )
+    tls_not_after: Time | None = fld(
+        None,
+        desc="When the certificate in tls expires. The operator creates a new one before (its "
+        "--tls-renew-before ahead) and restarts the gang and its servers on it.",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
 class JobStatus:
     phase: Phase = fld("Pending", desc="Pending, Running, Restarting, Succeeded, Failed or Suspended.")
     conditions: tuple[Condition, ...] = fld((), desc="Kubernetes-style conditions, one per type.")
@@ -77,8 +96,8 @@ class JobStatus:
     disruptions: int = fld(
         0, minimum=0,
         desc="Pods ended by a disruption (eviction, drain, preemption, deletion by someone other than the "
-        "operator, a trainer stopped on request): the gang restarts (federated, paramserver: the pod is "
-        "replaced) without counting against runPolicy.backoffLimit.",
+        "operator, a trainer stopped because its pod was being deleted): the gang restarts (federated, "
+        "paramserver: the pod is replaced) without counting against runPolicy.backoffLimit.",
     )
     counted_pods: Object = fld(
         factory=Object,
@@ -122,6 +141,7 @@ class JobStatus:
     result: Object = fld(
         factory=Object, desc="The trainer's final summary (e.g. testAccuracy, finalLoss, resumedFromStep, wallS)."
     )
+    secrets: JobSecrets | None = fld(None, desc="Names (never contents) of the Secrets the operator created for the job.")
     kopf: Object = fld(factory=Object, desc="Handler progress kept by the kopf framework; not an API.")
 
 

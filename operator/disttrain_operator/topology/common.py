@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +59,10 @@ class BuildContext:
     replicas: int  # current gang size (spec.workers.replicas unless elastic shrank it)
     gpu: GpuPods = field(default_factory=GpuPods)  # placement of pods that ask for GPUs
     allow_cpu_fallback: bool = False  # the operator's setting, passed to every pod
+    # The Secrets the operator created for the job, by purpose (credentials.IDENTITY, TLS): the
+    # names recorded in its status.secrets, the only ones its pods may mount.
+    secret_names: Mapping[str, str] = field(default_factory=dict)
+    tls_valid_s: float = 365 * 86400.0  # validity of a TLS certificate minted now (settings)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,9 +99,12 @@ def pod_name(job: str, role: str, index: int) -> str:
 
 
 def minted_name(ctx: BuildContext, purpose: str) -> str:
-    """`<job>-<purpose>-<first 8 hex of the job UID>`: for objects the operator creates once and
-    never reads back (Secrets, NetworkPolicies), an "already exists" then means this very job
-    made it; one left by an earlier job of the same name has another name."""
+    """`<job>-<purpose>-<first 8 hex of the job UID>`: for NetworkPolicies, which the operator
+    creates once and never reads back; one left by an earlier job of the same name has another
+    name. The UID is public, so anyone who may create NetworkPolicies in the namespace can take
+    the name first; that gives them nothing they lack (policies only add up: they could as well
+    add one that opens the job's pods). Secrets get unpredictable names instead
+    (credentials.fresh_secret_name)."""
     uid = ctx.uid.replace("-", "")[:8]
     return f"{ctx.name}-{purpose}-{uid}" if uid else f"{ctx.name}-{purpose}"
 

@@ -1,14 +1,20 @@
 """The Secrets that secure the federated and parameter-server channels, and how pods mount them.
 
-Pure builders (no API calls). Two Secrets per job, both minted here and created once
-by the reconciler (never read back, never replaced: a new CA or key would cut off
-running clients), named `<job>-<purpose>-<first 8 hex of the job UID>` so that an
-"already exists" on create can only mean this job made it:
+Pure builders (no API calls). Two Secrets per job, both minted here and created by the
+reconciler under a fresh random name (`fresh_secret_name`), never read back, never
+replaced in place (a new CA or key would cut off running clients). The operator may not
+read Secrets, so it cannot tell its own from one someone else created under the name it
+wanted: a name anyone could predict (the job's UID is public) would let whoever may
+create Secrets in the namespace plant a key they know. So a Secret counts as the job's
+only once the API server answered 201 to the operator's create, and then its name is
+recorded in the job's status.secrets (job_secrets.py); the pods mount only recorded names
+(`BuildContext.secret_names`), never a Secret that already existed under a wanted name.
 
-- TLS (`<job>-tls-<uid>`): a self-signed CA and a certificate for every server Service
-  name; the servers mount the whole Secret, clients only `ca.crt`. Not minted when the
-  user names their own (tlsSecretName), nor without TLS.
-- identity (`<job>-identity-<uid>`): the server key (`server.key`) and one credential per
+- TLS (`<job>-tls-<random>`): a self-signed CA and a certificate for every server Service
+  name, valid `BuildContext.tls_valid_s`; the servers mount the whole Secret, clients only
+  `ca.crt`. Not minted when the user names their own (tlsSecretName), nor without TLS.
+  Renewed before it expires as a new Secret (job_secrets.py says when).
+- identity (`<job>-identity-<random>`): the server key (`server.key`) and one credential per
   identity (`client-07`, `worker-3`), each HMAC-SHA256(server key, identity) as
   tensor_transport/auth.py derives it. One Secret, created atomically, so the credentials
   always match the key. The servers mount only `server.key`; each client or worker pod
@@ -35,10 +41,13 @@ from disttrain_api.identities import SERVER_KEY, credential
 from .common import CONTAINER, BuildContext, metadata, minted_name
 
 CA_FILE, CERT_FILE, KEY_FILE = "ca.crt", "tls.crt", "tls.key"  # the kubernetes.io/tls layout + ca.crt
-VALID_DAYS = 365
+# The purposes of the Secrets the operator mints (keys of status.secrets and BuildContext.secret_names).
+IDENTITY, TLS = "identity", "tls"
+# Random bits of a minted Secret's name: nobody can create every name it might get.
+NAME_RANDOM_BYTES = 5
 CN_MAX = 64  # X.509 upper bound of a common name (RFC 5280); the SANs carry the full DNS names
-TLS_VOLUME = "disttrain-tls"
-IDENTITY_VOLUME = "disttrain-identity"
+TLS_VOLUME = c.TLS_VOLUME
+IDENTITY_VOLUME = c.IDENTITY_VOLUME
 
 
 def _common_name(text: str) -> x509.Name:
@@ -46,11 +55,22 @@ def _common_name(text: str) -> x509.Name:
 
 
 def tls_secret_name(ctx: BuildContext, user_named: str | None) -> str:
-    return user_named or minted_name(ctx, "tls")
+    return user_named or ctx.secret_names.get(TLS) or minted_name(ctx, TLS)
 
 
 def identity_secret_name(ctx: BuildContext) -> str:
-    return minted_name(ctx, "identity")
+    return ctx.secret_names.get(IDENTITY) or minted_name(ctx, IDENTITY)
+
+
+def fresh_secret_name(job: str, purpose: str) -> str:
+    """`<job>-<purpose>-<10 random hex>`: a name nobody can predict, so nobody can create it first."""
+    return f"{job}-{purpose}-{secrets.token_hex(NAME_RANDOM_BYTES)}"
+
+
+def not_after(tls_secret: dict[str, Any]) -> dt.datetime:
+    """When the certificate of a TLS Secret built here expires."""
+    cert = x509.load_pem_x509_certificate(base64.b64decode(tls_secret["data"][CERT_FILE]))
+    return cert.not_valid_after_utc
 
 
 def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
@@ -58,7 +78,7 @@ def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
 
 
 def self_signed_server_cert(
-    dns_names: list[str], *, now: dt.datetime | None = None, days: int = VALID_DAYS
+    dns_names: list[str], *, now: dt.datetime | None = None, valid: dt.timedelta = dt.timedelta(days=365)
 ) -> tuple[bytes, bytes, bytes]:
     """(CA certificate, server certificate, server key), PEM. The CA key is discarded: nothing else is signed.
 
@@ -71,7 +91,7 @@ def self_signed_server_cert(
     ca = (
         x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
         .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=days))
+        .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + valid)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
                                      key_encipherment=False, data_encipherment=False, key_agreement=False,
@@ -83,7 +103,7 @@ def self_signed_server_cert(
         x509.CertificateBuilder()
         .subject_name(_common_name(short))
         .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=days))
+        .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + valid)
         .add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in dns_names]), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
@@ -110,7 +130,7 @@ def _secret(ctx: BuildContext, name: str, data: dict[str, bytes], type_: str = "
 def build_tls_secret(ctx: BuildContext, services: Sequence[str]) -> dict[str, Any]:
     """One certificate valid for every server Service (parameter-server shards share it)."""
     names = [n for svc in services for n in service_dns_names(ctx.namespace, svc)]
-    ca, cert, key = self_signed_server_cert(names)
+    ca, cert, key = self_signed_server_cert(names, valid=dt.timedelta(seconds=ctx.tls_valid_s))
     return _secret(ctx, tls_secret_name(ctx, None), {CA_FILE: ca, CERT_FILE: cert, KEY_FILE: key})
 
 

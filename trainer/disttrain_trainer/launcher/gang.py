@@ -67,11 +67,21 @@ class Failure:
     returncode: int
     log: Path
     log_tail: tuple[str, ...]
+    # Whether this launcher had sent the process SIGTERM (Gang.stop) before it exited.
+    stop_sent: bool = False
 
     @property
     def reason(self) -> str:
         last = self.log_tail[-1] if self.log_tail else "(no output)"
         return f"rank {self.rank} (pid {self.pid}) {describe_exit(self.returncode)}: {last}"
+
+    @property
+    def disruption(self) -> bool:
+        """Exit STOPPED counts as a disruption (a restart not counted against backoffLimit) only
+        when this launcher asked for the stop, as the operator counts it only for a pod that was
+        being deleted or marked for disruption. A process that exits 3 on its own (its code did,
+        or a SIGTERM from anyone else) failed: a model that exits 3 must not restart forever."""
+        return self.returncode == exitcodes.STOPPED and self.stop_sent
 
 
 @dataclass
@@ -111,6 +121,7 @@ class Gang:
     def __init__(self, members: list[_Member], attempt: int):
         self._members = members
         self.attempt = attempt
+        self.stop_sent: set[int] = set()  # pids this launcher sent SIGTERM
         self.lost: dict[int, Failure] = {}  # optional ranks that failed (see poll)
         self.run_dir: Path | None = None
 
@@ -178,7 +189,7 @@ class Gang:
             if m.slot.rank in optional and rc is not None and rc != 0 and m.slot.rank not in self.lost:
                 self.lost[m.slot.rank] = Failure(
                     rank=m.slot.rank, pid=m.proc.pid, returncode=rc, log=m.log,
-                    log_tail=tuple(tail_lines(m.log, 8, since=m.log_offset)),
+                    log_tail=tuple(tail_lines(m.log, 8, since=m.log_offset)), stop_sent=m.proc.pid in self.stop_sent,
                 )  # fmt: skip
         codes = [(m, rc) for m, rc in codes if m.slot.rank not in optional]
         failed = [(m, rc) for m, rc in codes if rc is not None and rc != 0]
@@ -198,6 +209,7 @@ class Gang:
                 returncode=rc,
                 log=m.log,
                 log_tail=tuple(tail_lines(m.log, 8, since=m.log_offset)),
+                stop_sent=m.proc.pid in self.stop_sent,
             )
         return all(rc == 0 for _, rc in codes)
 
@@ -219,6 +231,8 @@ class Gang:
         for m in self._members:
             if m.proc.poll() is not None:
                 continue
+            if sig == signal.SIGTERM:
+                self.stop_sent.add(m.proc.pid)
             try:
                 os.killpg(
                     m.proc.pid, sig

@@ -4,9 +4,11 @@ Gang semantics match the operator: when any process dies abnormally the whole
 gang is stopped and started again with DISTTRAIN_RESTART_ATTEMPT + 1; the
 trainer resumes from the newest checkpoint by itself. After
 runPolicy.backoffLimit restarts the job fails with the reason. A process that
-exits STOPPED (someone sent it SIGTERM: it checkpointed its step) is a
-disruption: the gang restarts without counting against backoffLimit. Stopping
-the launcher (Ctrl-C, SIGTERM) sends the gang SIGTERM and waits up to
+exits STOPPED (it got SIGTERM and checkpointed its step) is a disruption, a restart
+not counted against backoffLimit, only when this launcher sent the SIGTERM
+(Failure.disruption), as the operator counts one only for a pod that was being
+deleted; exit 3 for any other reason counts like any failure. Stopping the
+launcher (Ctrl-C, SIGTERM) sends the gang SIGTERM and waits up to
 runPolicy.terminationGracePeriodSeconds for it to checkpoint and exit.
 """
 
@@ -258,7 +260,7 @@ def run_local(job: api.DistTrainJob, options: LocalOptions) -> LocalResult:
                         f"starting {spec.world_size} processes (attempt {attempt}) ... {elapsed:.0f} s"
                     )
                 outcome = gang.poll(optional)
-                if shards and isinstance(outcome, Failure) and outcome.returncode == EXIT_STOPPED:
+                if shards and isinstance(outcome, Failure) and outcome.disruption:
                     disruptions += 1
                     _note(printer, out, f"{outcome.reason}: stopped on request, replacing only that process "
                                         f"(disruption {disruptions}, not counted as a restart)")  # fmt: skip
@@ -267,7 +269,7 @@ def run_local(job: api.DistTrainJob, options: LocalOptions) -> LocalResult:
                 elif (shards and isinstance(outcome, Failure) and outcome.returncode != EXIT_CONFIG
                         and restarts < spec.run_policy.backoff_limit):  # fmt: skip
                     restarts += 1
-                    _note(printer, out, f"{outcome.reason}: replacing only that process "
+                    _note(printer, out, f"{outcome.reason}{_unrequested_stop(outcome)}: replacing only that process "
                                         f"(restart {restarts}/{spec.run_policy.backoff_limit})")  # fmt: skip
                     gang.replace(outcome.rank)
                     outcome = False
@@ -290,11 +292,11 @@ def run_local(job: api.DistTrainJob, options: LocalOptions) -> LocalResult:
                 _note(printer, out, f"{outcome.reason} after every rank finished: not restarting")
                 status, code = "Succeeded", 0
                 break
-            _note(printer, out, f"{outcome.reason}  (log: {outcome.log})")
+            _note(printer, out, f"{outcome.reason}{_unrequested_stop(outcome)}  (log: {outcome.log})")
             if outcome.returncode == EXIT_CONFIG:
                 reason, code = f"the trainer rejected the job: {outcome.reason}", EXIT_CONFIG
                 break
-            if outcome.returncode == EXIT_STOPPED:
+            if outcome.disruption:
                 disruptions += 1
                 attempt += 1
                 _note(printer, out, f"stopped on request: restarting the gang from the checkpoint of the step it "
@@ -357,6 +359,13 @@ def run_local(job: api.DistTrainJob, options: LocalOptions) -> LocalResult:
     if code != 0:
         print(f"disttrain local: job {name} {status.lower()}: {reason}", file=err)
     return LocalResult(exit_code=code, summary=summary)
+
+
+def _unrequested_stop(outcome: Failure) -> str:
+    """Why an exit 3 counts as a failure here, where a user expects a disruption."""
+    if outcome.returncode == EXIT_STOPPED and not outcome.disruption:
+        return " (a stop disttrain local did not ask for: counted as a failure)"
+    return ""
 
 
 def _note(printer: ProgressPrinter | None, out: TextIO, message: str) -> None:
