@@ -13,7 +13,7 @@ from typing import Any
 
 from disttrain_api.model import JobSpec
 
-from .observe import PodView, format_time
+from .observe import ClaimView, PodView, format_time
 
 # Phases (DESIGN.md): Pending | Running | Restarting | Succeeded | Failed | Suspended
 PENDING, RUNNING, RESTARTING = "Pending", "Running", "Restarting"
@@ -22,6 +22,10 @@ TERMINAL = (SUCCEEDED, FAILED)
 IMMUTABLE_FIELDS = ("mode", "model", "parallelism")
 # The reason (condition, Event) of a gang restart or pod replacement caused by a disruption.
 DISRUPTED = "Disrupted"
+# Conditions about the checkpoint volume (checkpoint_status.py); each posts a Warning Event
+# when it turns True: a job that would lose its progress, or cannot start, until someone acts.
+CHECKPOINTS_EPHEMERAL = "CheckpointsEphemeral"
+CHECKPOINT_CLAIM_PENDING = "CheckpointClaimPending"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,6 +48,10 @@ class Observed:
     # UIDs of pods this operator deleted lately (reconcile.Expectations): a pod deleted by
     # anyone else (a drain, an eviction, a user) is a disruption, not a failure.
     deleted_by_operator: frozenset[str] = frozenset()
+    # The job's own checkpoint claim (checkpoint_claim.py) as read while the gang starts; None
+    # when the job has none, or it was seen Bound already (it is not read again then).
+    claim: ClaimView | None = None
+    claim_pending_after_s: float = 120.0  # settings.CLAIM_PENDING_AFTER_S
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,7 +113,8 @@ class StatusBuilder:
     def _event(self, type_: str, reason: str, message: str) -> None:
         if type_ in STATE_CONDITIONS:
             return
-        warn = (type_ in ("Failed", "InvalidSpec", "Restarting", "NameConflict", "ChildRejected")
+        warn = (type_ in ("Failed", "InvalidSpec", "Restarting", "NameConflict", "ChildRejected",
+                          CHECKPOINTS_EPHEMERAL, CHECKPOINT_CLAIM_PENDING)
                 or reason in ("Unschedulable",)) and reason != DISRUPTED
         self.event("Warning" if warn else "Normal", reason, message or type_)
 

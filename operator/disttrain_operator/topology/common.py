@@ -13,8 +13,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from disttrain_api import checkpoint_storage, pod_rules
 from disttrain_api import constants as c
-from disttrain_api import pod_rules
 from disttrain_api.model import API_VERSION, KIND, JobSpec, to_json
 
 from ..settings import GpuPods
@@ -58,6 +58,7 @@ class BuildContext:
     replicas: int  # current gang size (spec.workers.replicas unless elastic shrank it)
     gpu: GpuPods = field(default_factory=GpuPods)  # placement of pods that ask for GPUs
     allow_cpu_fallback: bool = False  # the operator's setting, passed to every pod
+    checkpoint_storage_class: str = ""  # the operator's setting: the class of the job's checkpoint claim
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,10 +73,12 @@ class Children:
     secrets: list[dict[str, Any]] = field(default_factory=list)
     # Who may connect to the job's pods (networkpolicy.py); created once, like the Secrets.
     network_policies: list[dict[str, Any]] = field(default_factory=list)
+    # The job's checkpoint claim (checkpoint_claim.py): created once, before any pod mounts it.
+    claims: list[dict[str, Any]] = field(default_factory=list)
 
     def all(self) -> list[dict[str, Any]]:
-        return [*self.secrets, *self.network_policies, *self.config_maps, *self.services, *self.deployments,
-                *self.pods]
+        return [*self.secrets, *self.network_policies, *self.claims, *self.config_maps, *self.services,
+                *self.deployments, *self.pods]
 
 
 # ----------------------------------------------------------------------------- names
@@ -323,9 +326,7 @@ def build_pod(
     for one in (container, *sidecars):
         one["securityContext"] = copy.deepcopy(CONTAINER_SECURITY)
 
-    checkpoint_source = dict(spec.checkpoint.volume)
-    if not checkpoint_source or pod_rules.volume_source_error(checkpoint_source) is not None:
-        checkpoint_source = {"emptyDir": {}}  # validation refuses any other; never a hostPath
+    checkpoint_source = checkpoint_storage.volume_source(spec, ctx.name)
     volumes = [
         {"name": "config", "configMap": {"name": config_map_name(ctx.name)}},
         {"name": "checkpoints", **checkpoint_source},
