@@ -32,13 +32,18 @@ def ephemeral_condition(b: StatusBuilder, spec: JobSpec) -> None:
 def pending_message(claim: ClaimView, after_s: float) -> str:
     cls = f"StorageClass {claim.storage_class}" if claim.storage_class else "the cluster's default StorageClass"
     modes = ", ".join(claim.access_modes) or "no access mode"
+    why = ("no StorageClass is the cluster's default" if not claim.storage_class
+           else f"StorageClass {claim.storage_class} does not exist or has no working provisioner")
+    if "ReadWriteMany" in claim.access_modes:
+        why += (", or the class offers only ReadWriteOnce (most block storage), while the job's pods on different "
+                "nodes share the volume")
+        fix = "a StorageClass that offers ReadWriteMany (NFS, CephFS, EFS, Filestore, Azure Files)"
+    else:
+        fix = "a StorageClass with a working provisioner"
     return (f"PersistentVolumeClaim {claim.name} (checkpoints: {modes}, {claim.size or 'no size'}, {cls}) has been "
-            f"Pending for more than {after_s:.0f}s: no volume was provisioned or bound for it. Either the cluster "
-            "has no default StorageClass, or the class cannot provide these access modes (most block-storage "
-            "classes offer only ReadWriteOnce; the job's pods on different nodes need ReadWriteMany). Set the "
-            "operator's checkpoint StorageClass (Helm: checkpoints.storageClass) to a ReadWriteMany class (NFS, "
-            "CephFS, EFS, Filestore, Azure Files), or name a claim of your own in spec.checkpoint.volume; "
-            f"`kubectl describe pvc {claim.name}` shows the provisioner's reason")
+            f"Pending for more than {after_s:.0f}s: no volume was provisioned or bound for it. Likely {why}. Set the "
+            f"operator's checkpoint StorageClass (Helm: checkpoints.storageClass) to {fix}, or name a claim of your "
+            f"own in spec.checkpoint.volume; `kubectl describe pvc {claim.name}` shows the provisioner's reason")
 
 
 def claim_wait(b: StatusBuilder, obs: Observed) -> str | None:

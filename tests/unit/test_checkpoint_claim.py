@@ -264,3 +264,13 @@ def test_the_data_parallel_example_uses_the_default_claim() -> None:
     s = api.parse_spec(example["spec"])
     assert storage.uses_default_claim(s) and storage.claim_size(s) == "1Gi"
     assert storage.access_modes(s) == ["ReadWriteMany"]
+
+
+def test_the_pending_message_names_the_causes_that_fit_the_claim() -> None:
+    from disttrain_operator.checkpoint_status import pending_message
+
+    shared = pending_message(ClaimView(name=CLAIM, phase="Pending", access_modes=("ReadWriteMany",), size="1Gi"), 120)
+    assert "no StorageClass is the cluster's default" in shared and "offers only ReadWriteOnce" in shared
+    one = pending_message(ClaimView(name=CLAIM, phase="Pending", storage_class="fast", access_modes=("ReadWriteOnce",),
+                                    size="1Gi"), 120)
+    assert "StorageClass fast does not exist or has no working provisioner" in one and "ReadWriteMany" not in one
