@@ -86,6 +86,7 @@ class LocalCluster:
             if self.is_up():
                 ensure_cgroup("")  # a cluster started by an older version keeps its CPU weight up to date
                 self.ensure_volumes()
+                self.ensure_kubelets()
                 self.refresh_images()
                 return False
             self._up()
@@ -181,6 +182,17 @@ class LocalCluster:
             controlplane.stop_controller_manager()
             controlplane.start_controller_manager(self.cfg, bin_dir())
             probes.controllers_work(self.kubectl, self.node_names, timeout=self.cfg.ready_timeout_s)
+
+    def ensure_kubelets(self) -> None:
+        """Nodes of a running cluster whose kubelet was built otherwise (another set of
+        hack/k8s-patches, e.g. by an older checkout) are restarted with this checkout's, one at a
+        time: their pods end, as on any node restart."""
+        want = (bin_dir() / "kubelet").resolve()
+        for n in self.cfg.nodes:
+            running = node.kubelet_binary(n)
+            if running is not None and running != want:
+                say(f"restarting {n.name}: its kubelet is {running}, this checkout builds {want}")
+                self.start_node(n.name)
 
     def refresh_images(self) -> None:
         """Rebuild images whose inputs changed and import them into every node of a running cluster."""
