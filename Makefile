@@ -95,26 +95,23 @@ DEMO_JOB := digits-ddp
 DEMO_KUBECONFIG = $${KUBECONFIG:-$${DISTTRAIN_CACHE:-$$HOME/.cache/disttrain}/cluster/kubeconfig}
 .PHONY: demo-cluster demo-cluster-down bench-operator
 
-demo-cluster: $(STAMP) ## local cluster up, CRD+RBAC+operator installed, data-parallel example run to Succeeded, teardown
+demo-cluster: $(STAMP) ## local cluster up, CRD+RBAC+operator installed, data-parallel example (as shipped) run to Succeeded, teardown
 	$(MAKE) cluster-up
 	@set -euo pipefail; export KUBECONFIG="$(DEMO_KUBECONFIG)"; \
 	trap '$(MAKE) --no-print-directory demo-cluster-down' EXIT; \
 	kubectl apply -k manifests/; \
 	kubectl rollout status deployment/disttrain-operator -n disttrain-system --timeout=300s; \
-	kubectl apply -f hack/demo-checkpoints.yaml; \
-	$(PY) -c 'import sys, yaml; d = yaml.safe_load(open("manifests/examples/data-parallel.yaml")); \
-	d["spec"]["checkpoint"]["volume"] = {"persistentVolumeClaim": {"claimName": "checkpoints"}}; \
-	print(yaml.safe_dump(d))' | kubectl apply -f -; \
+	kubectl apply -f manifests/examples/data-parallel.yaml; \
 	phase=; while [ "$$phase" != Succeeded ] && [ "$$phase" != Failed ]; do \
 	  sleep 5; kubectl get dtj $(DEMO_JOB) --no-headers; \
 	  phase=$$(kubectl get dtj $(DEMO_JOB) -o jsonpath='{.status.phase}'); done; \
 	kubectl get dtj $(DEMO_JOB); echo "result: $$(kubectl get dtj $(DEMO_JOB) -o jsonpath='{.status.result}')"; \
+	kubectl get pvc $(DEMO_JOB)-checkpoints; \
 	[ "$$phase" = Succeeded ]
 
 demo-cluster-down: ## delete the demo job and the operator install, then stop the local cluster
 	-@export KUBECONFIG="$(DEMO_KUBECONFIG)"; \
 	kubectl delete dtj $(DEMO_JOB) --ignore-not-found --wait=true --timeout=120s; \
-	kubectl delete -f hack/demo-checkpoints.yaml --ignore-not-found --wait=true --timeout=60s; \
 	kubectl delete -k manifests/ --ignore-not-found --wait=true --timeout=180s
 	$(MAKE) cluster-down
 

@@ -3,6 +3,7 @@
 # host, every node a network namespace with its own containerd, kubelet and kube-proxy.
 LOCALCLUSTER := PYTHONPATH=hack $(PY) -m localcluster
 KIND_NAME ?= disttrain
+KIND_VOLUMES := /var/lib/disttrain/volumes
 
 .PHONY: cluster-prereqs cluster-up cluster-down cluster-status images image-cuda wheelhouse kind-up kind-down
 
@@ -31,14 +32,18 @@ wheelhouse: $(STAMP) ## build/wheels: dependency wheels (torch pinned) + the pro
 	PYTHONPATH=hack $(PY) -c 'from localcluster import images; images.wheelhouse()'
 
 # For users with Docker: a kind cluster with the same images (loaded, no registry).
-kind-up: wheelhouse ## kind cluster "disttrain" (1 control plane + 2 workers): images loaded, checkpoint hostPath mounted
+kind-up: wheelhouse ## kind cluster "disttrain" (1 control plane + 2 workers): images loaded, shared volumes for claims
 	docker build --target trainer -t disttrain-trainer:dev .
 	docker build --target operator -t disttrain-operator:dev .
-	mkdir -p /var/lib/disttrain/checkpoints && chmod 1777 /var/lib/disttrain/checkpoints
+	mkdir -p $(KIND_VOLUMES) /var/lib/disttrain/checkpoints && chmod 1777 $(KIND_VOLUMES) /var/lib/disttrain/checkpoints
 	kind get clusters | grep -qx $(KIND_NAME) || kind create cluster --name $(KIND_NAME) --config hack/kind.yaml
 	kind load docker-image --name $(KIND_NAME) disttrain-trainer:dev disttrain-operator:dev
 	mkdir -p $(HOME)/.cache/disttrain
 	kind get kubeconfig --name $(KIND_NAME) > $(HOME)/.cache/disttrain/kind-kubeconfig
+	# kind's default StorageClass (local-path) puts each volume on one node and offers only
+	# ReadWriteOnce; on a folder every node mounts (hack/kind.yaml) it offers ReadWriteMany.
+	kubectl --kubeconfig $(HOME)/.cache/disttrain/kind-kubeconfig -n local-path-storage patch configmap \
+	  local-path-config --type merge -p '{"data":{"config.json":"{\"sharedFileSystemPath\":\"$(KIND_VOLUMES)\"}"}}'
 	# Advertise 2 nvidia.com/gpu on the last worker, as the local cluster does.
 	kubectl --kubeconfig $(HOME)/.cache/disttrain/kind-kubeconfig patch node $(KIND_NAME)-worker2 \
 	  --subresource=status --type=json -p '[{"op":"add","path":"/status/capacity/nvidia.com~1gpu","value":"2"}]'

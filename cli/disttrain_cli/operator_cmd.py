@@ -38,6 +38,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                    help="seconds a running pod may stay NotReady (its node lost) before its gang is replaced and "
                    "its pods force-deleted (default 300, Kubernetes' pod-eviction default) "
                    "[DISTTRAIN_OPERATOR_NODE_LOST_AFTER]")
+    p.add_argument("--checkpoint-storage-class", default=None, metavar="NAME",
+                   help="StorageClass of the checkpoint claim created for a job without spec.checkpoint.volume "
+                   "(default: the cluster's default StorageClass) [DISTTRAIN_OPERATOR_CHECKPOINT_STORAGE_CLASS]")
     p.add_argument("--leader-elect", action="store_true", default=None,
                    help="run only while holding the Lease disttrain-operator (one active replica, the others "
                    "standing by) [DISTTRAIN_OPERATOR_LEADER_ELECT]")
@@ -58,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
             poll_interval_s=args.poll_interval_s,
             progress_interval_s=args.progress_interval_s,
             node_lost_after_s=args.node_lost_after_s,
+            checkpoint_storage_class=args.checkpoint_storage_class,
             leader_elect=args.leader_elect,
             lease_namespace=args.lease_namespace,
         )

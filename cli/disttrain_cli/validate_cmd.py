@@ -3,7 +3,8 @@
 Every problem of every document is listed as `FILE[:doc N]: path: message`
 (schema and cross-field rules together, see disttrain_api/validation.py); YAML syntax
 errors as `FILE:LINE:COLUMN: YAML syntax error: ...`. Exit 0 when everything is
-valid, 2 otherwise.
+valid, 2 otherwise. A valid job that will probably not do what its author wants (checkpoints on
+an emptyDir, which die with the pod) gets `FILE: warning: path: message` on stderr, exit 0.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import sys
 from typing import Any
 
 import yaml
+from disttrain_api import checkpoint_storage
 from disttrain_api.exitcodes import CONFIG as EXIT_INVALID
 from disttrain_api.model import GROUP, KIND
 from disttrain_api.validation import check_job
@@ -67,8 +69,11 @@ def _summary(job: Any) -> str:
     return f"valid (DistTrainJob {job.metadata.name}: mode {s.mode}, {layout})"
 
 
-def validate_text(text: str, name: str, out: list[str], problems: list[str]) -> None:
-    """Validate one file's text; append OK lines to `out` and problem lines to `problems`."""
+def validate_text(text: str, name: str, out: list[str], problems: list[str], warnings: list[str] | None = None
+                  ) -> None:  # fmt: skip
+    """Validate one file's text; append OK lines to `out`, problem lines to `problems`, and
+    what is valid but probably not meant (checkpoint_storage.warnings) to `warnings` (to `out`
+    when None)."""
     try:
         docs = list(yaml.load_all(text, Loader=_loader()))
     except yaml.YAMLError as exc:
@@ -93,6 +98,8 @@ def validate_text(text: str, name: str, out: list[str], problems: list[str]) -> 
             problems.extend(f"{label}: {e.path}: {e.message}" for e in errors)
         else:
             out.append(f"{label}: {_summary(job)}")
+            notes = [f"{label}: warning: {w.path}: {w.message}" for w in checkpoint_storage.warnings(job.spec)]
+            (out if warnings is None else warnings).extend(notes)
     if jobs == 0:
         problems.append(f"{name}: no DistTrainJob document found")
 
@@ -103,15 +110,18 @@ def run(args: argparse.Namespace) -> int:
     for name in args.files:
         out: list[str] = []
         problems: list[str] = []
+        warnings: list[str] = []
         try:
             text = sys.stdin.read() if name == "-" else open(name, encoding="utf-8").read()
         except (OSError, UnicodeDecodeError) as exc:
             problems.append(f"{name}: cannot read: {getattr(exc, 'strerror', None) or exc}")
         else:
-            validate_text(text, "<stdin>" if name == "-" else name, out, problems)
+            validate_text(text, "<stdin>" if name == "-" else name, out, problems, warnings)
         if not args.quiet:
             for line in out:
                 print(line)
+        for line in warnings:  # valid (exit 0), but said even with --quiet
+            print(line, file=sys.stderr)
         for line in problems:
             print(line, file=sys.stderr)
         total_problems += len(problems)

@@ -14,7 +14,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from . import controlplane, images, network, node, probes
+from . import controlplane, images, network, node, probes, volumewatch
 from .config import APISERVER_PORT, BRIDGE_IP, CHECKPOINT_DIR, REPO_ROOT, ClusterConfig, NodeConfig
 from .proc import (
     ClusterError,
@@ -85,6 +85,8 @@ class LocalCluster:
         with self.lock():
             if self.is_up():
                 ensure_cgroup("")  # a cluster started by an older version keeps its CPU weight up to date
+                self.ensure_volumes()
+                self.ensure_kubelets()
                 self.refresh_images()
                 return False
             self._up()
@@ -138,6 +140,7 @@ class LocalCluster:
         say("DNS, kubelets, kube-proxies")
         self._post_apiserver()
         controlplane.start_dns(cfg)
+        controlplane.start_volume_watch(cfg)
         for n in cfg.nodes:
             node.start_kubelet_and_proxy(cfg, n, bins)
         # The controller-manager starts once nodes are Ready: started earlier, it sees every node
@@ -167,6 +170,30 @@ class LocalCluster:
     def _restart_containerd(self, n: NodeConfig) -> None:
         node.restart_containerd(self.cfg, n)
 
+    def ensure_volumes(self) -> None:
+        """Dynamic volumes on a running cluster that an older version of this code brought up:
+        the default StorageClass, the volume watcher, and a controller-manager with the hostPath
+        provisioner (restarted with it; then its controllers are waited for as at bring-up)."""
+        self.kubectl("apply", "-f", "-", input=json.dumps(volumewatch.STORAGE_CLASS_OBJECT))
+        if not controlplane.running("volumewatch"):
+            controlplane.start_volume_watch(self.cfg)
+        if controlplane.HOSTPATH_PROVISIONER not in controlplane.controller_manager_flags():
+            say("restarting kube-controller-manager with the hostPath provisioner")
+            controlplane.stop_controller_manager()
+            controlplane.start_controller_manager(self.cfg, bin_dir())
+            probes.controllers_work(self.kubectl, self.node_names, timeout=self.cfg.ready_timeout_s)
+
+    def ensure_kubelets(self) -> None:
+        """Nodes of a running cluster whose kubelet was built otherwise (another set of
+        hack/k8s-patches, e.g. by an older checkout) are restarted with this checkout's, one at a
+        time: their pods end, as on any node restart."""
+        want = (bin_dir() / "kubelet").resolve()
+        for n in self.cfg.nodes:
+            running = node.kubelet_binary(n)
+            if running is not None and running != want:
+                say(f"restarting {n.name}: its kubelet is {running}, this checkout builds {want}")
+                self.start_node(n.name)
+
     def refresh_images(self) -> None:
         """Rebuild images whose inputs changed and import them into every node of a running cluster."""
         archives = images.ensure_all(bin_dir())
@@ -191,6 +218,8 @@ class LocalCluster:
                  lambda: self.kubectl("get", "service", "kubernetes", check=False).returncode == 0,
                  timeout=30, step="kubernetes service", log=self.cfg.logs / "kube-apiserver.log")
         self.kubectl("apply", "-f", "-", input=json.dumps(ep))
+        # Before any claim: a claim created while no StorageClass is the default never gets one.
+        self.kubectl("apply", "-f", "-", input=json.dumps(volumewatch.STORAGE_CLASS_OBJECT))
 
     def wait_ready(self, *, controllers: bool = True) -> None:
         """All nodes Ready with their GPUs advertised; with `controllers`, also the default
@@ -245,6 +274,8 @@ class LocalCluster:
         network.cleanup(self.cfg)
         shutil.rmtree("/run/disttrain", ignore_errors=True)
         shutil.rmtree(controlplane.ETCD_DATA, ignore_errors=True)
+        # Dynamically provisioned volumes: their PersistentVolumes went with etcd.
+        shutil.rmtree(volumewatch.VOLUMES_DIR, ignore_errors=True)
         for sub in ("nodes", "etcd", "dns", "run"):
             shutil.rmtree(self.cfg.root / sub, ignore_errors=True)
         (self.cfg.root / "cluster.json").unlink(missing_ok=True)

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import ssl
 import sys
 import urllib.request
 from pathlib import Path
 
+from . import volumewatch
 from .config import (
     APISERVER_PORT,
     BRIDGE_IP,
@@ -20,9 +22,10 @@ from .config import (
     SERVICE_CIDR,
     ClusterConfig,
 )
-from .proc import ClusterError, spawn, wait_for
+from .proc import ClusterError, alive, cgroup_pids, spawn, wait_for
 
 CGROUP = "control"
+HOSTPATH_PROVISIONER = "--enable-hostpath-provisioner=true"
 ETCD_DATA = Path("/dev/shm/disttrain-etcd")
 
 
@@ -80,6 +83,14 @@ def start_apiserver(cfg: ClusterConfig, bin_dir: Path) -> None:
 
 
 def start_controllers(cfg: ClusterConfig, bin_dir: Path) -> None:
+    start_controller_manager(cfg, bin_dir)
+    spawn([bin_dir / "kube-scheduler",
+           f"--kubeconfig={cfg.pki / 'scheduler.kubeconfig'}",
+           "--leader-elect=false", "--bind-address=127.0.0.1", "--port=0", "--v=1"],
+          log=cfg.logs / "kube-scheduler.log", cgroup=CGROUP)
+
+
+def start_controller_manager(cfg: ClusterConfig, bin_dir: Path) -> None:
     p = cfg.pki
     spawn([bin_dir / "kube-controller-manager",
            f"--kubeconfig={p / 'controller-manager.kubeconfig'}",
@@ -97,12 +108,51 @@ def start_controllers(cfg: ClusterConfig, bin_dir: Path) -> None:
            # controller before the volume's own informer event and waits for the next resync:
            # 15 s by default, which every test namespace paid before its first pod.
            "--pvclaimbinder-sync-period=1s",
+           # Dynamic PersistentVolumes: folders under /tmp/hostpath_pv, one file system for every
+           # node of this machine (volumewatch.py makes them writable for non-root pods).
+           HOSTPATH_PROVISIONER,
            "--port=0", "--secure-port=0", "--v=1"],
           log=cfg.logs / "kube-controller-manager.log", cgroup=CGROUP)
-    spawn([bin_dir / "kube-scheduler",
-           f"--kubeconfig={p / 'scheduler.kubeconfig'}",
-           "--leader-elect=false", "--bind-address=127.0.0.1", "--port=0", "--v=1"],
-          log=cfg.logs / "kube-scheduler.log", cgroup=CGROUP)
+
+
+def start_volume_watch(cfg: ClusterConfig) -> None:
+    """The watcher that opens every hostPath-provisioned volume to non-root pods (volumewatch.py);
+    before the controller-manager, so the first volume is seen."""
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    spawn([sys.executable, "-m", "localcluster.volumewatch", "--dir", volumewatch.VOLUMES_DIR],
+          log=cfg.logs / "volumewatch.log", cgroup=CGROUP, env=env)
+
+
+def _commands() -> dict[int, list[str]]:
+    """The command line of every process of the control plane, by pid."""
+    out: dict[int, list[str]] = {}
+    for pid in cgroup_pids(CGROUP):
+        try:
+            out[pid] = [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+        except OSError:
+            continue  # exited meanwhile
+    return out
+
+
+def controller_manager_flags() -> list[str]:
+    """The flags of the running kube-controller-manager ([] when none runs)."""
+    for args in _commands().values():
+        if args and os.path.basename(args[0]) == "kube-controller-manager":
+            return args[1:]
+    return []
+
+
+def running(module: str) -> bool:
+    """Whether a `python -m localcluster.<module>` process of the control plane runs."""
+    return any(f"localcluster.{module}" in args for args in _commands().values())
+
+
+def stop_controller_manager() -> None:
+    for pid, args in _commands().items():
+        if args and os.path.basename(args[0]) == "kube-controller-manager":
+            os.kill(pid, signal.SIGKILL)
+            wait_for("kube-controller-manager to exit", lambda p=pid: not alive(p), timeout=10,
+                     step="controller-manager restart")
 
 
 def start_dns(cfg: ClusterConfig) -> None:

@@ -206,6 +206,18 @@ def start_kubelet_and_proxy(cfg: ClusterConfig, node: NodeConfig, bin_dir: Path)
           log=cfg.logs / f"{node.name}-kube-proxy.log", cgroup=cg)
 
 
+def kubelet_binary(node: NodeConfig) -> Path | None:
+    """The binary the node's running kubelet was started from (None when none runs)."""
+    for pid in cgroup_pids(f"{cgroup_of(node)}/system"):
+        try:
+            exe = Path(os.readlink(f"/proc/{pid}/exe"))
+        except OSError:
+            continue
+        if exe.name == "kubelet":
+            return exe
+    return None
+
+
 def restart_containerd(cfg: ClusterConfig, node: NodeConfig) -> None:
     """Restart only the containerd daemon (shims and containers keep running): its CRI image
     cache otherwise keeps serving the old image behind a re-imported name."""

@@ -6,6 +6,8 @@ An object is the job's only when its controller owner reference carries the job'
   size);
 - one controlled by an earlier job with the same name (another UID) is being deleted with
   its owner by the garbage collector: the job waits for it;
+- a checkpoint claim without an owner that carries the job's label was kept by an earlier
+  job of this name (`checkpoint.retain`): the job mounts it and resumes from its checkpoints;
 - anything else (an orphan, another owner's object, a user's Helm-managed Service) is a
   NameConflict: the operator never touches it, the job waits until the name is free.
 Secrets and NetworkPolicies are the exception: the operator may only create them (it can
@@ -32,6 +34,7 @@ from . import topology
 from .decide import name_conflict
 from .kube import Kube, KubeError
 from .observe import controller_of
+from .topology import checkpoint_claim
 
 # Answers to a create that say nothing about the object itself: retried as errors.
 TRANSIENT = (401, 404, 408, 429)
@@ -83,6 +86,8 @@ def _existing(kube: Kube, obj: dict[str, Any], uid: str, job: str, out: Outcome)
         out.waiting.append(f"{describe(obj)} (deleted meanwhile)")
         return
     owner = controller_of(live) or {}
+    if checkpoint_claim.retained_by(live, job):
+        return  # kept by an earlier job of this name (checkpoint.retain): its checkpoints are this job's
     if owner.get("uid") == uid:
         if obj["kind"] == "ConfigMap" and not kube.replace(obj, live["metadata"]["resourceVersion"]):
             out.waiting.append(f"{describe(obj)} (changed while being replaced)")
@@ -110,8 +115,8 @@ def create_children(kube: Kube, children: topology.Children, job: dict[str, Any]
     refused stay: the next try creates the rest."""
     uid, name = job["metadata"]["uid"], job["metadata"]["name"]
     out = Outcome()
-    support = [*children.secrets, *children.network_policies, *children.config_maps, *children.services,
-               *children.deployments]  # fmt: skip
+    support = [*children.secrets, *children.network_policies, *children.claims, *children.config_maps,
+               *children.services, *children.deployments]  # fmt: skip
     _create_all(kube, support, uid, name, out)
     if out.done:
         _create_all(kube, children.pods, uid, name, out)

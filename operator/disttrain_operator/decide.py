@@ -20,7 +20,7 @@ from typing import Any
 
 from disttrain_api.model import KIND, JobSpec
 
-from . import job_secrets
+from . import checkpoint_status, job_secrets
 from .decision import (
     FAILED,
     IMMUTABLE_FIELDS,
@@ -100,6 +100,8 @@ def _decide(obs: Observed, foreign: list[PodView]) -> Plan:
             spec = dataclasses.replace(spec, **{n: getattr(accepted, n) for n in IMMUTABLE_FIELDS})
         elif b.is_true("InvalidSpec", "ImmutableFieldChanged"):
             b.condition("InvalidSpec", False, "SpecValid", "immutable fields match the running job again")
+
+    checkpoint_status.ephemeral_condition(b, spec)
 
     attempt = max([int(st.get("attempt") or 0), *(p.attempt for p in pods)])
     replicas = int(st.get("replicas") or spec.workers.replicas)
@@ -249,7 +251,7 @@ def needs_recheck(obs: Observed, plan: Plan) -> bool:
     """Whether the clock alone can change the next decision, so the job must be reconciled
     again after a while although no watch event may come: a deadline or TTL running, a pod
     Terminating (force-deleted after a while), a pod whose node stopped reporting, a pod
-    that an elastic job may give up waiting for. Everything else changes with an event of
+    that an elastic job may give up waiting for, a checkpoint claim still Pending. Everything else changes with an event of
     the job or of one of its pods."""
     spec = plan.spec or obs.spec
     if spec is None:
@@ -261,5 +263,7 @@ def needs_recheck(obs: Observed, plan: Plan) -> bool:
         return True
     # (The pod event that says Ready turned False comes; the node-lost timeout after it does not.)
     if any(p.deleting or p.not_ready_for_s > 0 for p in obs.pods):
+        return True
+    if checkpoint_status.claim_waits(obs):  # CheckpointClaimPending once it has waited too long
         return True
     return spec.elastic is not None and any(p.unschedulable_message for p in obs.pods)

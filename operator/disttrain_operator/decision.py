@@ -14,7 +14,7 @@ from typing import Any
 from disttrain_api import progress as job_progress
 from disttrain_api.model import JobSpec
 
-from .observe import PodView, format_time
+from .observe import ClaimView, PodView, format_time
 
 # Phases (DESIGN.md): Pending | Running | Restarting | Succeeded | Failed | Suspended
 PENDING, RUNNING, RESTARTING = "Pending", "Running", "Restarting"
@@ -28,6 +28,10 @@ SECRETS_RENEWED = "SecretsRenewed"
 # Defaults of the TLS certificates the operator mints (settings.py): valid a year, renewed a month ahead.
 TLS_VALID_S = 365 * 86400.0
 TLS_RENEW_BEFORE_S = 30 * 86400.0
+# Conditions about the checkpoint volume (checkpoint_status.py); each posts a Warning Event
+# when it turns True: a job that would lose its progress, or cannot start, until someone acts.
+CHECKPOINTS_EPHEMERAL = "CheckpointsEphemeral"
+CHECKPOINT_CLAIM_PENDING = "CheckpointClaimPending"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,6 +56,10 @@ class Observed:
     deleted_by_operator: frozenset[str] = frozenset()
     # How long before its TLS certificate expires the gang moves to a new one (settings).
     tls_renew_before_s: float = TLS_RENEW_BEFORE_S
+    # The job's own checkpoint claim (checkpoint_claim.py) as read while the gang starts; None
+    # when the job has none, or it was seen Bound already (it is not read again then).
+    claim: ClaimView | None = None
+    claim_pending_after_s: float = 120.0  # settings.CLAIM_PENDING_AFTER_S
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,7 +124,8 @@ class StatusBuilder:
     def _event(self, type_: str, reason: str, message: str) -> None:
         if type_ in STATE_CONDITIONS:
             return
-        warn = (type_ in ("Failed", "InvalidSpec", "Restarting", "NameConflict", "ChildRejected")
+        warn = (type_ in ("Failed", "InvalidSpec", "Restarting", "NameConflict", "ChildRejected",
+                          CHECKPOINTS_EPHEMERAL, CHECKPOINT_CLAIM_PENDING)
                 or reason in ("Unschedulable",)) and reason not in (DISRUPTED, SECRETS_RENEWED)
         self.event("Warning" if warn else "Normal", reason, message or type_)
 

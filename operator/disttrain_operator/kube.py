@@ -64,6 +64,7 @@ _PATHS = {
     "Secret": ("/api/v1", "secrets"),
     "Deployment": ("/apis/apps/v1", "deployments"),
     "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies"),
+    "PersistentVolumeClaim": ("/api/v1", "persistentvolumeclaims"),
 }
 
 

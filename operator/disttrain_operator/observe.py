@@ -198,3 +198,28 @@ def parse_prometheus(text: str, names: tuple[str, ...]) -> dict[str, float]:
             except (IndexError, ValueError):
                 continue
     return found
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClaimView:
+    """The job's checkpoint claim as last read (checkpoint_status.py decides on it)."""
+
+    name: str
+    phase: str  # Pending | Bound | Lost
+    age_s: float = 0.0
+    storage_class: str = ""  # "" when the claim names none (the cluster's default class, if any)
+    access_modes: tuple[str, ...] = ()
+    size: str = ""
+
+
+def claim_view(claim: dict[str, Any], now: datetime) -> ClaimView:
+    meta, spec = claim.get("metadata") or {}, claim.get("spec") or {}
+    created = parse_time(meta.get("creationTimestamp"))
+    return ClaimView(
+        name=str(meta.get("name", "")),
+        phase=str((claim.get("status") or {}).get("phase") or "Pending"),
+        age_s=max((now - created).total_seconds(), 0.0) if created else 0.0,
+        storage_class=str(spec.get("storageClassName") or ""),
+        access_modes=tuple(spec.get("accessModes") or ()),
+        size=str(((spec.get("resources") or {}).get("requests") or {}).get("storage", "")),
+    )

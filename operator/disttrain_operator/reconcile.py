@@ -26,6 +26,7 @@ from typing import Any
 
 import kopf
 from disttrain_api import constants as c
+from disttrain_api.checkpoint_storage import claim_name, uses_default_claim
 from disttrain_api.model import SpecError, parse_spec
 from disttrain_api.validation import load_job
 
@@ -37,7 +38,7 @@ from .decide import decide, needs_recheck
 from .decision import PENDING, RUNNING, Observed, Plan
 from .expectations import Expectations
 from .kube import Conflict, Kube
-from .observe import PodView, controller_of, pod_view
+from .observe import ClaimView, PodView, claim_view, controller_of, pod_view
 from .scraper import Endpoint, ProgressScraper
 from .settings import OperatorSettings
 from .statusdiff import ProgressWrites, merge_patch, progress_only
@@ -87,11 +88,13 @@ class Reconciler:
         self.expect = Expectations()
         self.progress_writes = ProgressWrites(max(settings.poll_interval_s, settings.progress_interval_s))
         self._create_retries: dict[JobKey, int] = {}  # blocked creations in a row
+        self._claims_bound: set[str] = set()  # UIDs of jobs whose checkpoint claim was seen Bound
 
     def forget(self, key: JobKey, uid: str) -> None:
         self.expect.forget(key)
         self.progress_writes.forget(key)
         self._create_retries.pop(key, None)
+        self._claims_bound.discard(uid)
         self.scraper.target(key, None)
         opmetrics.set_phase(uid, None)
 
@@ -159,6 +162,8 @@ class Reconciler:
             node_lost_after_s=settings.node_lost_after_s,
             deleted_by_operator=frozenset(self.expect.already_deleted(key, mono)),
             tls_renew_before_s=settings.tls_renew_before_s,
+            claim=self._claim(job, effective, status, views, now),
+            claim_pending_after_s=settings.claim_pending_after_s,
         )
         plan = decide(obs)
         # Scrape the pod that reports progress while the job runs, from the reconcile that
@@ -176,6 +181,30 @@ class Reconciler:
         ) is not None:  # the clock alone makes the certificate due (decided in these phases): no event says so
             again = min(again if again is not None else renew, max(renew, settings.poll_interval_s))
         return again
+
+    def _claim(self, job: dict[str, Any], spec: Any, status: dict[str, Any], pods: list[PodView], now: datetime
+               ) -> ClaimView | None:  # fmt: skip
+        """The job's own checkpoint claim while its created gang cannot be scheduled (an unbound
+        claim is the usual reason), until it is seen Bound: a gang that starts costs no read, and
+        a bound claim stays bound."""
+        uid = job["metadata"]["uid"]
+        if spec is None or not uses_default_claim(spec) or uid in self._claims_bound:
+            return None
+        if not any(p.unschedulable_message for p in pods):
+            return None
+        created = any(cond.get("type") == "Created" and cond.get("status") == "True"
+                      for cond in status.get("conditions") or [])
+        if status.get("phase") != PENDING or not created:
+            return None
+        probe = {"kind": "PersistentVolumeClaim",
+                 "metadata": {"namespace": job["metadata"]["namespace"], "name": claim_name(job["metadata"]["name"])}}
+        live = self.kube.get(probe)
+        if live is None:
+            return None
+        view = claim_view(live, now)
+        if view.phase == "Bound":
+            self._claims_bound.add(uid)
+        return view
 
     def _apply(self, key: JobKey, job: dict[str, Any], old: dict[str, Any], plan: Plan, pods: list[PodView],
                servers_seen: bool, mono: float) -> float | None:
@@ -274,6 +303,7 @@ class Reconciler:
             allow_cpu_fallback=settings.allow_cpu_fallback,
             secret_names=secret_names,
             tls_valid_s=settings.tls_valid_s,
+            checkpoint_storage_class=settings.checkpoint_storage_class,
         )
 
     def _mint(self, key: JobKey, job: dict[str, Any], old: dict[str, Any], plan: Plan, pods: list[PodView]
@@ -319,7 +349,9 @@ class Reconciler:
         for obj in children.all():
             # Builders already set the controller reference; kopf.adopt keeps the kopf idiom
             # (idempotent for our own reference) and copies the job's labels to its children.
-            kopf.adopt(obj, owner=job)
+            # A retained checkpoint claim has no owner on purpose: it outlives the job.
+            if obj["metadata"].get("ownerReferences"):
+                kopf.adopt(obj, owner=job)
         self.expect.expect_created(key, [p["metadata"]["name"] for p in children.pods], time.monotonic())
         outcome = create_children(self.kube, children, job)
         if outcome.done:

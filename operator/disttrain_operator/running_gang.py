@@ -18,7 +18,7 @@ from disttrain_api.model import JobSpec
 from disttrain_api.scaling import hint as scaling
 from disttrain_api.validation import valid_sizes
 
-from . import job_secrets
+from . import checkpoint_status, job_secrets
 from .decision import (
     DISRUPTED,
     FAILED,
@@ -122,6 +122,13 @@ def decide_running(b: StatusBuilder, finish: Callable[..., Plan], plan: dict[str
         b.phase(SUCCEEDED, msg)
         st["completionTime"] = format_time(obs.now)
         return finish(delete_servers=spec.run_policy.clean_pod_policy != "None")
+
+    starting = any(p.phase == "Pending" for p in current)
+    if starting and (why := checkpoint_status.claim_wait(b, obs)) is not None:
+        # Every pod mounts the claim: neither Unschedulable (fewer pods would wait the same) nor
+        # a reason to shrink until it is bound.
+        b.phase(PENDING, why)
+        return finish()
 
     waiting = [p for p in current if p.unschedulable_message]
     if waiting:

@@ -20,6 +20,9 @@ ENV_PREFIX = "DISTTRAIN_OPERATOR_"
 DEFAULT_IMAGE = "disttrain-trainer:dev"
 # Kubernetes' default-not-ready/unreachable-toleration-seconds (the pod-eviction default).
 NODE_LOST_AFTER_S = 300.0
+# Dynamic provisioning takes seconds on most clusters (a network file system's share can take
+# a minute or two); a claim Pending longer is worth a warning.
+CLAIM_PENDING_AFTER_S = 120.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,6 +67,12 @@ class OperatorSettings:
     node_lost_after_s: float = NODE_LOST_AFTER_S
     scrape_timeout_s: float = 1.5
     gpu: GpuPods = field(default_factory=GpuPods)
+    # The StorageClass of the checkpoint claim the operator creates for a job without
+    # spec.checkpoint.volume; empty: the cluster's default StorageClass.
+    checkpoint_storage_class: str = ""
+    # A job's claim still Pending this long (no volume provisioned for it) gets the condition
+    # CheckpointClaimPending and a Warning Event saying why that may be.
+    claim_pending_after_s: float = CLAIM_PENDING_AFTER_S
     # Every job may train on CPU when its GPUs are missing (passed to pods as
     # DISTTRAIN_ALLOW_CPU_FALLBACK); on for clusters that advertise GPUs they lack.
     allow_cpu_fallback: bool = False
@@ -164,6 +173,8 @@ def from_env(environ: Mapping[str, str] | None = None, **overrides: object) -> O
             runtime_class_name=get("GPU_RUNTIME_CLASS") or "",
             image=get("GPU_IMAGE") or "",
         ),
+        "checkpoint_storage_class": (get("CHECKPOINT_STORAGE_CLASS") or "").strip(),
+        "claim_pending_after_s": number("CLAIM_PENDING_AFTER", CLAIM_PENDING_AFTER_S, float),
         "allow_cpu_fallback": _env_bool(get("ALLOW_CPU_FALLBACK"), False),
         "leader_elect": _env_bool(get("LEADER_ELECT"), False),
         "lease_namespace": get("LEASE_NAMESPACE") or "",

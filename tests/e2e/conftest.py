@@ -31,15 +31,13 @@ from kubernetes.utils import parse_quantity
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "manifests" / "crd" / "disttrainjobs.yaml"
 DISTTRAIN = Path(sys.executable).parent / "disttrain"
-CHECKPOINT_HOSTPATH = "/var/lib/disttrain/checkpoints"
 NODE_LOST_AFTER_S = 15
-# Jobs keep checkpoints on a claim, the way users do: worker pods may not mount a hostPath
-# (restricted Pod Security), but a PersistentVolume is the cluster admin's object, and on the
-# local cluster (every node shares this machine's folder) and on kind (hack/kind.yaml mounts
-# it into every node) a static hostPath PersistentVolume is one store shared by all nodes.
-# Every test namespace gets a claim of this name bound to its own such volume.
-CHECKPOINT_CLAIM = "checkpoints"
-CHECKPOINT_VOLUME = {"persistentVolumeClaim": {"claimName": CHECKPOINT_CLAIM}}
+# Jobs keep their checkpoints where a user's job does by default: on the claim the operator
+# creates for each job (`<job>-checkpoints`), provisioned by the cluster's default
+# StorageClass (the local cluster's: kube-controller-manager's hostPath provisioner, one folder
+# of this machine that every node shares). A folder of this machine that tests give pods as a
+# static hostPath PersistentVolume of their own (test_user_image.py's corpus).
+HOST_FOLDER = "/var/lib/disttrain/checkpoints"
 
 
 # The namespaces the session's operator watches: one set per pytest-xdist worker, since each
@@ -251,38 +249,13 @@ def operator(kubectl: Kubectl, crd: None, tmp_path_factory: pytest.TempPathFacto
     print("operator log tail:\n" + op.tail())
 
 
-def checkpoint_claim(kubectl: Kubectl, ns: str) -> str:
-    """The claim CHECKPOINT_CLAIM in `ns`, pre-bound to a new PersistentVolume of
-    CHECKPOINT_HOSTPATH (no provisioner needed); returns the volume's name."""
-    pv = f"disttrain-checkpoints-{ns}"
-    access = {"accessModes": ["ReadWriteMany"], "storageClassName": ""}
-    docs = [
-        {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv}, "spec": {
-            **access, "capacity": {"storage": "1Gi"}, "persistentVolumeReclaimPolicy": "Retain",
-            "hostPath": {"path": CHECKPOINT_HOSTPATH, "type": "Directory"},
-            "claimRef": {"namespace": ns, "name": CHECKPOINT_CLAIM}}},
-        {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": CHECKPOINT_CLAIM, "namespace": ns},
-         "spec": {**access, "volumeName": pv, "resources": {"requests": {"storage": "1Gi"}}}},
-    ]
-    kubectl.run("apply", "-f", "-", input=yaml.safe_dump_all(docs))
-    # Pre-bound still waits for the volume controller's pass; a pod created before it is
-    # unschedulable ("unbound immediate PersistentVolumeClaims"), which an elastic job would
-    # take for a lack of room and shrink.
-    kubectl.wait_for(f"claim {ns}/{CHECKPOINT_CLAIM} to bind", lambda: kubectl.run(
-        "get", "pvc", CHECKPOINT_CLAIM, "-n", ns, "-o", "jsonpath={.status.phase}").stdout == "Bound",
-        timeout=60, interval=0.5)
-    return pv
-
-
 def _namespace(kubectl: Kubectl, prefix: str) -> Iterator[str]:
     ns = f"{prefix}-{uuid.uuid4().hex[:6]}"
     kubectl.run("create", "namespace", ns)
-    pv = checkpoint_claim(kubectl, ns)
     yield ns
-    # Jobs carry no finalizer: the namespace goes whether or not an operator still runs. The
-    # volume (Retain: the folder is kept) goes once its claim has.
+    # Jobs carry no finalizer: the namespace goes whether or not an operator still runs. Their
+    # checkpoint claims go with it, and with them their volumes (reclaim policy Delete).
     kubectl.run("delete", "namespace", ns, "--wait=false", check=False)
-    kubectl.run("delete", "persistentvolume", pv, "--wait=false", check=False)
 
 
 @pytest.fixture
@@ -323,11 +296,11 @@ def job_manifest(name: str, ns: str, *, steps: int = 20, sleep: int | None = Non
 
 
 def digits_manifest(name: str, ns: str, **over: Any) -> dict[str, Any]:
-    """The data-parallel example, renamed, with the namespace's shared checkpoint claim."""
+    """The data-parallel example as shipped (its checkpoints on the claim the operator makes),
+    renamed, at 750m CPU per pod."""
     obj = yaml.safe_load((ROOT / "manifests" / "examples" / "data-parallel.yaml").read_text())
     obj["metadata"] = {"name": name, "namespace": ns}
     obj["spec"]["workers"]["resources"]["cpu"] = "750m"
-    obj["spec"]["checkpoint"]["volume"] = dict(CHECKPOINT_VOLUME)
     for key, value in over.items():
         obj["spec"][key] = {**obj["spec"].get(key, {}), **value}
     return obj
@@ -354,15 +327,48 @@ def assert_no_repeated_events(kubectl: Kubectl, ns: str, name: str) -> list[dict
     return found
 
 
-def checkpoint_steps(job: str) -> list[int]:
-    """Steps of the job's complete checkpoints on the checkpoint volume (this machine's folder
-    on the local cluster: every node shares it)."""
-    root = Path(CHECKPOINT_HOSTPATH) / job
-    if not root.is_dir():
+_VOLUME_FOLDERS: dict[tuple[str, str], Path] = {}
+
+
+def volume_folder(kubectl: Kubectl, ns: str, claim: str) -> Path | None:
+    """This machine's folder behind a bound claim, None while it is unbound: a hostPath volume of
+    the local cluster's provisioner (every node is this machine), or on kind one of the host
+    folder every node mounts at the same path (hack/kind.yaml)."""
+    if (ns, claim) not in _VOLUME_FOLDERS:
+        core = kubernetes.client.CoreV1Api(kubectl._api)
+        try:
+            pvc = core.read_namespaced_persistent_volume_claim(claim, ns)
+        except kubernetes.client.ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        if pvc.status.phase != "Bound" or not pvc.spec.volume_name:
+            return None
+        pv = core.read_persistent_volume(pvc.spec.volume_name)
+        source = pv.spec.host_path or pv.spec.local  # kind's local-path provisioner may make `local` volumes
+        assert source is not None, f"claim {ns}/{claim} is bound to {pv.metadata.name}, not a folder of a node"
+        _VOLUME_FOLDERS[(ns, claim)] = Path(source.path)
+    return _VOLUME_FOLDERS[(ns, claim)]
+
+
+def checkpoint_dir(kubectl: Kubectl, ns: str, job: str) -> Path | None:
+    """The job's checkpoint directory on this machine (`<volume>/<job>`, the volume being the
+    claim the operator made for it); None until its claim is bound."""
+    folder = volume_folder(kubectl, ns, f"{job}-checkpoints")
+    return None if folder is None else folder / job
+
+
+def checkpoint_steps(kubectl: Kubectl, ns: str, job: str) -> list[int]:
+    """Steps of the job's complete checkpoints (read on this machine: every node shares the
+    volume's folder)."""
+    root = checkpoint_dir(kubectl, ns, job)
+    if root is None or not root.is_dir():
         return []
     # step-N.corrupt (moved aside) and the dot-entries (.fence/, .tmp-*) are not checkpoints.
     return sorted(int(p.name[5:]) for p in root.iterdir() if re.fullmatch(r"step-\d+", p.name))
 
 
-def remove_checkpoints(job: str) -> None:
-    shutil.rmtree(Path(CHECKPOINT_HOSTPATH) / job, ignore_errors=True)
+def job_claim(kubectl: Kubectl, ns: str, job: str) -> dict[str, Any]:
+    """The checkpoint claim the operator made for the job, as the API server has it."""
+    return dict(kubectl.read(kubernetes.client.CoreV1Api(kubectl._api).read_namespaced_persistent_volume_claim,
+                             f"{job}-checkpoints", ns))

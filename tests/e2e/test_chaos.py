@@ -5,7 +5,8 @@ ranks: tests/dist/test_local_chaos.py).
 Both runs go through the operator on the same cluster, with the same pod resources and
 OMP_NUM_THREADS pinned, so the arithmetic is the same; only the kills differ. Each kill
 is a SIGKILL of a trainer (the pod turns Failed), the operator restarts the gang, and the
-trainers resume from the newest complete checkpoint on the shared checkpoint volume.
+trainers resume from the newest complete checkpoint on the claim the operator made for the job
+(the default: no checkpoint volume in the spec).
 """
 
 from __future__ import annotations
@@ -14,20 +15,17 @@ import random
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
 from .conftest import (  # type: ignore[import-not-found]
-    CHECKPOINT_HOSTPATH,
-    CHECKPOINT_VOLUME,
     Kubectl,
     OperatorProcess,
+    checkpoint_dir,
     checkpoint_steps,
     job_manifest,
-    remove_checkpoints,
 )
 
 pytestmark = pytest.mark.timeout(900)
@@ -49,18 +47,18 @@ def chaos_job(name: str, ns: str) -> dict[str, Any]:
                                 "template": {"env": [{"name": "OMP_NUM_THREADS", "value": "1"}]}},
                        model={"name": "mlp", "hidden": 256, "layers": 3},
                        data={"batchSize": 64},
-                       checkpoint={"intervalSteps": INTERVAL, "keep": 2,
-                                   "volume": dict(CHECKPOINT_VOLUME)},
+                       checkpoint={"intervalSteps": INTERVAL, "keep": 2},
                        runPolicy={"backoffLimit": KILLS + 2})
     obj["spec"]["training"].update(evalIntervalSteps=0, logIntervalSteps=10)
     return obj
 
 
-def final_parameters(name: str) -> dict[str, torch.Tensor]:
-    step = max(checkpoint_steps(name))
+def final_parameters(kubectl: Kubectl, ns: str, name: str) -> dict[str, torch.Tensor]:
+    step = max(checkpoint_steps(kubectl, ns, name))
     assert step == STEPS, f"{name}: newest checkpoint is step {step}, not {STEPS}"
-    state = torch.load(Path(CHECKPOINT_HOSTPATH) / name / f"step-{step:08d}" / "state.pt", map_location="cpu",
-                       weights_only=False)
+    folder = checkpoint_dir(kubectl, ns, name)
+    assert folder is not None
+    state = torch.load(folder / f"step-{step:08d}" / "state.pt", map_location="cpu", weights_only=False)
     return {k: v for k, v in state["model"].items() if isinstance(v, torch.Tensor)}
 
 
@@ -77,7 +75,7 @@ def wait_for_checkpoint(kubectl: Kubectl, ns: str, job: str, step: int) -> int:
         status = kubectl.job(ns, job).get("status") or {}
         if status.get("phase") in ("Succeeded", "Failed"):
             raise AssertionError(f"{job} finished before the kill planned after step {step}: {status}")
-        newest = max(checkpoint_steps(job), default=0)
+        newest = max(checkpoint_steps(kubectl, ns, job), default=0)
         return newest if newest >= step else 0
 
     return int(kubectl.wait_for(f"{job} to checkpoint step {step}", reached, timeout=300, interval=0.3))
@@ -123,10 +121,7 @@ def kill_when_running(cluster: Any, kubectl: Kubectl, ns: str, job: str, pod: st
 @pytest.fixture
 def names() -> Iterator[tuple[str, str]]:
     suffix = uuid.uuid4().hex[:5]
-    pair = (f"chaos-ref-{suffix}", f"chaos-{suffix}")
-    yield pair
-    for name in pair:
-        remove_checkpoints(name)
+    yield (f"chaos-ref-{suffix}", f"chaos-{suffix}")  # their checkpoints go with their namespace
 
 
 def test_three_kills_at_random_steps_end_at_the_uninterrupted_parameters(
@@ -149,7 +144,7 @@ def test_three_kills_at_random_steps_end_at_the_uninterrupted_parameters(
         time.sleep(rng.uniform(0.0, 1.0))
         victim = f"{chaos}-worker-{rng.randrange(2)}"
         kill_when_running(cluster, kubectl, namespace, chaos, victim)
-        newest = max(checkpoint_steps(chaos))
+        newest = max(checkpoint_steps(kubectl, namespace, chaos))
         assert newest < STEPS, f"kill {len(killed) + 1} came after the last step ({newest}): raise STEPS"
         killed.append((newest, victim))
         wait_restarts(kubectl, namespace, chaos, len(killed))
@@ -158,7 +153,7 @@ def test_three_kills_at_random_steps_end_at_the_uninterrupted_parameters(
     for name, job in done.items():
         assert job["status"]["phase"] == "Succeeded", (name, job["status"])
     assert done[chaos]["status"]["restarts"] == KILLS and done[reference]["status"]["restarts"] == 0
-    ref, got = final_parameters(reference), final_parameters(chaos)
+    ref, got = final_parameters(kubectl, namespace, reference), final_parameters(kubectl, namespace, chaos)
     assert ref.keys() == got.keys() and ref
     worst = max(float((ref[k].double() - got[k].double()).abs().max()) for k in ref)
     print(f"max |chaos - reference| over {len(ref)} tensors: {worst:.3g}")

@@ -19,13 +19,11 @@ from typing import Any
 import pytest
 
 from .conftest import (  # type: ignore[import-not-found]
-    CHECKPOINT_VOLUME,
     Kubectl,
     OperatorProcess,
     assert_no_repeated_events,
     checkpoint_steps,
     job_manifest,
-    remove_checkpoints,
 )
 
 pytestmark = pytest.mark.timeout(600)
@@ -74,9 +72,7 @@ class Rank0Log:
 
 @pytest.fixture
 def job_name() -> Iterator[str]:
-    name = f"disrupt-{uuid.uuid4().hex[:5]}"
-    yield name
-    remove_checkpoints(name)
+    yield f"disrupt-{uuid.uuid4().hex[:5]}"  # its checkpoints go with its namespace
 
 
 def rank0_pod(kubectl: Kubectl, ns: str, name: str, attempt: int) -> dict[str, Any] | None:
@@ -101,12 +97,13 @@ def follow_attempt(kubectl: Kubectl, ns: str, name: str, attempt: int, logs: lis
     return log
 
 
-def stop_record(log: Rank0Log, name: str) -> tuple[int, int]:
+def stop_record(kubectl: Kubectl, ns: str, log: Rank0Log, name: str) -> tuple[int, int]:
     """After the pod exited: (the last step rank 0 logged, the step it checkpointed on the stop)."""
     log.wait_done()
     saved = log.find(STOPPED)
     assert saved is not None, f"rank 0 of {name} did not checkpoint on SIGTERM:\n{log.tail()}"
-    assert saved in checkpoint_steps(name), (saved, checkpoint_steps(name))
+    steps = checkpoint_steps(kubectl, ns, name)
+    assert saved in steps, (saved, steps)
     return log.steps()[-1], saved
 
 
@@ -118,8 +115,7 @@ def test_suspend_and_a_node_drain_each_lose_at_most_one_step_and_count_no_restar
     obj = job_manifest(name, namespace, steps=1_000_000,
                        model={"name": "mlp", "hidden": 128, "layers": 2},
                        training={"steps": 1_000_000, "logIntervalSteps": 1, "evalIntervalSteps": 0},
-                       checkpoint={"intervalSteps": 1_000_000, "keep": 2,
-                                   "volume": dict(CHECKPOINT_VOLUME)})  # fmt: skip
+                       checkpoint={"intervalSteps": 1_000_000, "keep": 2})  # on the claim the operator makes
     kubectl.apply(obj)
     logs: list[Rank0Log] = []
     drained: str | None = None
@@ -129,7 +125,7 @@ def test_suspend_and_a_node_drain_each_lose_at_most_one_step_and_count_no_restar
         kubectl.run("patch", JOBS, name, "-n", namespace, "--type=merge", "-p",
                     '{"spec":{"runPolicy":{"suspend":true}}}')  # fmt: skip
         kubectl.wait_phase(namespace, name, ("Suspended",), timeout=60)
-        reached, saved = stop_record(first, name)
+        reached, saved = stop_record(kubectl, namespace, first, name)
         assert abs(reached - saved) <= 1, f"suspended at step {reached}, saved step {saved}"
         kubectl.wait_for("the suspended job's pods to go", lambda: not kubectl.pods(namespace, name), timeout=90)
         kubectl.run("patch", JOBS, name, "-n", namespace, "--type=merge", "-p",
@@ -143,7 +139,7 @@ def test_suspend_and_a_node_drain_each_lose_at_most_one_step_and_count_no_restar
         drained = pod["spec"]["nodeName"]
         kubectl.run("drain", drained, "--ignore-daemonsets", "--delete-emptydir-data", "--force",
                     "--timeout=120s", timeout=150)  # fmt: skip
-        reached, saved = stop_record(second, name)
+        reached, saved = stop_record(kubectl, namespace, second, name)
         assert abs(reached - saved) <= 1, f"drained at step {reached}, saved step {saved}"
         third = follow_attempt(kubectl, namespace, name, 2, logs)
         assert third.find(RESUMED) == saved, f"stopped at {saved}, resumed:\n{third.tail()}"

@@ -20,8 +20,6 @@ from typing import Any
 import pytest
 import yaml
 
-from .conftest import CHECKPOINT_VOLUME  # type: ignore[import-not-found]
-
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e
 
@@ -30,7 +28,6 @@ def _manifest(name: str, ns: str, cpu: str = "750m", **fed: Any) -> dict[str, An
     obj = yaml.safe_load((ROOT / "manifests" / "examples" / "federated.yaml").read_text())
     obj["metadata"] = {"name": name, "namespace": ns}
     obj["spec"]["workers"]["resources"]["cpu"] = cpu
-    obj["spec"]["checkpoint"]["volume"] = dict(CHECKPOINT_VOLUME)
     obj["spec"]["federated"].update(fed)
     return obj
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from .conftest import CHECKPOINT_VOLUME, ROOT, Kubectl, OperatorProcess  # type: ignore[import-not-found]
+from .conftest import ROOT, Kubectl, OperatorProcess  # type: ignore[import-not-found]
 from .test_operator import kill_worker  # type: ignore[import-not-found]
 
 pytestmark = pytest.mark.timeout(900)
@@ -42,7 +42,6 @@ def example(stem: str, name: str, ns: str, *, steps: int, checkpoint_every: int)
     training["evalIntervalSteps"] = steps
     spec["optimizer"]["warmupSteps"] = min(int(spec["optimizer"].get("warmupSteps", 0)), steps // 4)
     spec["checkpoint"]["intervalSteps"] = checkpoint_every
-    spec["checkpoint"]["volume"] = dict(CHECKPOINT_VOLUME)
     return obj
 
 
@@ -83,7 +82,7 @@ def test_killed_pipeline_stage_restarts_the_gang_and_resumes(
                      timeout=400, interval=1.0)  # fmt: skip
     killed_at = int(_status(kubectl, namespace, name).get("step") or 0)
     assert killed_at < steps, f"the job finished (step {killed_at}) before stage 1 could be killed"
-    counter = kill_worker(request, kubectl, namespace, f"{name}-worker-1")  # the last stage
+    counter = kill_worker(request, kubectl, namespace, name, f"{name}-worker-1")  # the last stage
     kubectl.wait_for(f"{counter} == 1", lambda: int(_status(kubectl, namespace, name).get(counter) or 0) >= 1,
                      timeout=180, interval=1.0)  # fmt: skip
     job = kubectl.wait_phase(namespace, name, ("Succeeded", "Failed"), timeout=600)

@@ -13,14 +13,17 @@ from typing import Any
 import pytest
 
 from .conftest import (  # type: ignore[import-not-found]
-    CHECKPOINT_HOSTPATH,
     Kubectl,
     OperatorProcess,
     assert_no_repeated_events,
+    checkpoint_dir,
+    checkpoint_steps,
     condition,
     digits_manifest,
+    job_claim,
     job_manifest,
 )
+from .test_chaos import kill_when_running  # type: ignore[import-not-found]
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -29,17 +32,16 @@ def uniq(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:5]}"
 
 
-def kill_worker(request: pytest.FixtureRequest, kubectl: Kubectl, ns: str, pod: str) -> str:
-    """Kill the trainer process inside the pod (the pod object stays: it turns Failed); returns the
-    status counter the operator counts it in."""
+def kill_worker(request: pytest.FixtureRequest, kubectl: Kubectl, ns: str, job: str, pod: str) -> str:
+    """Kill the trainer process inside the pod of the job's current gang once it runs (the pod
+    object stays: it turns Failed); returns the status counter the operator counts it in."""
     local = Path(os.environ.get("DISTTRAIN_CACHE", Path.home() / ".cache" / "disttrain")) / "cluster" / "kubeconfig"
     if Path(kubectl.kubeconfig).resolve() != local.resolve():
         # Another cluster (kind): no node access; deleting the pod is the closest failure, and a
         # pod deleted by someone other than the operator is a disruption, not a restart.
         kubectl.run("delete", "pod", pod, "-n", ns, "--wait=false")
         return "disruptions"
-    cluster = request.getfixturevalue("local_cluster")
-    cluster.kill_pod_container(ns, pod, "trainer")
+    kill_when_running(request.getfixturevalue("local_cluster"), kubectl, ns, job, pod)
     return "restarts"
 
 
@@ -155,25 +157,34 @@ def test_operator_restart_adopts_jobs_without_duplicates_and_is_healthy(
         print(op.tail())
 
 
-def test_killed_worker_restarts_gang_and_resumes(
+def test_the_data_parallel_example_resumes_a_killed_worker_from_its_last_checkpoint(
     request: pytest.FixtureRequest, kubectl: Kubectl, operator: OperatorProcess, namespace: str
 ) -> None:
+    """The example as shipped (no checkpoint volume): the operator makes its claim, a worker is
+    killed mid-run, the restarted gang resumes from the newest checkpoint (not step 0), and the
+    claim and its volume go when the job is deleted."""
     name = uniq("kill")
     obj = digits_manifest(name, namespace, training={"steps": 1000, "evalIntervalSteps": 0},
                           checkpoint={"intervalSteps": 50})
+    assert "volume" not in obj["spec"]["checkpoint"]
     kubectl.apply(obj)
-    kubectl.wait_phase(namespace, name, ("Running",), timeout=300)
-    ckpt_dir = Path(CHECKPOINT_HOSTPATH) / name
+    job = kubectl.wait_phase(namespace, name, ("Running",), timeout=300)
+    claim = job_claim(kubectl, namespace, name)
+    assert claim["status"]["phase"] == "Bound" and claim["spec"]["accessModes"] == ["ReadWriteMany"], claim
+    (owner,) = claim["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["uid"]) == ("DistTrainJob", job["metadata"]["uid"])
+    assert condition(job, "CheckpointsEphemeral") is None
 
-    def checkpointed() -> bool:
+    def checkpointed() -> int:
         status = kubectl.job(namespace, name).get("status") or {}
-        if int(status.get("lastCheckpointStep") or 0) >= 50:
-            return True
-        # On the local cluster the hostPath volume is this machine's folder.
-        return ckpt_dir.is_dir() and any(p.name.startswith("step-") for p in ckpt_dir.iterdir())
+        if status.get("phase") in ("Succeeded", "Failed"):
+            raise AssertionError(f"{name} finished before its worker could be killed: {status}")
+        return max(checkpoint_steps(kubectl, namespace, name), default=0)
 
-    kubectl.wait_for("a first checkpoint", checkpointed, timeout=300, interval=1.0)
-    counter = kill_worker(request, kubectl, namespace, f"{name}-worker-1")
+    kubectl.wait_for("a first checkpoint", checkpointed, timeout=300, interval=0.5)
+    counter = kill_worker(request, kubectl, namespace, name, f"{name}-worker-1")
+    before = max(checkpoint_steps(kubectl, namespace, name))  # a newer one may land before the restart
+    assert before < 1000, f"the kill came after the last step ({before})"
 
     def restarted() -> dict[str, Any] | None:
         job = kubectl.job(namespace, name)
@@ -187,8 +198,17 @@ def test_killed_worker_restarts_gang_and_resumes(
     status = job["status"]
     assert status["phase"] == "Succeeded", status
     assert status[counter] == 1 and status["restarts"] + status["disruptions"] == 1, status
-    assert status["result"]["resumedFromStep"] > 0, status["result"]
+    assert status["result"]["resumedFromStep"] >= before > 0, (before, status["result"])
     assert status["result"]["testAccuracy"] >= 0.95, status["result"]
     assert_no_repeated_events(kubectl, namespace, name)
     pods = kubectl.pods(namespace, name)
     assert {p["metadata"]["labels"]["disttrain.dev/restart-attempt"] for p in pods} == {"1"}
+    # Deleted with the job (its owner), and its volume with it (the class's reclaim policy).
+    folder = checkpoint_dir(kubectl, namespace, name)
+    kubectl.run("delete", "disttrainjobs.disttrain.dev", name, "-n", namespace, "--wait=false")
+    kubectl.wait_for("the claim to go with its job", lambda: kubectl.run(
+        "get", "pvc", f"{name}-checkpoints", "-n", namespace, "--ignore-not-found", "-o", "name").stdout.strip() == "",
+        timeout=120, interval=1.0)
+    if folder is not None and str(folder).startswith("/tmp/hostpath_pv/"):  # the local cluster's provisioner
+        kubectl.wait_for(f"{folder.parent} to be deleted with its volume", lambda: not folder.parent.exists(),
+                         timeout=60, interval=1.0)

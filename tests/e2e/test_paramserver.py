@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from .conftest import CHECKPOINT_VOLUME, ROOT, Kubectl, OperatorProcess  # type: ignore[import-not-found]
+from .conftest import ROOT, Kubectl, OperatorProcess  # type: ignore[import-not-found]
 from .test_operator import kill_worker  # type: ignore[import-not-found]
 
 pytestmark = pytest.mark.timeout(900)
@@ -23,7 +23,6 @@ def example(name: str, ns: str) -> dict[str, Any]:
     obj = yaml.safe_load((ROOT / "manifests" / "examples" / "paramserver.yaml").read_text())
     obj["metadata"] = {"name": name, "namespace": ns}
     obj["spec"]["workers"]["resources"]["cpu"] = "500m"
-    obj["spec"]["checkpoint"]["volume"] = dict(CHECKPOINT_VOLUME)
     return obj
 
 
@@ -61,7 +60,7 @@ def test_paramserver_killed_worker_is_replaced_alone(
                                                        .get("step") or 0) >= 50, timeout=300, interval=1.0)
     others = {p["metadata"]["name"]: p["metadata"]["uid"] for p in kubectl.pods(namespace, name)
               if p["metadata"]["name"] != f"{name}-worker-2"}
-    counter = kill_worker(request, kubectl, namespace, f"{name}-worker-2")
+    counter = kill_worker(request, kubectl, namespace, name, f"{name}-worker-2")
     kubectl.wait_for(f"{counter} == 1", lambda: int((kubectl.job(namespace, name).get("status") or {})
                                                      .get(counter) or 0) >= 1, timeout=120, interval=1.0)
     events = kubectl.json("get", "events", "-n", namespace, "--field-selector", f"involvedObject.name={name}")

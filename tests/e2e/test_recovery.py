@@ -2,8 +2,9 @@
 is lost, activeDeadlineSeconds, ttlSecondsAfterFinished (suspend and resume:
 test_disruptions.py).
 
-Training jobs keep checkpoints on the shared checkpoint claim (a PersistentVolume of this
-machine's folder, which the local cluster's nodes share), so a gang recreated on any node resumes from them.
+Training jobs keep checkpoints on the claim the operator makes for each job (ReadWriteMany: on the
+local cluster a folder of this machine that every node shares), so a gang recreated on any node
+resumes from them.
 """
 
 from __future__ import annotations
@@ -15,14 +16,12 @@ from typing import Any
 import pytest
 
 from .conftest import (  # type: ignore[import-not-found]
-    CHECKPOINT_VOLUME,
     Kubectl,
     OperatorProcess,
     assert_no_repeated_events,
     checkpoint_steps,
     condition,
     job_manifest,
-    remove_checkpoints,
     wait_for_room,
 )
 
@@ -37,26 +36,24 @@ def uniq(prefix: str) -> str:
 
 @pytest.fixture
 def job_name() -> Iterator[str]:
-    """A unique job name whose checkpoints are removed afterwards."""
-    name = uniq("rec")
-    yield name
-    remove_checkpoints(name)
+    """A unique job name (its checkpoints go with its namespace)."""
+    yield uniq("rec")
 
 
 def training_job(name: str, ns: str, *, steps: int, interval: int, **spec: Any) -> dict[str, Any]:
     # A model big enough that a run lasts tens of seconds: the faults below must land mid-run.
     spec.setdefault("model", {"name": "mlp", "hidden": 256, "layers": 3})
-    obj = job_manifest(name, ns, steps=steps, checkpoint={"intervalSteps": interval, "keep": 2,
-                                                          "volume": dict(CHECKPOINT_VOLUME)},
-                       **spec)
+    obj = job_manifest(name, ns, steps=steps, checkpoint={"intervalSteps": interval, "keep": 2}, **spec)
     obj["spec"]["training"]["evalIntervalSteps"] = 0
     return obj
 
 
-def wait_for_checkpoint(kubectl: Kubectl, name: str, at_least: int) -> int:
-    return kubectl.wait_for(f"a checkpoint of {name} at step >= {at_least}",
-                            lambda: max(checkpoint_steps(name), default=0) >= at_least and max(checkpoint_steps(name)),
-                            timeout=300, interval=0.5)
+def wait_for_checkpoint(kubectl: Kubectl, ns: str, name: str, at_least: int) -> int:
+    def reached() -> int:
+        newest = max(checkpoint_steps(kubectl, ns, name), default=0)
+        return newest if newest >= at_least else 0
+
+    return int(kubectl.wait_for(f"a checkpoint of {name} at step >= {at_least}", reached, timeout=300, interval=0.5))
 
 
 @pytest.mark.whole_cluster  # stops a node
@@ -82,7 +79,7 @@ def test_elastic_shrink_after_a_node_is_stopped(
     kubectl.apply(obj)
     job = kubectl.wait_phase(namespace, name, ("Running",), timeout=300)
     assert job["status"].get("replicas") == 2, f"the gang started below 2 replicas: {job['status']}"
-    wait_for_checkpoint(kubectl, name, 20)
+    wait_for_checkpoint(kubectl, namespace, name, 20)
 
     def second_workers_node() -> str | None:
         # Read again until found: a pod being replaced (a gang restart) is briefly absent.

@@ -26,14 +26,13 @@ import yaml
 from safetensors.torch import load_file
 
 from .conftest import (  # type: ignore[import-not-found]
-    CHECKPOINT_HOSTPATH,
-    CHECKPOINT_VOLUME,
+    HOST_FOLDER,
     ROOT,
     Kubectl,
     OperatorProcess,
+    checkpoint_dir,
     checkpoint_steps,
     job_manifest,
-    remove_checkpoints,
 )
 from .test_chaos import kill_when_running, wait_for_checkpoint, wait_restarts  # type: ignore[import-not-found]
 
@@ -91,7 +90,7 @@ def user_job(name: str, ns: str) -> dict[str, Any]:
                        data={"path": "corpus", "format": "tokens", "tokenDtype": "uint16", "vocabSize": VOCAB,
                              "volume": {"persistentVolumeClaim": {"claimName": CORPUS_CLAIM}}, "batchSize": 16},
                        optimizer={"name": "adamw", "lr": 0.003},
-                       checkpoint={"intervalSteps": INTERVAL, "keep": 2, "volume": dict(CHECKPOINT_VOLUME)},
+                       checkpoint={"intervalSteps": INTERVAL, "keep": 2},  # on the claim the operator makes
                        runPolicy={"backoffLimit": 2})
     del obj["spec"]["data"]["name"]  # a path instead of a built-in dataset
     obj["spec"]["image"] = USER_IMAGE
@@ -99,17 +98,19 @@ def user_job(name: str, ns: str) -> dict[str, Any]:
     return obj
 
 
-def exported(job: dict[str, Any]) -> dict[str, torch.Tensor]:
+def exported(kubectl: Kubectl, job: dict[str, Any]) -> dict[str, torch.Tensor]:
     """The export that status.result names, read from the checkpoint volume (this machine's folder)."""
     name, export = job["metadata"]["name"], job["status"]["result"]["export"]
     assert export["step"] == STEPS and export["path"].endswith(f"/{name}/export"), export
-    return load_file(Path(CHECKPOINT_HOSTPATH) / name / "export" / export["weights"])
+    folder = checkpoint_dir(kubectl, job["metadata"]["namespace"], name)
+    assert folder is not None
+    return load_file(folder / "export" / export["weights"])
 
 
 @pytest.fixture
 def corpus(kubectl: Kubectl, namespace: str) -> Iterator[str]:
-    # Under the checkpoint folder: every node of the local cluster (and of kind: hack/kind.yaml) has it.
-    folder = Path(CHECKPOINT_HOSTPATH) / f"{namespace}-data"
+    # A folder every node of the local cluster (and of kind: hack/kind.yaml) has.
+    folder = Path(HOST_FOLDER) / f"{namespace}-data"
     write_corpus(folder / "corpus")
     pv = corpus_claim(kubectl, namespace, folder)
     yield namespace
@@ -120,10 +121,7 @@ def corpus(kubectl: Kubectl, namespace: str) -> Iterator[str]:
 @pytest.fixture
 def names() -> Iterator[tuple[str, str]]:
     suffix = uuid.uuid4().hex[:5]
-    pair = (f"byo-ref-{suffix}", f"byo-{suffix}")
-    yield pair
-    for name in pair:
-        remove_checkpoints(name)
+    yield (f"byo-ref-{suffix}", f"byo-{suffix}")  # their checkpoints go with their namespace
 
 
 @pytest.fixture
@@ -148,7 +146,7 @@ def test_user_model_on_token_data_from_a_claim_resumes_exactly_and_exports(
     images = {c["image"] for n in names for p in kubectl.pods(ns, n) for c in p["spec"]["containers"]}
     assert images == {USER_IMAGE}, images
     kill_when_running(cluster, kubectl, ns, killed, f"{killed}-worker-1")
-    newest = max(checkpoint_steps(killed))
+    newest = max(checkpoint_steps(kubectl, ns, killed))
     assert newest < STEPS, f"the kill came after the last step ({newest}): raise STEPS"
     wait_restarts(kubectl, ns, killed, 1)
     done = {name: kubectl.wait_phase(ns, name, ("Succeeded", "Failed"), timeout=300) for name in names}
@@ -156,7 +154,7 @@ def test_user_model_on_token_data_from_a_claim_resumes_exactly_and_exports(
         assert job["status"]["phase"] == "Succeeded", (name, job["status"])
     assert done[killed]["status"]["restarts"] == 1 and done[reference]["status"]["restarts"] == 0
     assert done[killed]["status"]["result"]["resumedFromStep"] >= KILL_AFTER, done[killed]["status"]["result"]
-    ref, got = exported(done[reference]), exported(done[killed])
+    ref, got = exported(kubectl, done[reference]), exported(kubectl, done[killed])
     assert ref.keys() == got.keys() and ref
     worst = max(float((ref[k].double() - got[k].double()).abs().max()) for k in ref)
     print(f"resumed from step {done[killed]['status']['result']['resumedFromStep']}; "
@@ -164,7 +162,7 @@ def test_user_model_on_token_data_from_a_claim_resumes_exactly_and_exports(
     assert worst <= 1e-6
     model = user_model_class(vocab=VOCAB, width=HIDDEN, depth=LAYERS, dropout=0.0)
     model.load_state_dict(got, strict=True)
-    ids = torch.from_numpy(np.fromfile(Path(CHECKPOINT_HOSTPATH) / f"{ns}-data" / "corpus" / "val.bin",
+    ids = torch.from_numpy(np.fromfile(Path(HOST_FOLDER) / f"{ns}-data" / "corpus" / "val.bin",
                                        dtype=np.uint16)[: BLOCK + 1].astype(np.int64))[None]
     loss = torch.nn.functional.cross_entropy(model(ids[:, :-1]).flatten(0, 1), ids[0, 1:])
     assert loss < np.log(VOCAB), f"the exported model predicts no better than chance: {loss:.3f}"

@@ -17,8 +17,8 @@ from .conftest import (  # type: ignore[import-not-found]
     ROOT,
     Kubectl,
     assert_no_repeated_events,
-    checkpoint_claim,
     digits_manifest,
+    job_claim,
 )
 
 pytestmark = pytest.mark.timeout(900)
@@ -47,7 +47,6 @@ def test_apply_k_installs_operator_that_runs_the_digits_job(kubectl: Kubectl, in
     assert pod["spec"]["containers"][0]["image"] == "disttrain-operator:dev"
     ns = f"e2e-ic-{uuid.uuid4().hex[:6]}"
     kubectl.run("create", "namespace", ns)
-    pv = checkpoint_claim(kubectl, ns)
     name = f"digits-{uuid.uuid4().hex[:5]}"
     try:
         kubectl.apply(digits_manifest(name, ns))
@@ -57,6 +56,9 @@ def test_apply_k_installs_operator_that_runs_the_digits_job(kubectl: Kubectl, in
         assert status["result"]["testAccuracy"] >= 0.95, status["result"]
         assert status["observedGeneration"] == job["metadata"]["generation"]
         assert status["replicas"] == 2 and status["restarts"] == 0
+        # Its checkpoint claim, made by the in-cluster operator with the RBAC it is installed with.
+        claim = job_claim(kubectl, ns, name)
+        assert claim["status"]["phase"] == "Bound" and claim["metadata"]["ownerReferences"][0]["name"] == name
         table = kubectl.run("get", "dtj", name, "-n", ns).stdout
         assert "Succeeded" in table and "data" in table, table
         reasons = [e["reason"] for e in assert_no_repeated_events(kubectl, ns, name)]
@@ -65,4 +67,3 @@ def test_apply_k_installs_operator_that_runs_the_digits_job(kubectl: Kubectl, in
         assert reasons == ["GangCreated"], reasons
     finally:
         kubectl.run("delete", "namespace", ns, "--wait=true", check=False, timeout=180)
-        kubectl.run("delete", "persistentvolume", pv, "--wait=false", check=False)

@@ -443,3 +443,75 @@ def test_a_pod_that_copies_the_jobs_labels_is_never_scraped_for_its_progress() -
     edited(api, jobs)
     rec(KEY, [copy_, *pods])
     assert rec.scraper._targets[KEY].ip == "10.0.0.0"  # the job's own rank 0
+CLAIM = f"{NAME}-checkpoints"
+
+
+def unschedulable(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    for p in pods:
+        p["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                      "message": "0/2 nodes are available: 2 pod has unbound immediate "
+                                                 "PersistentVolumeClaims."}]
+    return pods
+
+
+def test_the_checkpoint_claim_is_created_with_the_gang_and_read_only_until_bound() -> None:
+    api, jobs, rec, events = setup()
+    reads: list[str] = []
+    get = api.get
+    api.get = lambda obj: (reads.append(obj["kind"]), get(obj))[1]  # type: ignore[method-assign]
+    rec(KEY, [])
+    claim = api.objects[("persistentvolumeclaims", CLAIM)]
+    assert claim["metadata"]["ownerReferences"][0]["uid"] == UID  # the garbage collector deletes it with the job
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"] and "storageClassName" not in claim["spec"]
+    assert len([k for k in api.objects if k[0] == "pods"]) == 2
+    # The gang waits for the claim: nothing is called Unschedulable (the phase message says so, written with
+    # the next transition: a starting gang's message alone is not worth a write).
+    unbound = unschedulable(api.pods("Pending"))
+    jobs.put(KEY, copy.deepcopy(api.job))
+    again = rec(KEY, unbound)
+    assert reads.count("PersistentVolumeClaim") == 1 and again == INTERVAL  # read again after the poll interval
+    assert condition(api, "Running") is None and [r for _, r, _ in events] == ["GangCreated"]
+    # Bound: read once more, then never again.
+    claim["status"] = {"phase": "Bound"}
+    rec(KEY, unbound)
+    rec(KEY, unbound)  # a pod event from before the binding: the claim is known bound
+    rec(KEY, api.pods("Running"))
+    assert reads.count("PersistentVolumeClaim") == 2 and api.job["status"]["phase"] == "Running"
+    assert api.touched("persistentvolumeclaims", CLAIM) == ["create"]
+
+
+def test_a_claim_pending_too_long_is_a_warning_and_the_storage_class_is_the_operators() -> None:
+    api, jobs, _, events = setup()
+    rec = Reconciler(api, OperatorSettings(poll_interval_s=INTERVAL, checkpoint_storage_class="rwo-only",
+                                           claim_pending_after_s=60.0), jobs,
+                     ProgressScraper(lambda ip, port: None, lambda key: None, interval_s=INTERVAL),
+                     lambda job, type_, reason, message: events.append((type_, reason, message)))
+    rec(KEY, [])
+    claim = api.objects[("persistentvolumeclaims", CLAIM)]
+    assert claim["spec"]["storageClassName"] == "rwo-only"
+    claim["metadata"]["creationTimestamp"] = format_time(datetime.now(UTC) - timedelta(seconds=61))
+    jobs.put(KEY, copy.deepcopy(api.job))
+    rec(KEY, unschedulable(api.pods("Pending")))
+    cond = condition(api, "CheckpointClaimPending")
+    assert cond is not None and cond["status"] == "True" and "StorageClass rwo-only" in cond["message"]
+    assert [(t, r) for t, r, _ in events] == [("Normal", "GangCreated"), ("Warning", "ClaimPending")]
+
+
+def test_a_claim_kept_by_an_earlier_job_of_this_name_is_reused_and_one_of_another_is_a_conflict() -> None:
+    api, _, rec, events = setup(checkpoint={"retain": True})
+    kept = {"kind": "PersistentVolumeClaim", "metadata": {"name": CLAIM, "uid": "kept", "resourceVersion": "9",
+                                                          "labels": {"disttrain.dev/job-name": NAME}},
+            "status": {"phase": "Bound"}}
+    api.objects[("persistentvolumeclaims", CLAIM)] = copy.deepcopy(kept)
+    rec(KEY, [])
+    assert api.objects[("persistentvolumeclaims", CLAIM)] == kept  # mounted as it is: never adopted, never replaced
+    assert condition(api, "Created")["status"] == "True" and condition(api, "NameConflict") is None  # type: ignore[index]
+    assert len([k for k in api.objects if k[0] == "pods"]) == 2
+    # Someone's claim that happens to have the name: the operator leaves it and waits.
+    api, _, rec, events = setup()
+    api.objects[("persistentvolumeclaims", CLAIM)] = {"kind": "PersistentVolumeClaim", "metadata": {
+        "name": CLAIM, "uid": "theirs", "resourceVersion": "1"}}
+    rec(KEY, [])
+    assert "PersistentVolumeClaim ns/redis-checkpoints exists, with no controller owner" in condition(
+        api, "NameConflict")["message"]  # type: ignore[index]
+    assert not [k for k in api.objects if k[0] == "pods"]

@@ -343,6 +343,7 @@ def test_a_job_to_completion_costs_its_creates_one_write_per_transition_and_one_
     api.delay = 0.0
     assert api.count("create", "configmaps") == 1 and api.count("create", "services") == 1
     assert api.count("create", "networkpolicies") == 1  # created with the ConfigMap and Service, at once
+    assert api.count("create", "persistentvolumeclaims") == 1  # the checkpoint claim, with them
     assert api.count("create", "pods") == 4 and api.peak >= 4  # the gang at once, not one by one
     # Round trips: ConfigMap + Service, then the pods, then status and Event: 4, not the 8 of
     # one request after the other.
@@ -360,7 +361,7 @@ def test_a_job_to_completion_costs_its_creates_one_write_per_transition_and_one_
     assert reasons == ["GangCreated"]
     assert api.count("patch") == 3  # Created, Running, Succeeded: one status write per transition
     assert api.count("list") == 0 and api.count("get") == 0  # no reads: the watches feed the caches
-    assert len(api.calls) == 7 + 3 + 1  # <= 11 requests for a job without incident
+    assert len(api.calls) == 8 + 3 + 1  # <= 12 requests for a job without incident
 
 
 def test_the_reconcile_that_makes_a_job_running_starts_scraping_its_progress() -> None:

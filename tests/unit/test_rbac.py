@@ -29,6 +29,7 @@ ALLOWED: dict[tuple[str, str], set[str]] = {
     ("", "pods"): {"list", "watch", "get", "create", "delete"},
     ("", "services"): {"get", "create"},
     ("", "configmaps"): {"get", "create", "update"},
+    ("", "persistentvolumeclaims"): {"get", "create"},
     ("", "secrets"): {"create"},
     ("apps", "deployments"): {"get", "create", "delete"},
     ("", "events"): {"create"},

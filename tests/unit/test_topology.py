@@ -121,9 +121,13 @@ def test_config_map_carries_the_shrunk_gang_size() -> None:
 
 
 def test_checkpoint_volume_default_and_given() -> None:
+    # Default: the job's own claim (tests/unit/test_checkpoint_claim.py), never an emptyDir.
     pod = build_children(spec(), ctx()).pods[0]
     vol = next(v for v in pod["spec"]["volumes"] if v["name"] == "checkpoints")
-    assert vol == {"name": "checkpoints", "emptyDir": {}}
+    assert vol == {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "job1-checkpoints"}}
+    pod = build_children(spec(checkpoint={"volume": {"emptyDir": {}}}), ctx()).pods[0]  # asked for explicitly
+    assert next(v for v in pod["spec"]["volumes"] if v["name"] == "checkpoints") == {"name": "checkpoints",
+                                                                                     "emptyDir": {}}
     claim = {"persistentVolumeClaim": {"claimName": "checkpoints"}}
     pod = build_children(spec(checkpoint={"path": "/ckpt", "volume": claim}), ctx()).pods[0]
     vol = next(v for v in pod["spec"]["volumes"] if v["name"] == "checkpoints")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..dataparse import Object, fld
+from ..dataparse import QUANTITY_PATTERN, Object, Quantity, fld
 from .vocabulary import (
     ACT_CKPT_PATTERN,
     DATA_MODULE_PATTERN,
@@ -262,7 +262,21 @@ class CheckpointSpec:
     volume: Object = fld(
         factory=Object,
         desc="A Kubernetes volume source for checkpoints (e.g. persistentVolumeClaim: {claimName: x}; no hostPath: "
-        "worker pods are restricted); empty means an emptyDir, which does not survive a gang restart onto other pods.",
+        "worker pods are restricted). Empty: the operator creates a PersistentVolumeClaim <job>-checkpoints for the "
+        "job (size, retain; the operator's checkpoint StorageClass). emptyDir: {} only when asked for: it dies with "
+        "the pod, so a restarted gang starts from step 0 (condition CheckpointsEphemeral).",
+    )
+    size: Quantity | None = fld(
+        None,
+        pattern=QUANTITY_PATTERN,
+        desc="Storage the operator's claim asks for (volume empty). Default: (keep + 2) x the model's weights and "
+        "optimizer state in fp32, doubled, rounded up to whole Gi, at least 1Gi; 20Gi for a model it cannot size "
+        "(module:factory, hf:).",
+    )
+    retain: bool = fld(
+        False,
+        desc="Keep the operator's claim when the job is deleted (it is created without an owner); the next job of "
+        "the same name in the namespace reuses it and resumes from it. Read when the claim is created.",
     )
     uri: str | None = fld(
         None,

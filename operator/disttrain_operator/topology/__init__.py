@@ -7,7 +7,16 @@ from collections.abc import Callable
 from disttrain_api import constants as c
 from disttrain_api.model import JobSpec, ParamServerSpec
 
-from . import data, federated, hybrid, networkpolicy, paramserver, pipeline, tensor
+from . import (
+    checkpoint_claim,
+    data,
+    federated,
+    hybrid,
+    networkpolicy,
+    paramserver,
+    pipeline,
+    tensor,
+)
 from .common import BuildContext, Children
 from .served import server_names
 
@@ -26,6 +35,9 @@ BUILDERS: dict[str, Builder] = {
 def build_children(spec: JobSpec, ctx: BuildContext) -> Children:
     children = BUILDERS[spec.mode](spec, ctx)
     children.network_policies.insert(0, networkpolicy.build_gang_policy(spec, ctx, gang_role(spec.mode)))
+    claim = checkpoint_claim.build_claim(spec, ctx)
+    if claim is not None:
+        children.claims.append(claim)
     return children
 
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from disttrain_api import checkpoint_access, pod_rules
+from disttrain_api import checkpoint_access, checkpoint_storage, pod_rules
 from disttrain_api import constants as c
 from disttrain_api.model import API_VERSION, KIND, JobSpec, to_json
 
@@ -63,6 +63,7 @@ class BuildContext:
     # names recorded in its status.secrets, the only ones its pods may mount.
     secret_names: Mapping[str, str] = field(default_factory=dict)
     tls_valid_s: float = 365 * 86400.0  # validity of a TLS certificate minted now (settings)
+    checkpoint_storage_class: str = ""  # the operator's setting: the class of the job's checkpoint claim
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,10 +78,12 @@ class Children:
     secrets: list[dict[str, Any]] = field(default_factory=list)
     # Who may connect to the job's pods (networkpolicy.py); created once, like the Secrets.
     network_policies: list[dict[str, Any]] = field(default_factory=list)
+    # The job's checkpoint claim (checkpoint_claim.py): created once, before any pod mounts it.
+    claims: list[dict[str, Any]] = field(default_factory=list)
 
     def all(self) -> list[dict[str, Any]]:
-        return [*self.secrets, *self.network_policies, *self.config_maps, *self.services, *self.deployments,
-                *self.pods]
+        return [*self.secrets, *self.network_policies, *self.claims, *self.config_maps, *self.services,
+                *self.deployments, *self.pods]
 
 
 # ----------------------------------------------------------------------------- names
@@ -338,9 +341,7 @@ def build_pod(
     for one in (container, *sidecars):
         one["securityContext"] = copy.deepcopy(CONTAINER_SECURITY)
 
-    checkpoint_source = dict(spec.checkpoint.volume)
-    if not checkpoint_source or pod_rules.volume_source_error(checkpoint_source) is not None:
-        checkpoint_source = {"emptyDir": {}}  # validation refuses any other; never a hostPath
+    checkpoint_source = checkpoint_storage.volume_source(spec, ctx.name)
     volumes = [
         {"name": "config", "configMap": {"name": config_map_name(ctx.name)}},
         {"name": "checkpoints", **checkpoint_source},
