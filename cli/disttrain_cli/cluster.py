@@ -32,9 +32,10 @@ SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")  # a pod's own cr
 
 
 class ClusterError(Exception):
-    def __init__(self, message: str, exit_code: int = EXIT_FAILED) -> None:
+    def __init__(self, message: str, exit_code: int = EXIT_FAILED, status: int | None = None) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+        self.status = status  # the API server's HTTP status; None when it was not reached
 
 
 class NotFound(ClusterError):
@@ -151,6 +152,12 @@ class Cluster:
 def api_error(status: int | None, body: Any, *, where: str, namespace: str) -> ClusterError:
     """The API server's refusal as one sentence: its own message (which names the user, verb and
     resource of a 403) and what to do about it."""
+    err = _api_error(status, body, where=where, namespace=namespace)
+    err.status = status
+    return err
+
+
+def _api_error(status: int | None, body: Any, *, where: str, namespace: str) -> ClusterError:
     try:
         decoded = json.loads(body) if isinstance(body, (str, bytes)) and body else {}
     except ValueError:

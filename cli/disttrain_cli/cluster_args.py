@@ -49,7 +49,12 @@ def follow_hint(args: argparse.Namespace, namespace: str) -> str:
 def with_cluster(args: argparse.Namespace, command: str, body: Callable[[Cluster], int]) -> int:
     """Connect as the flags say and run `body`; a ClusterError is printed as
     `disttrain COMMAND: message` and exits 1."""
-    from . import cluster  # noqa: PLC0415 - kubernetes: only the cluster commands load the client
+    try:
+        from . import cluster  # noqa: PLC0415 - kubernetes: only the cluster commands load the client
+    except ImportError as err:  # installed without the operator extra
+        print(f"disttrain {command}: needs the Kubernetes client ({err}): pip install 'disttrain[operator]'",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_FAILED
 
     try:
         conn = cluster.connect(kubeconfig=args.kubeconfig, context=args.context, namespace=args.namespace)

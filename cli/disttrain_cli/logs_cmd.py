@@ -84,8 +84,16 @@ def logs(cluster: Cluster, args: argparse.Namespace) -> int:
                 attempt = meta.get("labels", {}).get(c.LABEL_RESTART_ATTEMPT, "?")
                 print(f"--- {target.what}: pod {meta['name']}, attempt {attempt} ---", file=sys.stderr, flush=True)
             since = int(time.monotonic() - ended_at) + 1 if resumed else None
-            cluster.copy_log(meta["name"], CONTAINER, out, follow=args.follow,
-                             tail=args.tail if streamed is None else None, since_seconds=since)  # fmt: skip
+            try:
+                cluster.copy_log(meta["name"], CONTAINER, out, follow=args.follow,
+                                 tail=args.tail if streamed is None else None, since_seconds=since)  # fmt: skip
+            except ClusterError as err:
+                # Following, a pod that went (404) or is not quite started (400) between the look and
+                # the read is looked for again; anything else (a 403, an unreachable cluster) ends it.
+                if not args.follow or err.status not in (400, 404):
+                    raise
+                time.sleep(POLL_S)
+                continue
             if not args.follow:
                 return 0
             streamed, ended_at = meta["uid"], time.monotonic()
