@@ -7,8 +7,9 @@ test_examples.py and the API's own tests): a dotted name whose first segment is 
 `status` or a top-level spec field (`training.steps`, `checkpoint.intervalSteps`), standing
 alone in the span, before a `: value` (`data.format: tokens`) or between words of an
 expression (`workers.replicas x workers.procsPerWorker`). Not fields: a file name
-(`model.safetensors`, `summary.json`), a Helm value set with `=` (`metrics.podMonitor.enabled=true`,
-the chart's `metrics`, not the spec's), a quoted Python import path (`'pkg.mod:make'`).
+(`model.safetensors`, `summary.json`), a Helm value (`metrics.podMonitor.enabled`, a path of the
+chart's values.yaml, or anything set with `=`: the chart's `metrics`, not the spec's), a quoted
+Python import path (`'pkg.mod:make'`).
 The finders are tested on planted text below, so none of them passes for finding nothing.
 """
 
@@ -25,6 +26,7 @@ from disttrain_api import metric_names
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 CRD = ROOT / "manifests" / "crd" / "disttrainjobs.yaml"
+CHART_VALUES = ROOT / "charts" / "disttrain" / "values.yaml"
 
 # `disttrain_<x>` words that are the project's Python packages, not series.
 PACKAGES = {"disttrain_api", "disttrain_operator", "disttrain_trainer", "disttrain_cli"}
@@ -175,6 +177,17 @@ def test_the_column_finder_on_planted_text() -> None:
 # ---------------------------------------------------------------------------------------- field paths
 
 
+def chart_value(path: str) -> bool:
+    """Whether `path` names a value of the Helm chart (values.yaml): the chart's `metrics` block
+    shares its name with the spec's."""
+    node: Any = yaml.safe_load(CHART_VALUES.read_text())
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
 def field_paths(markdown: str, top_level: set[str]) -> list[str]:
     """Dotted spec/status field paths named in the prose's code spans (see the module docstring)."""
     found = []
@@ -185,7 +198,7 @@ def field_paths(markdown: str, top_level: set[str]) -> list[str]:
                 parts = parts[1:]
             if parts[0] in ("spec", "status") and len(parts) > 1:
                 found.append(".".join(parts))
-            elif parts[0] in top_level and parts[-1] not in FILE_EXTENSIONS:
+            elif parts[0] in top_level and parts[-1] not in FILE_EXTENSIONS and not chart_value(path):
                 found.append("spec." + ".".join(parts))
     return found
 
@@ -228,8 +241,10 @@ def test_the_field_path_finder_on_planted_text() -> None:
             "`workers.replicas x workers.procsPerWorker`, `kubectl explain dtj.spec.workers`, "
             "`status.progress.eta`, `status.result.anything` (kept as written).\n"
             "Not fields: `model.safetensors`, `summary.json`, `metrics.podMonitor.enabled=true`, "
+            "`metrics.podMonitor.enabled` (the chart's), "
             "`model.name 'pkg.mod:make'`, `nn.Module`, `s3://bucket/data.tar`, `torch.distributed.checkpoint`.\n"
-            "Wrong: `training.stepz`, `spec.checkpoint.retainForever`, `status.commFractions`, `data.format.kind`.\n"
+            "Wrong: `training.stepz`, `spec.checkpoint.retainForever`, `status.commFractions`, `data.format.kind`, "
+            "`metrics.portz`.\n"
             "```yaml\n# spec.made.up in a code block is an example's, not prose\n```\n")  # fmt: skip
     schema = _schema()
     top = set(schema["properties"]["spec"]["properties"])
@@ -237,7 +252,7 @@ def test_the_field_path_finder_on_planted_text() -> None:
         "spec.training.steps", "spec.checkpoint.intervalSteps", "spec.data.format", "spec.workers.replicas",
         "spec.workers.procsPerWorker", "spec.workers", "status.progress.eta", "status.result.anything",
         "spec.model.name", "spec.training.stepz", "spec.checkpoint.retainForever", "status.commFractions",
-        "spec.data.format.kind",
+        "spec.data.format.kind", "spec.metrics.portz",
     ]  # fmt: skip
     assert unknown_field_paths(text) == ["spec.checkpoint.retainForever", "spec.data.format.kind",
-                                         "spec.training.stepz", "status.commFractions"]  # fmt: skip
+                                         "spec.metrics.portz", "spec.training.stepz", "status.commFractions"]  # fmt: skip
