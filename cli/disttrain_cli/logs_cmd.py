@@ -109,7 +109,7 @@ def logs(cluster: Cluster, args: argparse.Namespace) -> int:
             raise ClusterError(f"pod {meta['name']} ({target.what}) has not started ({reason or state}); "
                                "-f waits for it")  # fmt: skip
         now = cluster.find_job(args.job)
-        if now is None or now["metadata"]["uid"] != uid:
+        if now is None or now["metadata"]["uid"] != uid or now["metadata"].get("deletionTimestamp"):
             print(f"--- DistTrainJob {args.job} was deleted ---", file=sys.stderr, flush=True)
             return 0
         if (now.get("status") or {}).get("phase") in job_view.TERMINAL and (pod is None or not ready
