@@ -1,4 +1,5 @@
-"""The `disttrain` command line: validate, crd, version, local, operator, explain.
+"""The `disttrain` command line: validate, submit, status, logs, delete, local, explain, crd,
+operator, version.
 
 Each subcommand lives in its own module `<name>_cmd.py` exposing `register(subparsers)` (a new
 command is one module and one entry in SUBCOMMANDS). The CLI depends on the API, the operator and
@@ -14,14 +15,15 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-SUBCOMMANDS = ("validate", "crd", "version", "local", "operator", "explain")
+SUBCOMMANDS = ("validate", "submit", "status", "logs", "delete", "local", "explain", "crd", "operator", "version")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="disttrain",
-        description="Distributed neural-network training on Kubernetes: validate manifests, "
-        "print the CRD, run jobs locally, run the operator, forecast scaling.",
+        description="Distributed neural-network training on Kubernetes: validate a job's manifest, submit "
+        "it to a cluster and follow it (status, logs, delete), run it on this machine, forecast its "
+        "scaling, print the CRD, run the operator.",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in SUBCOMMANDS:

@@ -104,6 +104,11 @@ def validate_text(text: str, name: str, out: list[str], problems: list[str], war
         problems.append(f"{name}: no DistTrainJob document found")
 
 
+def job_documents(text: str) -> list[dict[str, Any]]:
+    """The DistTrainJob documents of a text `validate_text` found valid."""
+    return [d for d in yaml.load_all(text, Loader=_loader()) if isinstance(d, dict) and not _is_other_kind(d)]
+
+
 def run(args: argparse.Namespace) -> int:
     total_problems = 0
     bad_files = 0

@@ -1,4 +1,6 @@
-"""Process exit codes of the trainer and of `disttrain local` / `disttrain validate`.
+"""Process exit codes of the trainer and of `disttrain local` / `disttrain validate` (and of the job
+commands `submit`, `status`, `logs`, `delete`: FAILED when the cluster refuses or cannot be reached,
+CONFIG for an invalid manifest).
 
 The operator and the local launcher decide from them whether a failed worker is
 worth a restart, so they mean one thing each:

@@ -143,3 +143,22 @@ PS_PULL_BYTES = PREFIX + "paramserver_pull_bytes"
 # full); training never waits for them or fails with them.
 TRACKING_ERRORS = PREFIX + "tracking_errors"
 LABEL_TRACKING_BACKEND = "backend"
+# --- pipeline stages (the stage's own registry; labels SERIES_LABELS + stage) --
+PIPE_BUBBLE_SECONDS = PREFIX + "pipeline_bubble_seconds"  # counter
+PIPE_P2P_SECONDS = PREFIX + "pipeline_p2p_seconds"  # counter
+PIPE_BUBBLE_FRACTION = PREFIX + "pipeline_bubble_fraction"
+PIPE_STEP_BUBBLE_SECONDS = PREFIX + "pipeline_step_bubble_seconds"
+PIPE_STEP_P2P_SECONDS = PREFIX + "pipeline_step_p2p_seconds"
+PIPE_STEP_ALLREDUCE_SECONDS = PREFIX + "pipeline_step_allreduce_seconds"
+PIPE_ACTIVATION_PEAK_BYTES = PREFIX + "pipeline_activation_peak_bytes"
+PIPE_PLAN_STAGE_SECONDS = PREFIX + "pipeline_plan_stage_seconds"  # labels SERIES_LABELS + plan_stage
+PIPE_PLAN_IMBALANCE = PREFIX + "pipeline_plan_imbalance"
+
+# --- the operator's own /metrics (disttrain_operator/opmetrics.py) --------------
+OPERATOR_PREFIX = PREFIX + "operator_"
+OPERATOR_JOBS = OPERATOR_PREFIX + "jobs"  # gauge, by phase
+OPERATOR_RECONCILE_SECONDS = OPERATOR_PREFIX + "reconcile_seconds"  # histogram
+OPERATOR_RECONCILE_ERRORS = OPERATOR_PREFIX + "reconcile_errors"  # counter
+OPERATOR_GANG_RESTARTS = OPERATOR_PREFIX + "gang_restarts"  # counter, by reason
+OPERATOR_API_REQUESTS = OPERATOR_PREFIX + "api_requests"  # counter, by verb and resource
+OPERATOR_STATUS_WRITES = OPERATOR_PREFIX + "status_writes"  # counter, by kind

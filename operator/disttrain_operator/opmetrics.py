@@ -1,26 +1,27 @@
-"""The operator's own Prometheus metrics (prefix disttrain_operator_)."""
+"""The operator's own Prometheus metrics (prefix disttrain_operator_; names in disttrain_api/metric_names.py)."""
 
 from __future__ import annotations
 
 import threading
 
+from disttrain_api import metric_names as n
 from prometheus_client import Counter, Gauge, Histogram
 
-JOBS = Gauge("disttrain_operator_jobs", "DistTrainJobs known to this operator, by phase.", ["phase"])
+JOBS = Gauge(n.OPERATOR_JOBS, "DistTrainJobs known to this operator, by phase.", ["phase"])
 RECONCILE_SECONDS = Histogram(
-    "disttrain_operator_reconcile_seconds",
+    n.OPERATOR_RECONCILE_SECONDS,
     "Wall time of one reconcile of one job (API calls included).",
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
 )
-RECONCILE_ERRORS = Counter("disttrain_operator_reconcile_errors_total", "Reconciles that raised.")
-RESTARTS = Counter("disttrain_operator_gang_restarts_total", "Gang re-creations, by reason.", ["reason"])
+RECONCILE_ERRORS = Counter(n.OPERATOR_RECONCILE_ERRORS, "Reconciles that raised.")
+RESTARTS = Counter(n.OPERATOR_GANG_RESTARTS, "Gang re-creations, by reason.", ["reason"])
 API_REQUESTS = Counter(
-    "disttrain_operator_api_requests_total",
+    n.OPERATOR_API_REQUESTS,
     "Kubernetes API requests made by the reconciler (kopf's own watches and patches excluded).",
     ["verb", "resource"],
 )
 STATUS_WRITES = Counter(
-    "disttrain_operator_status_writes_total",
+    n.OPERATOR_STATUS_WRITES,
     "Job status writes: transitions (phase, conditions, restarts) or progress alone (pod counts, steps).",
     ["kind"],
 )
@@ -40,5 +41,5 @@ def set_phase(uid: str, phase: str | None) -> None:
         counts = {p: 0 for p in PHASES}
         for value in _phases.values():
             counts[value] = counts.get(value, 0) + 1
-    for p, n in counts.items():
-        JOBS.labels(phase=p).set(n)
+    for p, count in counts.items():
+        JOBS.labels(phase=p).set(count)

@@ -1,9 +1,9 @@
 """Converted data once per job, on the cluster: two 4-pod jobs train on the same parquet file on
-a claim (format parquet: converted into the data cache before training) with their checkpoints
-on the namespace's shared claim, whose root holds the cache. Of the 8 pods one converts, the
-others wait and read its entry; one job's trainer is SIGKILLed mid-run, and its new gang converts
-nothing (the entry is the same folder, and no new pod logs a build). The killed job resumes and
-ends at exactly the parameters of the uninterrupted one.
+a claim (format parquet: converted into the data cache before training), each with its
+checkpoints on the claim the operator makes for it, whose root holds the job's data cache. Of a
+job's 4 pods one converts, the others wait and read its entry; one job's trainer is SIGKILLed
+mid-run, and its new gang converts nothing (the entry is the same folder, and no new pod logs a
+build). The killed job resumes and ends at exactly the parameters of the uninterrupted one.
 
 The SIGKILL needs the node's runtime: the local cluster only.
 """
@@ -20,13 +20,13 @@ import numpy as np
 import pytest
 
 from .conftest import (  # type: ignore[import-not-found]
-    CHECKPOINT_HOSTPATH,
-    CHECKPOINT_VOLUME,
+    HOST_FOLDER,
     Kubectl,
     OperatorProcess,
+    checkpoint_dir,
     checkpoint_steps,
     job_manifest,
-    remove_checkpoints,
+    volume_folder,
 )
 from .test_chaos import kill_when_running, wait_for_checkpoint, wait_restarts  # type: ignore[import-not-found]
 from .test_user_image import CORPUS_CLAIM, corpus_claim  # type: ignore[import-not-found]
@@ -57,20 +57,28 @@ def parquet_job(name: str, ns: str) -> dict[str, Any]:
                              "featureColumns": [f"f{i}" for i in range(FEATURES)],
                              "volume": {"persistentVolumeClaim": {"claimName": CORPUS_CLAIM}}},
                        optimizer={"name": "sgd", "lr": 0.05},
-                       checkpoint={"intervalSteps": INTERVAL, "keep": 2, "volume": dict(CHECKPOINT_VOLUME)},
+                       checkpoint={"intervalSteps": INTERVAL, "keep": 2},  # on the claim the operator makes
                        runPolicy={"backoffLimit": 2})  # fmt: skip
     del obj["spec"]["data"]["name"]  # a path instead of a built-in dataset
     obj["spec"]["training"].update(evalIntervalSteps=0, logIntervalSteps=20)
     return obj
 
 
-def exported(job: dict[str, Any]) -> dict[str, Any]:
-    """The export that status.result names, read from the checkpoint volume (this machine's folder)."""
+def exported(kubectl: Kubectl, job: dict[str, Any]) -> dict[str, Any]:
+    """The export that status.result names, read from the job's checkpoint claim (this machine's folder)."""
     from safetensors.torch import load_file
 
     name, export = job["metadata"]["name"], job["status"]["result"]["export"]
     assert export["step"] == STEPS and export["path"].endswith(f"/{name}/export"), export
-    return load_file(Path(CHECKPOINT_HOSTPATH) / name / "export" / export["weights"])
+    folder = checkpoint_dir(kubectl, job["metadata"]["namespace"], name)
+    assert folder is not None, f"{name}: its checkpoint claim is not bound"
+    return load_file(folder / "export" / export["weights"])
+
+
+def cache_entries(kubectl: Kubectl, ns: str, job: str) -> set[Path]:
+    """The parquet entries of the job's data cache (`.data-cache` at the root of its claim)."""
+    volume = volume_folder(kubectl, ns, f"{job}-checkpoints")
+    return set((volume / ".data-cache").glob("parquet-*")) if volume is not None else set()
 
 
 def logs(kubectl: Kubectl, ns: str, job: str) -> dict[str, str]:
@@ -81,7 +89,7 @@ def logs(kubectl: Kubectl, ns: str, job: str) -> dict[str, str]:
 
 @pytest.fixture
 def rows(kubectl: Kubectl, namespace: str) -> Iterator[str]:
-    folder = Path(CHECKPOINT_HOSTPATH) / f"{namespace}-data"
+    folder = Path(HOST_FOLDER) / f"{namespace}-data"
     write_rows(folder / "rows")
     pv = corpus_claim(kubectl, namespace, folder)
     yield namespace
@@ -95,35 +103,29 @@ def test_a_4_pod_job_converts_once_and_its_restarted_gang_not_at_all(
     cluster = request.getfixturevalue("local_cluster")  # the SIGKILL: the local cluster only
     ns, suffix = rows, uuid.uuid4().hex[:5]
     reference, killed = names = (f"cache-ref-{suffix}", f"cache-{suffix}")
-    cache = Path(CHECKPOINT_HOSTPATH) / ".data-cache"
-    before = set(cache.glob("parquet-*")) if cache.is_dir() else set()
-    try:
-        for name in names:
-            kubectl.apply(parquet_job(name, ns))
-        wait_for_checkpoint(kubectl, ns, killed, KILL_AFTER)
-        first = {pod: text for name in names for pod, text in logs(kubectl, ns, name).items()}
-        assert len(first) == 8, sorted(first)
+    for name in names:
+        kubectl.apply(parquet_job(name, ns))
+    wait_for_checkpoint(kubectl, ns, killed, KILL_AFTER)
+    for name in names:
+        first = logs(kubectl, ns, name)
+        assert len(first) == 4, sorted(first)
         builders = [pod for pod, text in first.items() if BUILD in text]
         assert len(builders) == 1, {pod: [x for x in t.splitlines() if "data cache" in x] for pod, t in first.items()}
-        (entry,) = set(cache.glob("parquet-*")) - before
-        born = entry.stat().st_ino, entry.stat().st_mtime_ns
-        kill_when_running(cluster, kubectl, ns, killed, f"{killed}-worker-1")
-        assert max(checkpoint_steps(killed)) < STEPS, "the kill came after the last step: raise STEPS"
-        wait_restarts(kubectl, ns, killed, 1)
-        done = {name: kubectl.wait_phase(ns, name, ("Succeeded", "Failed"), timeout=450) for name in names}
-        for name, job in done.items():
-            assert job["status"]["phase"] == "Succeeded", (name, job["status"])
-        assert done[killed]["status"]["restarts"] == 1
-        assert not [pod for pod, text in logs(kubectl, ns, killed).items() if BUILD in text]  # the new gang
-        assert (entry.stat().st_ino, entry.stat().st_mtime_ns) == born  # the same entry: converted zero times
-        assert done[killed]["status"]["result"]["resumedFromStep"] >= KILL_AFTER, done[killed]["status"]["result"]
-        ref, got = exported(done[reference]), exported(done[killed])
-        worst = max(float((ref[k].double() - got[k].double()).abs().max()) for k in ref)
-        print(f"converted by {builders[0]}; resumed from step {done[killed]['status']['result']['resumedFromStep']}; "
-              f"max |killed - reference| over {len(ref)} exported tensors: {worst:.3g}")
-        assert ref.keys() == got.keys() and worst <= 1e-6
-    finally:
-        for name in names:
-            remove_checkpoints(name)
-        for new in (set(cache.glob("parquet-*")) if cache.is_dir() else set()) - before:
-            shutil.rmtree(new, ignore_errors=True)
+    (entry,) = cache_entries(kubectl, ns, killed)
+    born = entry.stat().st_ino, entry.stat().st_mtime_ns
+    kill_when_running(cluster, kubectl, ns, killed, f"{killed}-worker-1")
+    assert max(checkpoint_steps(kubectl, ns, killed)) < STEPS, "the kill came after the last step: raise STEPS"
+    wait_restarts(kubectl, ns, killed, 1)
+    done = {name: kubectl.wait_phase(ns, name, ("Succeeded", "Failed"), timeout=450) for name in names}
+    for name, job in done.items():
+        assert job["status"]["phase"] == "Succeeded", (name, job["status"])
+    assert done[killed]["status"]["restarts"] == 1
+    assert not [pod for pod, text in logs(kubectl, ns, killed).items() if BUILD in text]  # the new gang
+    assert cache_entries(kubectl, ns, killed) == {entry}
+    assert (entry.stat().st_ino, entry.stat().st_mtime_ns) == born  # the same entry: converted zero times
+    assert done[killed]["status"]["result"]["resumedFromStep"] >= KILL_AFTER, done[killed]["status"]["result"]
+    ref, got = exported(kubectl, done[reference]), exported(kubectl, done[killed])
+    worst = max(float((ref[k].double() - got[k].double()).abs().max()) for k in ref)
+    print(f"resumed from step {done[killed]['status']['result']['resumedFromStep']}; "
+          f"max |killed - reference| over {len(ref)} exported tensors: {worst:.3g}")
+    assert ref.keys() == got.keys() and worst <= 1e-6

@@ -14,11 +14,16 @@ test_federated_aggregator_restart.py's (a planted one, read by a restarted aggre
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+
+from .conftest import DISTTRAIN  # type: ignore[import-not-found]
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e
@@ -61,10 +66,22 @@ def _pods(kubectl: Any, ns: str, name: str, role: str) -> list[dict[str, Any]]:
             if p["metadata"]["labels"].get("disttrain.dev/role") == role]  # fmt: skip
 
 
-def test_federated_example_succeeds_on_the_cluster(kubectl: Any, operator: Any, namespace: str) -> None:
+def test_federated_example_succeeds_on_the_cluster(kubectl: Any, operator: Any, namespace: str, tmp_path: Path) -> None:
     kubectl.apply(_manifest("fed", namespace))
-    job = kubectl.wait_phase(namespace, "fed", ("Succeeded", "Failed"), timeout=900)
+    # `disttrain logs` finds the aggregator (a Deployment's pod) from the job's labels and follows
+    # it from before it exists until the job ends (its Deployment is deleted then).
+    log = tmp_path / "aggregator.log"
+    with open(log, "wb") as out:
+        follow = subprocess.Popen([str(DISTTRAIN), "logs", "fed", "-n", namespace, "--role", "aggregator", "-f"],
+                                  env={**os.environ, "KUBECONFIG": kubectl.kubeconfig}, stdout=out)  # fmt: skip
+    try:
+        job = kubectl.wait_phase(namespace, "fed", ("Succeeded", "Failed"), timeout=900)
+        assert follow.wait(timeout=60) == 0
+    finally:
+        if follow.poll() is None:
+            follow.kill()
     assert job["status"]["phase"] == "Succeeded", job["status"]
+    assert re.search(r"^aggregator: round 30/30 done in ", log.read_text(), re.M), log.read_text()[-2000:]
     assert job["status"]["result"]["steps"] == 30 and job["status"]["step"] == 30  # the step column counts rounds
     assert job["status"]["result"]["testAccuracy"] >= 0.90
     assert job["status"]["restarts"] == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import shutil
 import subprocess
 import sys
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 from disttrain_api.crd import crd_yaml
+from disttrain_cli import SUBCOMMANDS, build_parser
 from disttrain_operator import __version__
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,8 +68,17 @@ def test_every_subcommand_has_help(command: str) -> None:
 def test_top_level_help_lists_commands() -> None:
     result = run("--help")
     assert result.returncode == 0
-    for command in ("validate", "crd", "version", "local", "operator"):
-        assert command in result.stdout
+    for command in SUBCOMMANDS:
+        assert f"\n    {command}  " in result.stdout, command
+
+
+@pytest.mark.parametrize("command", ["submit", "status", "logs", "delete"])
+def test_the_job_commands_take_kubectls_cluster_flags(command: str) -> None:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    text = sub.format_help()
+    for flag in ("-n NS, --namespace NS", "--kubeconfig FILE", "--context NAME"):
+        assert flag in text, (command, flag)
 
 
 def test_version() -> None:

@@ -159,9 +159,48 @@ def test_a_pipeline_summary_and_plot_show_every_stage(tmp_path: Path) -> None:
     with_stages = report.write_plot(_records(), tmp_path / "pp.png", title="pp", per_stage=PER_STAGE)
     without = report.write_plot(_records(), tmp_path / "d.png", title="pp")
     assert with_stages is not None and without is not None
-    # The stage panel makes a taller figure (10 in vs 7 in at 100 dpi).
-    assert _png_height(with_stages) == 1000 and _png_height(without) == 700
+    # The stage panel makes a taller figure (12.5 in vs 8.5 in at 100 dpi).
+    assert _png_height(with_stages) == 1250 and _png_height(without) == 850
 
 
 def _png_height(path: Path) -> int:
     return int.from_bytes(path.read_bytes()[20:24], "big")  # IHDR: width at 16..20, height at 20..24
+
+
+def _demo_records() -> list[dict[str, float]]:
+    """A `make demo`-like log: 40 intervals whose stacked bars reach the top of the panel at both ends."""
+    return [{"step": s, "steps": 10, "loss": 2.3 * 0.99**s, "step_s": 0.0098, "compute_s": 0.005,
+             "comm_exposed_s": 0.004, "comm_busy_s": 0.006, "data_s": 0.0005, "idle_s": 0.0003 if s % 100 == 0 else 0.0}
+            for s in range(10, 410, 10)]  # fmt: skip
+
+
+@pytest.mark.parametrize("per_stage", [None, PER_STAGE], ids=["data", "pipeline"])
+def test_no_legend_hides_data(per_stage: list[dict[str, float]] | None) -> None:
+    """Geometry of the rendered figure (Agg): each legend lies inside the figure and outside every
+    panel's data region, so it covers none of the bars or lines (the time breakdown's last
+    intervals, a stage's segments), nor a panel's tick or axis labels."""
+    fig = report.plot_figure(_demo_records(), title="demo", per_stage=per_stage)
+    assert fig is not None
+    try:
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+        legends = [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
+        assert len(legends) == (2 if per_stage else 1)
+        for legend in legends:
+            box = legend.get_window_extent(renderer)
+            assert fig.bbox.x0 <= box.x0 and box.x1 <= fig.bbox.x1 and fig.bbox.y0 <= box.y0 and box.y1 <= fig.bbox.y1, (
+                f"legend {box} reaches outside the figure {fig.bbox}")
+            for ax in fig.axes:
+                assert not box.overlaps(ax.bbox), f"legend {box} overlaps the data region {ax.bbox}"
+                data = [*ax.patches, *ax.lines]
+                assert data, "every panel draws something"
+                for artist in data:
+                    assert not box.overlaps(artist.get_window_extent(renderer)), f"legend covers {artist}"
+                labels = [ax.xaxis.label, ax.yaxis.label, *ax.get_xticklabels(), *ax.get_yticklabels()]
+                for text in labels:
+                    if text.get_visible() and text.get_text():
+                        assert not box.overlaps(text.get_window_extent(renderer)), f"legend covers {text}"
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)

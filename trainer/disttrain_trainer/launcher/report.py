@@ -11,9 +11,14 @@ import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from disttrain_trainer.process.config import SUMMARY_FILE  # written by the trainer's rank 0
+
+if TYPE_CHECKING:
+    from matplotlib.artist import Artist
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 LOCAL_SUMMARY_FILE = "local-summary.json"  # written by the launcher
 PLOT_FILE = "training.png"
@@ -26,6 +31,8 @@ BREAKDOWN_KEYS = (
     ("idle_s", "idle (waiting while another rank or process works alone)"),
 )
 BUSY_KEY = ("comm_busy_s", "communication, busy (in flight, overlaps compute)")
+# Inches from a panel's bottom edge down to its legend: room for the tick labels and the x label.
+LEGEND_DROP_IN = 0.5
 
 
 def _num(d: dict[str, Any] | None, *keys: str) -> float | None:
@@ -248,6 +255,24 @@ def write_plot(
     """Loss curve and per-step compute / exposed communication / data / idle seconds (stacked) with
     busy communication as a line; for a pipeline, a third panel with each stage's share of step
     time. None when nothing was logged."""
+    fig = plot_figure(records, title=title, per_stage=per_stage)
+    if fig is None:
+        return None
+    import matplotlib.pyplot as plt  # noqa: PLC0415 - matplotlib, loaded by plot_figure already
+
+    try:
+        fig.savefig(path, dpi=100)
+    finally:
+        plt.close(fig)
+    return path
+
+
+def plot_figure(
+    records: list[dict[str, Any]], *, title: str, per_stage: list[dict[str, Any]] | None = None
+) -> Figure | None:
+    """The figure write_plot saves (the caller closes it). Every legend sits below its panel,
+    outside the axes: inside, wherever it went, it hid some steps' bars (the last ones, in the
+    upper right) or a stage's segments."""
     records = dedupe_by_step(records)
     if not records:
         return None
@@ -258,11 +283,11 @@ def write_plot(
 
     steps = [int(r["step"]) for r in records]
     if per_stage:
-        fig, axes = plt.subplots(3, 1, figsize=(8, 10), gridspec_kw={"height_ratios": [3, 3, 2]})
+        fig, axes = plt.subplots(3, 1, figsize=(8, 12.5), gridspec_kw={"height_ratios": [3, 3, 2]})
         ax_loss, ax_time, ax_stage = axes
         ax_time.sharex(ax_loss)
     else:
-        fig, (ax_loss, ax_time) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
+        fig, (ax_loss, ax_time) = plt.subplots(2, 1, figsize=(8, 8.5), sharex=True)
     try:
         loss_pts = [(s, _num(r, "loss")) for s, r in zip(steps, records, strict=True)]
         xs = [s for s, v in loss_pts if v is not None]
@@ -275,17 +300,18 @@ def write_plot(
         width = (
             max(1.0, (steps[-1] - steps[0]) / max(1, len(steps)) * 0.8) if len(steps) > 1 else 0.8
         )
+        handles: list[Artist] = []  # in drawing order: the stacked categories, then the lines
         for key, label in BREAKDOWN_KEYS:
             ms = [(_num(r, key) or 0.0) * 1000 for r in records]
-            ax_time.bar(steps, ms, width=width, bottom=bottom, label=label)
+            handles.append(ax_time.bar(steps, ms, width=width, bottom=bottom, label=label))
             bottom = [b + v for b, v in zip(bottom, ms, strict=True)]
         busy_ms = [(_num(r, BUSY_KEY[0]) or 0.0) * 1000 for r in records]
-        ax_time.plot(steps, busy_ms, color="tab:red", linestyle="--", linewidth=1, label=BUSY_KEY[1])
+        handles += ax_time.plot(steps, busy_ms, color="tab:red", linestyle="--", linewidth=1, label=BUSY_KEY[1])
         step_ms = [(_num(r, "step_s") or 0.0) * 1000 for r in records]
-        ax_time.plot(steps, step_ms, color="black", linewidth=1, label="step time")
+        handles += ax_time.plot(steps, step_ms, color="black", linewidth=1, label="step time")
         ax_time.set_xlabel("step")
         ax_time.set_ylabel("ms per step")
-        ax_time.legend(loc="upper right", fontsize="small")
+        _legend_below(ax_time, ncols=2, handles=handles)
         ax_time.grid(alpha=0.3)
         if per_stage:
             labels = [f"stage {st.get('stage', i)}" for i, st in enumerate(per_stage)]
@@ -296,9 +322,20 @@ def write_plot(
                 left = [a + b for a, b in zip(left, pct, strict=True)]
             ax_stage.invert_yaxis()  # stage 0 on top
             ax_stage.set_xlabel("% of step time, per pipeline stage")
-            ax_stage.legend(loc="lower right", fontsize="small")
-        fig.tight_layout()
-        fig.savefig(path, dpi=100)
-    finally:
+            _legend_below(ax_stage, ncols=2, handles=None)
+        fig.tight_layout()  # makes room for the legends below the panels
+    except BaseException:
         plt.close(fig)
-    return path
+        raise
+    return fig
+
+
+def _legend_below(ax: Axes, *, ncols: int, handles: list[Artist] | None) -> None:
+    """A legend centred under the axes' x label: outside the axes, it covers no data, whatever the data are.
+    Placed a fixed distance below the axes (not a fraction of their height, which differs by panel)."""
+    from matplotlib.transforms import ScaledTranslation  # noqa: PLC0415 - matplotlib, loaded by the caller
+
+    handles = handles if handles is not None else ax.get_legend_handles_labels()[0]
+    below_label = ScaledTranslation(0, -LEGEND_DROP_IN, ax.figure.dpi_scale_trans)
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), bbox_transform=ax.transAxes + below_label,
+              ncols=ncols, fontsize="small", frameon=False)

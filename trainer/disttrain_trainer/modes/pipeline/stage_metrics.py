@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from disttrain_api.metric_names import PREFIX as P
+from disttrain_api import metric_names as n
 from disttrain_api.metric_names import SERIES_LABELS
 from prometheus_client import Counter, Gauge
 
@@ -26,22 +26,22 @@ class PipelineMetrics:
         values = {**metrics.labels, "stage": str(stage)}
 
         def gauge(name: str, doc: str) -> Any:
-            return Gauge(P + name, doc, labels, registry=r).labels(**values)
+            return Gauge(name, doc, labels, registry=r).labels(**values)
 
         def counter(name: str, doc: str) -> Any:
-            return Counter(P + name, doc, labels, registry=r).labels(**values)
+            return Counter(name, doc, labels, registry=r).labels(**values)
 
-        self.bubble_total = counter("pipeline_bubble_seconds", "Idle time waiting for another stage's work.")
-        self.p2p_total = counter("pipeline_p2p_seconds", "Waits for activations/gradients in flight (P2P).")
-        self.bubble_fraction = gauge("pipeline_bubble_fraction", "Bubble / pipeline step window, last step.")
-        self.step_bubble = gauge("pipeline_step_bubble_seconds", "Bubble seconds of the last step.")
-        self.step_p2p = gauge("pipeline_step_p2p_seconds", "P2P wait seconds of the last step.")
-        self.step_allreduce = gauge("pipeline_step_allreduce_seconds",
+        self.bubble_total = counter(n.PIPE_BUBBLE_SECONDS, "Idle time waiting for another stage's work.")
+        self.p2p_total = counter(n.PIPE_P2P_SECONDS, "Waits for activations/gradients in flight (P2P).")
+        self.bubble_fraction = gauge(n.PIPE_BUBBLE_FRACTION, "Bubble / pipeline step window, last step.")
+        self.step_bubble = gauge(n.PIPE_STEP_BUBBLE_SECONDS, "Bubble seconds of the last step.")
+        self.step_p2p = gauge(n.PIPE_STEP_P2P_SECONDS, "P2P wait seconds of the last step.")
+        self.step_allreduce = gauge(n.PIPE_STEP_ALLREDUCE_SECONDS,
                                     "Data-parallel gradient all-reduce of this stage, last step.")
-        self.act_peak = gauge("pipeline_activation_peak_bytes", "Peak activation bytes held by this stage, last step.")
-        self.plan_seconds = Gauge(P + "pipeline_plan_stage_seconds", "Predicted seconds per micro-batch of each stage.",
+        self.act_peak = gauge(n.PIPE_ACTIVATION_PEAK_BYTES, "Peak activation bytes held by this stage, last step.")
+        self.plan_seconds = Gauge(n.PIPE_PLAN_STAGE_SECONDS, "Predicted seconds per micro-batch of each stage.",
                                   (*SERIES_LABELS, "plan_stage"), registry=r)
-        self.plan_imbalance = gauge("pipeline_plan_imbalance", "Predicted slowest stage / mean stage.")
+        self.plan_imbalance = gauge(n.PIPE_PLAN_IMBALANCE, "Predicted slowest stage / mean stage.")
         self._base = metrics.labels
 
     def observe_plan(self, plan: Plan) -> None:
