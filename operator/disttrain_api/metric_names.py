@@ -38,9 +38,15 @@ MFU = PREFIX + "mfu"
 # figure the operator's scaling hint is decided on (disttrain_api/scaling/hint.py).
 COMM_EXPOSED_FRACTION = PREFIX + "comm_exposed_fraction"
 
+# A fault-tolerant replica (spec.faultTolerance): the replicas in the quorum of its latest step and
+# the lighthouse's id of that quorum (it changes with the quorum's members): status.replicaGroups.
+FT_QUORUM_SIZE = PREFIX + "ft_quorum_replicas"
+FT_QUORUM_ID = PREFIX + "ft_quorum_id"
+
 # Series the operator reads from rank 0's /metrics for status.step / lastCheckpointStep /
-# commFraction / progress / hint.
-PROGRESS_SERIES = (STEP, LAST_CHECKPOINT_STEP, COMM_SECONDS_TOTAL, STEP_SECONDS_SUM, MFU, COMM_EXPOSED_FRACTION)
+# commFraction / progress / hint / replicaGroups.
+PROGRESS_SERIES = (STEP, LAST_CHECKPOINT_STEP, COMM_SECONDS_TOTAL, STEP_SECONDS_SUM, MFU, COMM_EXPOSED_FRACTION,
+                   FT_QUORUM_SIZE, FT_QUORUM_ID)
 
 # Beside /metrics, a data-parallel rank 0 serves the scaling forecast's inputs as measured so far
 # (a JSON object shaped like its summary: mode, layout, worldSize, ..., scaling): the operator
@@ -101,6 +107,18 @@ EVAL_METRIC = PREFIX + "eval_metric"
 CHECKPOINT_STALL_SECONDS = PREFIX + "checkpoint_stall_seconds"  # the loop's pause for a snapshot
 CHECKPOINT_WRITE_SECONDS = PREFIX + "checkpoint_write_seconds"  # the background write
 CHECKPOINT_BYTES = PREFIX + "checkpoint_bytes"
+
+# --- fault-tolerant data parallel and LocalSGD / DiLoCo (spec.faultTolerance, training.sync) ---
+# Trainer gauges and counters, per replica.
+# FT_QUORUM_SIZE, FT_QUORUM_ID: with the progress series above.
+FT_STEPS_DISCARDED = PREFIX + "ft_steps_discarded"  # step attempts not committed (a peer failed mid-step)
+FT_RECOVERIES = PREFIX + "ft_recoveries"  # times this replica received the state of a live peer
+FT_RECOVERY_SECONDS = PREFIX + "ft_recovery_seconds"  # how long the last such recovery took
+# Bytes of parameters (localsgd) or pseudo-gradients (diloco) all-reduced by the outer synchronisations.
+SYNC_BYTES = PREFIX + "sync_bytes"
+# Operator counters (labels namespace, job): replicas lost and replaced alone; quorum regrowths.
+OP_FT_REPLICAS_LOST = PREFIX + "operator_ft_replicas_lost"
+OP_FT_REPLICAS_JOINED = PREFIX + "operator_ft_replicas_joined"
 
 # --- federated mode (aggregator and client processes) -------------------------
 FED_ROUND = PREFIX + "federated_round"

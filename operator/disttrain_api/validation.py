@@ -2,7 +2,7 @@
 
 The model (model/) checks each field on its own (types, ranges, enums, patterns); this
 module checks how fields fit together — degrees against the world size, batch
-splits, mode-specific blocks, model shapes. Every error names the field path to
+splits, mode-specific blocks, fault tolerance and sync (ft_rules.py), model shapes. Every error names the field path to
 change and says what is wrong with the numbers involved, and all of them are
 reported at once. The rules live by concern in layout_rules.py, data_rules.py, mode_block_rules.py and
 pod_rules.py; this module runs them, and checks every size of the elastic range. The CLI
@@ -19,7 +19,14 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
-from disttrain_api import data_rules, layout_rules, mode_block_rules, object_store_rules, pod_rules
+from disttrain_api import (
+    data_rules,
+    ft_rules,
+    layout_rules,
+    mode_block_rules,
+    object_store_rules,
+    pod_rules,
+)
 from disttrain_api.model import DistTrainJob, FieldError, JobSpec, SpecError, parse_job_partial
 from disttrain_api.rule_checker import Checker
 
@@ -98,6 +105,8 @@ def validate_spec(spec: JobSpec, *, skip: Iterable[FieldError] = ()) -> list[Fie
     layout_rules.strategies(spec, c)
     mode_block_rules.mode_blocks(spec, c)
     mode_block_rules.channel_security(spec, c)
+    ft_rules.fault_tolerance(spec, c)
+    ft_rules.sync(spec, c)
     _elastic(spec, c)
     layout_rules.devices(spec, c)
     data_rules.data(spec, c)

@@ -8,7 +8,8 @@ the standard library so that the trainer image and the CLI can use it without ko
 
 One module per part of the spec: vocabulary.py (group, kind, enumerations, patterns),
 workers.py, training.py (parallelism, model, data, optimizer, training, checkpoint,
-elastic), federated.py, paramserver.py, object_store.py, run_policy.py, job.py (JobSpec, the whole job and
+elastic), fault_tolerance.py (faultTolerance, training.sync), federated.py, paramserver.py, object_store.py,
+run_policy.py, job.py (JobSpec, the whole job and
 its parsing) and status.py. `disttrain_api.model` is where every name is imported from.
 
 Field metadata (`fld(...)`, see `dataparse.py`) carries what the schema needs:
@@ -32,6 +33,7 @@ from ..dataparse import (
     parse_dataclass,
     to_json,
 )
+from .fault_tolerance import FaultToleranceSpec, OuterOptimizerSpec, SyncKind, SyncSpec
 from .federated import FederatedSpec, FedPartition, FedPrivacy
 from .job import (
     DistTrainJob,
@@ -45,7 +47,7 @@ from .job import (
 from .object_store import ObjectStoreSpec
 from .paramserver import ParamServerSpec
 from .run_policy import RunPolicy
-from .status import Condition, JobStatus, Progress, WorkerCounts, parse_status
+from .status import Condition, JobStatus, Progress, ReplicaGroups, WorkerCounts, parse_status
 from .training import (
     CheckpointSpec,
     DataSpec,
@@ -114,6 +116,7 @@ __all__ = [
     "FedPartitionKind",
     "FedPrivacy",
     "FedStrategy",
+    "FaultToleranceSpec",
     "FederatedSpec",
     "FieldError",
     "GROUP",
@@ -132,6 +135,7 @@ __all__ = [
     "Object",
     "Optim",
     "OptimizerSpec",
+    "OuterOptimizerSpec",
     "PLURAL",
     "Parallelism",
     "ObjectStoreSpec",
@@ -142,6 +146,7 @@ __all__ = [
     "QUANTITY_PATTERN",
     "Quantity",
     "ROBUST_STRATEGIES",
+    "ReplicaGroups",
     "Resources",
     "RunPolicy",
     "SHORT_NAMES",
@@ -149,6 +154,8 @@ __all__ = [
     "ScaleRule",
     "Schedule",
     "SpecError",
+    "SyncKind",
+    "SyncSpec",
     "TOP_LEVEL_FIELDS",
     "Time",
     "TrainingSpec",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..dataparse import Object, fld
+from .fault_tolerance import SyncSpec
 from .vocabulary import (
     ACT_CKPT_PATTERN,
     DATA_MODULE_PATTERN,
@@ -212,6 +213,9 @@ class TrainingSpec:
     bucket_cap_mb: float = fld(25.0, minimum=0.0, exclusive_minimum=True, json="bucketCapMB", desc="DDP bucket size.")
     eval_interval_steps: int = fld(0, minimum=0, desc="Evaluate every N steps (0: only at the end).")
     log_interval_steps: int = fld(10, minimum=1, desc="Log metrics every N steps.")
+    sync: SyncSpec = fld(
+        factory=SyncSpec, desc="How often data-parallel replicas synchronise: every step, or LocalSGD / DiLoCo."
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -8,6 +8,8 @@ exits STOPPED (someone sent it SIGTERM: it checkpointed its step) is a
 disruption: the gang restarts without counting against backoffLimit. Stopping
 the launcher (Ctrl-C, SIGTERM) sends the gang SIGTERM and waits up to
 runPolicy.terminationGracePeriodSeconds for it to checkpoint and exit.
+With spec.faultTolerance a failed replica is replaced alone while the others go on
+(replicas.py), until fewer than minReplicas are left.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from disttrain_api import progress as job_progress
 from disttrain_api.scaling.hint import scaling_hint
 
 from disttrain_trainer.launcher import env as envmod
-from disttrain_trainer.launcher import identity, report
+from disttrain_trainer.launcher import identity, replicas, report
 from disttrain_trainer.launcher.gang import LOGS_DIR, PIDS_FILE, Failure, Gang
 from disttrain_trainer.launcher.progress import (
     PROGRESS_FILE,
@@ -182,6 +184,8 @@ def run_local(job: api.DistTrainJob, options: LocalOptions) -> LocalResult:
     # Paramserver: one server process per shard joins the workers; nobody waits for a peer, so a
     # failed process (worker or shard) is replaced alone, never the gang.
     shards = spec.param_server.shards if spec.mode == "paramserver" and spec.param_server else 0
+    # Fault-tolerant replicas: a failed one is replaced alone while the others go on (replicas.py).
+    ft = spec.fault_tolerant
     printer = ProgressPrinter(out, total=total_steps) if options.progress else None
     tracker = ProgressRecord(spec, run_dir / PROGRESS_FILE)  # what the operator's status.progress would say
     print(
@@ -215,7 +219,7 @@ def run_local(job: api.DistTrainJob, options: LocalOptions) -> LocalResult:
                 device=plan,
                 threads=threads,
             )
-            ports = envmod.metrics_ports(options.metrics_port, spec.world_size + int(federated) + shards)
+            ports = envmod.metrics_ports(options.metrics_port, spec.world_size + int(federated or ft) + shards)
             envs = [(s, envmod.process_env(base_env, gang_env, s, ports[s.rank])) for s in slots]
             # Federated: an aggregator process joins; a dead client is not restarted, the rounds
             # go on without it (the aggregator drops stragglers).
@@ -228,6 +232,9 @@ def run_local(job: api.DistTrainJob, options: LocalOptions) -> LocalResult:
                                                metrics_ports=ports[spec.world_size:])  # fmt: skip
             if federated or shards:
                 envs = identity.provision(run_dir, spec, envs)
+            if ft:
+                envs = replicas.replica_envs(envs, store_ports=envmod.reserve_ports(len(envs)),
+                                             lighthouse_port=envmod.reserve_ports(1)[0], metrics_port=ports[-1])  # fmt: skip
             clear_finished(run_dir)
             gang = Gang.start(
                 command=envmod.trainer_command(options.python),
@@ -236,6 +243,10 @@ def run_local(job: api.DistTrainJob, options: LocalOptions) -> LocalResult:
                 attempt=attempt,
             )
             outcome: Failure | bool = False
+            ft_set = replicas.ReplicaSet(spec, gang, run_dir) if ft else None
+            if ft_set is not None:
+                optional = ft_set.optional
+            counts = replicas.Counts(restarts=restarts, disruptions=disruptions)
             noted: set[int] = set()
             stepped = False  # has this attempt logged a step yet
             while outcome is False:
@@ -253,7 +264,11 @@ def run_local(job: api.DistTrainJob, options: LocalOptions) -> LocalResult:
                         f"starting {spec.world_size} processes (attempt {attempt}) ... {elapsed:.0f} s"
                     )
                 outcome = gang.poll(optional)
-                if shards and isinstance(outcome, Failure) and outcome.returncode == EXIT_STOPPED:
+                if ft_set is not None:
+                    counts.restarts, counts.disruptions = restarts, disruptions
+                    outcome = replicas.handle(ft_set, outcome, counts, note=lambda m: _note(printer, out, m))
+                    restarts, disruptions = counts.restarts, counts.disruptions
+                elif shards and isinstance(outcome, Failure) and outcome.returncode == EXIT_STOPPED:
                     disruptions += 1
                     _note(printer, out, f"{outcome.reason}: stopped on request, replacing only that process "
                                         f"(disruption {disruptions}, not counted as a restart)")  # fmt: skip

@@ -7,7 +7,10 @@ From the resume on, SIGTERM stops the loop at a step every rank agrees on
 
 from __future__ import annotations
 
+import os
 import time
+
+from disttrain_api import constants as C
 
 from ...checkpoints import rank_state
 from ...datasets import GlobalBatchSampler
@@ -41,8 +44,18 @@ def check_supported(cfg: TrainerConfig) -> None:
 
 
 def main(cfg: TrainerConfig) -> Summary | None:
-    """The mode's entry (modes/__init__.py): every local rank of this pod."""
+    """The mode's entry (modes/__init__.py): every local rank of this pod; with spec.faultTolerance
+    this pod's replica (fault_tolerant.py), or the job's lighthouse (role lighthouse)."""
+    if os.environ.get(C.ENV_ROLE) == C.ROLE_LIGHTHOUSE:
+        from . import lighthouse  # noqa: PLC0415 - torchft, only in this role
+
+        lighthouse.serve(cfg)
+        return None
     check_supported(cfg)
+    if cfg.spec.fault_tolerant:
+        from . import fault_tolerant  # noqa: PLC0415 - torchft, only in fault-tolerant runs
+
+        return fault_tolerant.run(cfg if cfg.rank is not None else cfg.for_local_rank(0))
     return run_local_ranks(cfg, run)
 
 
