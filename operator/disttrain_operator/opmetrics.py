@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+from disttrain_api import metric_names as names
 from prometheus_client import Counter, Gauge, Histogram
 
 JOBS = Gauge("disttrain_operator_jobs", "DistTrainJobs known to this operator, by phase.", ["phase"])
@@ -24,6 +25,14 @@ STATUS_WRITES = Counter(
     "Job status writes: transitions (phase, conditions, restarts) or progress alone (pod counts, steps).",
     ["kind"],
 )
+
+# spec.faultTolerance: replicas replaced alone, and quorums that grew back (Events ReplicaLost, ReplicaJoined).
+FT_REPLICAS_LOST = Counter(names.OP_FT_REPLICAS_LOST, "Fault-tolerant replicas lost and replaced alone.",
+                           ["namespace", "job"])  # fmt: skip
+FT_REPLICAS_JOINED = Counter(names.OP_FT_REPLICAS_JOINED,
+                             "Replicas that joined a fault-tolerant job's quorum again after recovering from a peer.",
+                             ["namespace", "job"])  # fmt: skip
+FT_EVENTS = {"ReplicaLost": FT_REPLICAS_LOST, "ReplicaJoined": FT_REPLICAS_JOINED}
 
 _phases: dict[str, str] = {}
 _lock = threading.Lock()

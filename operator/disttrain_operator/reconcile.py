@@ -179,7 +179,8 @@ class Reconciler:
         all_views = [pod_view(p, now) for p in raw_pods]
         views = [v for v in all_views if v.role == role]
 
-        source = _progress_source(mode, status, views, all_views) if effective is not None else None
+        source = (_progress_source(mode, status, views, all_views, any_replica=effective.fault_tolerant)
+                  if effective is not None else None)  # fmt: skip
         prog = self.scraper.latest(key) if source is not None else None
         taken = self.scraper.taken_at(key) if prog is not None else None
 
@@ -204,9 +205,10 @@ class Reconciler:
         # decides it runs: that reconcile's own status write may be the job's last watch event
         # for a long time (steady pods send none), and the first reading triggers the next one.
         run = plan.spec
-        source = _progress_source(mode, plan.status, views, all_views) if run is not None else None
+        source = (_progress_source(mode, plan.status, views, all_views, any_replica=run.fault_tolerant)
+                  if run is not None else None)  # fmt: skip
         self.scraper.target(key, Endpoint(source.ip, run.metrics.port) if source and source.ip and run else None)
-        servers_seen = any(v.role in (c.ROLE_AGGREGATOR, c.ROLE_SERVER) for v in all_views)
+        servers_seen = any(v.role in (c.ROLE_AGGREGATOR, c.ROLE_SERVER, c.ROLE_LIGHTHOUSE) for v in all_views)
         again = self._apply(key, job, status, plan, views, servers_seen, mono)
         if needs_recheck(obs, plan):
             again = min(again if again is not None else settings.poll_interval_s, settings.poll_interval_s)
@@ -273,7 +275,7 @@ class Reconciler:
         doomed = [pod for pod in plan.delete_pods if pod not in plan.force_delete_pods and uids.get(pod) not in gone]
         kube.each(lambda pod: kube.delete_pod(ns, pod, uids.get(pod, "")), doomed)
         self.expect.expect_deleted(key, [uids[p] for p in doomed if uids.get(p)], mono)
-        if (plan.delete_servers and plan.spec is not None and plan.spec.mode in ("federated", "paramserver")
+        if (plan.delete_servers and plan.spec is not None and topology.server_deployments(plan.spec, name)
                 and (servers_seen or patch)):
             delete_servers(kube, plan.spec, job)
         if not restarting:
@@ -281,6 +283,8 @@ class Reconciler:
         for type_, reason, message in plan.events:
             log.info("%s/%s: %s %s: %s", ns, name, type_, reason, message)
             self.event(job, type_, reason, message)
+            if (counter := opmetrics.FT_EVENTS.get(reason)) is not None:
+                counter.labels(namespace=ns, job=name).inc()
         opmetrics.set_phase(meta["uid"], new.get("phase"))
         if plan.delete_job:
             self.event(job, "Normal", "TTLExpired", "ttlSecondsAfterFinished expired: deleting the job")
@@ -331,9 +335,10 @@ class Reconciler:
         return blocked, delay
 
 
-def _progress_source(mode: str, status: dict[str, Any], views: list[PodView], all_views: list[PodView]
-                     ) -> PodView | None:  # fmt: skip
-    """The running pod whose metrics endpoint tells the job's progress, if the job runs."""
+def _progress_source(mode: str, status: dict[str, Any], views: list[PodView], all_views: list[PodView], *,
+                     any_replica: bool = False) -> PodView | None:  # fmt: skip
+    """The running pod whose metrics endpoint tells the job's progress, if the job runs; with
+    `any_replica` (fault-tolerant replicas, which go on when pod 0 is lost) the lowest-index one."""
     if status.get("phase") != RUNNING:
         return None
     attempt = max([int(status.get("attempt") or 0), *(v.attempt for v in views)])
@@ -341,4 +346,7 @@ def _progress_source(mode: str, status: dict[str, Any], views: list[PodView], al
         # Rounds are counted (and checkpointed) by the aggregator, not by client 0.
         return next((v for v in all_views if v.role == c.ROLE_AGGREGATOR and v.phase == "Running"
                      and not v.deleting), None)
+    if any_replica:
+        return min((v for v in views if v.attempt == attempt and v.phase == "Running" and not v.deleting),
+                   key=lambda v: v.index, default=None)  # fmt: skip
     return next((v for v in views if v.index == 0 and v.attempt == attempt and v.phase == "Running"), None)
