@@ -63,6 +63,10 @@ def sync(spec: JobSpec, c: Checker) -> None:
         c.add("spec.training.gradientCompression",
               f"{spec.training.gradient_compression} compresses every step's gradients; with sync.kind "
               f"{s.kind} no gradient is all-reduced: set gradientCompression: none")
+    if c.ok("spec.checkpoint.intervalSteps", "spec.training.sync.interval") and spec.checkpoint.interval_steps % s.interval:
+        c.add("spec.checkpoint.intervalSteps",
+              f"{spec.checkpoint.interval_steps} must be a multiple of training.sync.interval {s.interval}: a "
+              "checkpoint between two syncs would hold one replica's weights, not the replicas' common model")
     if c.ok("spec.training.steps", "spec.training.sync.interval") and s.interval > spec.training.steps:
         c.add("spec.training.sync.interval",
               f"{s.interval} exceeds training.steps {spec.training.steps}: the replicas would never synchronise")

@@ -32,6 +32,14 @@ class Averager(Protocol):
         ...
 
 
+def replicate(model: nn.Module) -> nn.Module:
+    """Rank 0's parameters and buffers on every rank of the default group (what DDP's wrap does)."""
+    with torch.no_grad():
+        for t in [*model.parameters(), *model.buffers()]:
+            dist.broadcast(t.data, src=0)
+    return model
+
+
 class GroupAverager:
     """Over the default process group (every rank a replica). Never fails softly: a lost peer
     fails the collective, and the gang restarts as in every other collective mode."""

@@ -16,6 +16,7 @@ from ...checkpoints import rank_state
 from ...datasets import GlobalBatchSampler
 from ...models import resolve
 from ...optim import build_optimizer, build_scheduler
+from ...parallel.sync import GroupAverager, OuterSync
 from ...process import stop_request
 from ...process.collective_rank import collective_rank, run_local_ranks
 from ...process.config import ConfigError, TrainerConfig
@@ -79,6 +80,8 @@ def run(cfg: TrainerConfig, *, metrics: Metrics | None = None) -> Summary:
         r = Run(cfg=cfg, ctx=ctx, ds=rank.ds, model=wrapped, inner=inner, comm=comm, optimizer=optimizer,
                 scheduler=scheduler, amp=rank.amp, sampler=sampler, metrics=rank.metrics)  # fmt: skip
         r.scaling.link = link
+        if spec.training.sync.kind != "every-step":  # localsgd / diloco over the gang's process group
+            r.outer = OuterSync(inner, spec.training.sync, GroupAverager())
         keep_until_exit(r)
         resume_newest(r)
         if r.summary is not None and r.step >= spec.training.steps:

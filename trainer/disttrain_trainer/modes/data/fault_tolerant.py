@@ -249,6 +249,8 @@ def _train(r: ReplicaRun, comm: FTComm | None) -> Summary:
             interval, losses = Tally(), []
         if pace:
             time.sleep(pace)
+    if r.outer is not None and not r.outer.due(r.step):
+        _sync(r, series)  # the replicas end on one model
     train_s = time.perf_counter() - start
     if records:
         _log(r, records, interval, losses, series)

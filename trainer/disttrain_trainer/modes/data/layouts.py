@@ -15,7 +15,7 @@ import functools
 
 from torch import nn
 
-from ...parallel import ddp, hybrid
+from ...parallel import ddp, hybrid, sync
 from ...parallel.comm_profile import ProfiledComm
 from ...parallel.ddp import CommClock
 from ...parallel.hybrid import is_sharded
@@ -47,7 +47,10 @@ def rng_stream(cfg: TrainerConfig, rank: int) -> int:
 
 
 def apply(model: nn.Module, *, mesh: DistContext, cfg: TrainerConfig) -> nn.Module:
-    """Wrap `model` for cfg.spec.mode."""
+    """Wrap `model` for cfg.spec.mode; with training.sync localsgd / diloco it stays a plain module
+    (rank 0's weights on every rank), synchronised every interval steps (parallel/sync.py)."""
+    if cfg.spec.training.sync.kind != "every-step":
+        return sync.replicate(model.to(mesh.device))
     if on_mesh(cfg):
         lay = layout(cfg)
         return hybrid.apply_layout(model, mesh=build_mesh(lay, mesh.device.type), layout=lay, device=mesh.device)
