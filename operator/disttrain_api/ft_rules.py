@@ -15,8 +15,9 @@ from .rule_checker import Checker
 # faultTolerance; README "Fault tolerance" says the same.
 FSDP_REASON = (
     "fsdp (HSDP with a fault-tolerant replicated dimension) is not supported with faultTolerance: a replica "
-    "group here is one process, and torchft 0.2.0 ships no device mesh for a sharded group (its "
-    "ManagedDeviceMesh was removed); use dataStrategy ddp, or turn faultTolerance off"
+    "group here is one process, and torchft 0.2.0 has no device mesh for a sharded group (its "
+    "ManagedDeviceMesh was removed, meta-pytorch/torchft#289, as it relied on DeviceMesh's private API); "
+    "use dataStrategy ddp, or turn faultTolerance off"
 )
 
 

@@ -5,7 +5,8 @@ torchft 0.2.0's own `torchft.DistributedDataParallel` is not used: its comm hook
 (`assert fut._fut`, ddp.py:76) when the all-reduce fails synchronously, which gloo does when a
 peer dies mid-step ("Connection reset by peer") - the survivors would crash on exactly the failure
 they must survive (reproduced with SIGKILL of a replica mid-step; still so on torchft main,
-7eb7087). Here the hook waits for the Manager's work (which records a failure in the Manager:
+7eb7087: meta-pytorch/torchft#287 made `_ManagedWork.wait` catch the error and return False, but
+the future the hook then asserts on is set only after a successful wait). Here the hook waits for the Manager's work (which records a failure in the Manager:
 the step is then not committed) and hands DDP the bucket back either way.
 
 The wait inside the hook blocks backward, so the all-reduce is exposed communication (busy =
