@@ -42,11 +42,13 @@ HEARTBEAT_S = 3
 
 
 def manifest(name: str, *, model: str, replicas: int, steps: int, ft: bool, ckpt_every: int, min_replicas: int = 1,
-             sync: dict[str, Any] | None = None, log_every: int = 1, eval_every: int = 0) -> str:  # fmt: skip
+             sync: dict[str, Any] | None = None, log_every: int = 1, eval_every: int = 0, lr: float = 0.002,
+             init: Path | None = None) -> str:  # fmt: skip
     if model == "gpt":
-        body = (f"  model: {{name: gpt, hidden: 64, layers: 2, heads: 4, blockSize: 64}}\n"
+        start = f", init: {json.dumps(str(init))}" if init else ""
+        body = (f"  model: {{name: gpt, hidden: 64, layers: 2, heads: 4, blockSize: 64{start}}}\n"
                 f"  data: {{name: pytext, batchSize: {8 * replicas}, seed: 0}}\n"
-                f"  optimizer: {{name: adamw, lr: 0.002, scaleLR: none, warmupSteps: 20, decay: cosine, minLRRatio: 0.1}}\n")  # fmt: skip
+                f"  optimizer: {{name: adamw, lr: {lr}, scaleLR: none, warmupSteps: 20, decay: cosine, minLRRatio: 0.1}}\n")  # fmt: skip
     else:
         body = (f"  model: {{name: mlp, hidden: 128, layers: 2}}\n"
                 f"  data: {{name: digits, batchSize: {32 * replicas}, seed: 0}}\n"
@@ -239,9 +241,21 @@ def correct(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
 
 def diloco(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
     out = []
-    for name, sync in (("every-step", None), ("diloco", {"kind": "diloco", "interval": args.interval})):
+    outer = {"name": args.outer, "lr": args.outer_lr, "momentum": args.outer_momentum}
+    init = None
+    if args.pretrain:  # the DiLoCo paper's setting: both continue from the same pretrained weights
+        pre = Local(work, "pretrain", manifest("pretrain", model="gpt", replicas=args.replicas, steps=args.pretrain,
+                                               ft=False, ckpt_every=args.pretrain, log_every=args.interval))  # fmt: skip
+        pre.finish()
+        init = pre.run_dir / "checkpoints" / "pretrain" / "export"
+        out.append({"case": "pretrain", "steps": args.pretrain, "valLoss": pre.summary().get("valLoss")})
+        print(json.dumps(out[-1]), flush=True)
+    cases = [("every-step", None)] if not args.diloco_only else []
+    cases.append(("diloco", {"kind": "diloco", "interval": args.interval, "outerOptimizer": outer}))
+    for name, sync in cases:
         run = Local(work, name, manifest(name, model="gpt", replicas=args.replicas, steps=args.steps, ft=False,
-                                         ckpt_every=args.steps, sync=sync, log_every=args.interval))  # fmt: skip
+                                         ckpt_every=args.steps, sync=sync, log_every=args.interval,
+                                         lr=args.inner_lr if sync else 0.002, init=init))  # fmt: skip
         run.finish()
         s = run.summary()
         moved = sum(r["gradient_bytes"] * r["steps"] for r in run.records())
@@ -249,7 +263,10 @@ def diloco(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
                     "gradientBytesMetric": moved, "trainS": round(s.get("trainS", 0.0), 1),
                     "commExposedFraction": s.get("commExposedFraction")})  # fmt: skip
         print(json.dumps(out[-1]), flush=True)
-    a, b = out
+    runs = [o for o in out if o["case"] in ("every-step", "diloco")]
+    if len(runs) < 2:
+        return out
+    a, b = runs
     out.append({"case": "diloco vs every-step", "valLossRatio": b["valLoss"] / a["valLoss"],
                 "bytesRatio": a["gradientBytesMetric"] / b["gradientBytesMetric"]})  # fmt: skip
     print(json.dumps(out[-1]), flush=True)
@@ -266,6 +283,12 @@ def main() -> None:
     p.add_argument("--kill-every", type=float, default=120.0)
     p.add_argument("--ckpt-every", type=int, default=100)
     p.add_argument("--interval", type=int, default=50)
+    p.add_argument("--outer", choices=("nesterov", "sgd"), default="nesterov")
+    p.add_argument("--outer-lr", type=float, default=0.7)
+    p.add_argument("--outer-momentum", type=float, default=0.9)
+    p.add_argument("--pretrain", type=int, default=0, help="diloco: steps of every-step DDP both runs start from")
+    p.add_argument("--inner-lr", type=float, default=0.002, help="diloco's inner AdamW lr (every-step: 0.002)")
+    p.add_argument("--diloco-only", action="store_true", help="skip the every-step reference (a sweep)")
     p.add_argument("--seed", type=int, default=43)
     p.add_argument("--json", type=Path)
     args = p.parse_args()
