@@ -214,27 +214,33 @@ def correct(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
     steps = args.steps
     exports, rates = {}, {}
     for name, ft in (("plain", False), ("ft", True)):
-        run = Local(work, name, manifest(name, model="mlp", replicas=args.replicas, steps=steps, ft=ft,
+        run = Local(work, name, manifest(name, model=args.model, replicas=args.replicas, steps=steps, ft=ft,
                                          ckpt_every=steps, log_every=10))  # fmt: skip
         run.finish()
         exports[name] = load_file(run.run_dir / "checkpoints" / name / "export" / "model.safetensors")
         recs = run.records()[2:]  # steady state
         rates[name] = sum(r["samples_per_s"] * r["steps"] for r in recs) / max(1, sum(r["steps"] for r in recs))
-        out.append({"case": name, "testAccuracy": run.summary().get("testAccuracy"), "samplesPerSPerRank": rates[name]})
+        out.append({"case": name, "testAccuracy": run.summary().get("testAccuracy"), "valLoss": run.summary().get("valLoss"),
+                    "samplesPerSPerRank": rates[name]})  # fmt: skip
         print(json.dumps(out[-1]), flush=True)
     diff = max(float((exports["ft"][k] - exports["plain"][k]).abs().max()) for k in exports["ft"])
     out.append({"case": "ft vs plain", "maxParamDiff": diff, "stepCostRatio": rates["ft"] / rates["plain"]})
     print(json.dumps(out[-1]), flush=True)
     name = "ft-kill"
-    run = Local(work, name, manifest(name, model="mlp", replicas=args.replicas, steps=steps, ft=True,
+    run = Local(work, name, manifest(name, model=args.model, replicas=args.replicas, steps=steps, ft=True,
                                      ckpt_every=steps, log_every=10))  # fmt: skip
     run.wait_step(steps // 4)
     run.kill(1)
     run.finish()
     digests = {json.loads(p.read_text())["paramsSha256"] for p in run.run_dir.glob("replica*.json")}
-    acc = run.summary().get("testAccuracy")
-    out.append({"case": name, "replicasIdentical": len(digests) == 1, "testAccuracy": acc,
-                "accuracyPointsBelowUninterrupted": round(100 * (out[1]["testAccuracy"] - acc), 2)})  # fmt: skip
+    s = run.summary()
+    acc, loss = s.get("testAccuracy"), s.get("valLoss")
+    row: dict[str, Any] = {"case": name, "replicasIdentical": len(digests) == 1, "testAccuracy": acc, "valLoss": loss}
+    if acc is not None:
+        row["accuracyPointsBelowUninterrupted"] = round(100 * (out[1]["testAccuracy"] - acc), 2)
+    else:
+        row["valLossVsUninterrupted"] = loss / out[1]["valLoss"]
+    out.append(row)
     print(json.dumps(out[-1]), flush=True)
     return out
 

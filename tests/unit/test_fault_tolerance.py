@@ -120,7 +120,10 @@ class _FailedWork:
 
 
 class _Manager:
-    def allreduce(self, t: torch.Tensor) -> _FailedWork:
+    def num_participants(self) -> int:
+        return 2
+
+    def allreduce(self, t: torch.Tensor, reduce_op: object = None) -> _FailedWork:
         t.fill_(float("nan"))  # a failed all-reduce leaves garbage; the step is then not committed
         return _FailedWork()
 

@@ -54,9 +54,11 @@ class FTComm:
 def _hook(state: FTComm, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     buf = bucket.buffer()
     start = time.perf_counter()
-    # The Manager averages over the participants (SUM, then / num_participants); after an error
-    # it returns a no-op work and the step is not committed (should_commit is False).
-    work = state.manager.allreduce(buf)
+    # The mean over the quorum's replicas, divided before the sum as DDP's own all-reduce does (the
+    # same rounding: without a failure the parameters equal plain DDP's). After an error the Manager
+    # returns a no-op work and the step is not committed (should_commit is False).
+    buf.div_(max(1, state.manager.num_participants()))
+    work = state.manager.allreduce(buf, reduce_op=dist.ReduceOp.SUM)
     work.wait()
     state.allreduce_s += time.perf_counter() - start
     state.bytes += buf.numel() * buf.element_size()

@@ -30,6 +30,8 @@ from . import layouts
 from .loop import checkpoint_on_stop, train
 from .run_state import Run, resume_newest
 
+RUST_LOG = "RUST_LOG"
+
 
 def check_supported(cfg: TrainerConfig) -> None:
     """Fail fast, before any process group exists, on what this mode cannot run."""
@@ -47,6 +49,10 @@ def check_supported(cfg: TrainerConfig) -> None:
 def main(cfg: TrainerConfig) -> Summary | None:
     """The mode's entry (modes/__init__.py): every local rank of this pod; with spec.faultTolerance
     this pod's replica (fault_tolerant.py), or the job's lighthouse (role lighthouse)."""
+    if cfg.spec.fault_tolerant:
+        # torchft's own (Rust) log says INFO for every quorum and commit, several lines a step: only
+        # its warnings, unless the user asks (RUST_LOG=info); the trainer logs quorum changes itself.
+        os.environ.setdefault(RUST_LOG, "warn")
     if os.environ.get(C.ENV_ROLE) == C.ROLE_LIGHTHOUSE:
         from . import lighthouse  # noqa: PLC0415 - torchft, only in this role
 

@@ -32,6 +32,9 @@ class ReplicaSeries:
             self.size.set(size)
             self.id.set(qid)
         if (size, qid) != self._last:
+            if self._last is not None and size != self._last[0]:
+                print(f"disttrain-trainer: quorum {self._last[0]} -> {size} replicas at step {manager.current_step()} "
+                      f"(quorum {qid})", flush=True)  # fmt: skip
             self._last = (size, qid)
             self.metrics.write({"event": "quorum", "step": manager.current_step(), "quorum": size, "quorum_id": qid})
 
