@@ -20,18 +20,14 @@ to the quorum's step by a live peer if the others are ahead.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import torch
 from disttrain_api import constants as C
-from disttrain_api import exitcodes
 
 from ...checkpoints import rank_state
 from ...datasets import GlobalBatchSampler, next_batch
@@ -55,35 +51,12 @@ from ...run_common import (
 from ...telemetry.model_flops import throughput_fields
 from ...telemetry.step_metrics import Metrics, StepRecord, Tally, ends_interval, fold_steps
 from ...weights.export import export_on_rank0
-from . import ft_checkpoints, ft_replica
+from . import ft_checkpoints, ft_quorum, ft_replica
 from .ft_state import ReplicaRun, params_digest, quorum_lr_factor
 from .ft_telemetry import ReplicaSeries
 
 REPLICA_FILE = "replica{replica}.json"  # in the run dir: what each replica ended with (tests, benchmarks)
 # How long a starting gang waits for all its replicas before it trains with those there (_gather).
-START_WAIT_S = 60.0
-GATHER_POLL_S = 0.5
-# Set while this replica waits for the others (a quorum): a stop request then ends the process at
-# once, as in start-up (process/stop_request.py). Waiting, it holds nothing the checkpoint or the
-# live peers do not, and the quorum it waits for may never come (fewer than minReplicas left).
-_waiting = threading.Event()
-
-
-def _leave_if_waiting() -> None:
-    if _waiting.is_set():
-        os.write(2, b"disttrain-trainer: stopped on request while waiting for a quorum\n")
-        os._exit(exitcodes.STOPPED)
-
-
-@contextlib.contextmanager
-def _for_peers() -> Iterator[None]:
-    _waiting.set()
-    try:
-        yield
-    finally:
-        _waiting.clear()
-
-
 def run(cfg: TrainerConfig) -> Summary | None:
     wall0 = time.perf_counter()
     spec = cfg.spec
@@ -121,7 +94,7 @@ def run(cfg: TrainerConfig) -> Summary | None:
                                             bucket_cap_mb=spec.training.bucket_cap_mb)  # fmt: skip
             else:
                 r.outer.averager = ManagerAverager(r.manager)
-            remove = stop_request.on_request(_leave_if_waiting)
+            remove = stop_request.on_request(ft_quorum.leave_if_waiting)
             try:
                 with stop_request.deferred():
                     summary = _train(r, comm)
@@ -191,17 +164,18 @@ def _train(r: ReplicaRun, comm: FTComm | None) -> Summary:
     alone_before = False  # the quorum's rank 0 checkpointed or evaluated after the previous step
     pace = float(os.environ.get(C.ENV_FAULT_STEP_SLEEP) or 0.0)  # tests only (constants.py)
     start = time.perf_counter()
-    _gather(r, series)
+    if r.outer is None:  # (LocalSGD / DiLoCo: the first sync below; a replica late for it joins at the next)
+        ft_quorum.gather(r, series)
     committed_batches0 = r.manager.batches_committed()
     if r.outer is not None:
-        _sync(r, series)  # the first quorum: a replica that joins a running job recovers here
+        ft_quorum.sync(r, series)  # the first quorum: a replica that joins a running job recovers here
     while r.step < steps:
         if stop_request.requested():
             _stop(r)
         t0 = time.perf_counter()
         quorum_s = 0.0
         if gate is not None:
-            _, quorum_s = _quorum(r, series)
+            _, quorum_s = ft_quorum.step_quorum(r, series)
             gate.factor = quorum_lr_factor(spec.optimizer.scale_lr, r.manager.num_participants(), r.replica.replicas)
         before = r.sampler.state_dict()
         td = time.perf_counter()
@@ -227,7 +201,7 @@ def _train(r: ReplicaRun, comm: FTComm | None) -> Summary:
         if alone_before:  # the quorum waited for rank 0's checkpoint or evaluation: idle, not communication
             idle, exposed = quorum_s, max(0.0, exposed - quorum_s)
         if r.outer is not None and r.outer.due(step):
-            exposed += _sync(r, series)
+            exposed += ft_quorum.sync(r, series)
         last_loss = res.loss
         losses.append(res.loss)
         ti = time.perf_counter()
@@ -250,7 +224,7 @@ def _train(r: ReplicaRun, comm: FTComm | None) -> Summary:
         if pace:
             time.sleep(pace)
     if r.outer is not None and not r.outer.due(r.step):
-        _sync(r, series)  # the replicas end on one model
+        ft_quorum.sync(r, series)  # the replicas end on one model
     train_s = time.perf_counter() - start
     if records:
         _log(r, records, interval, losses, series)
@@ -285,31 +259,6 @@ def _train(r: ReplicaRun, comm: FTComm | None) -> Summary:
     return summary
 
 
-def _gather(r: ReplicaRun, series: ReplicaSeries) -> None:
-    """A gang that starts (fresh, or from the checkpoint after a gang restart) waits up to START_WAIT_S
-    for all its replicas before the first step, as DDP's rendezvous would: the lighthouse forms a
-    quorum as soon as minReplicas ask, and replicas still importing torch would miss the first steps.
-    A quorum that is not complete is voted down (nothing trained) and asked again. A replica that
-    finds the others ahead of it is a replacement: it recovers from them in the quorum and goes on."""
-    deadline = time.monotonic() + START_WAIT_S
-    while True:
-        start = time.perf_counter()
-        with _for_peers():
-            r.manager.start_quorum()
-        if r.healed:
-            r.healed = False
-            r.note_recovery(time.perf_counter() - start)
-            series.recovered(r.recovery_s)
-            return
-        n = r.manager.num_participants()
-        if n >= r.replica.replicas or time.monotonic() >= deadline:
-            series.quorum(r.manager)
-            return
-        r.manager.report_error(RuntimeError(f"waiting for all {r.replica.replicas} replicas (quorum {n})"))
-        r.manager.should_commit()
-        time.sleep(GATHER_POLL_S)
-
-
 def _participants(r: ReplicaRun) -> int:
     return int(r.manager.num_participants()) if r.manager is not None else 0
 
@@ -317,43 +266,6 @@ def _participants(r: ReplicaRun) -> int:
 def _rank0(r: ReplicaRun) -> bool:
     """Whether this replica is rank 0 of the latest quorum (it checkpoints and evaluates)."""
     return r.manager.participating_rank() == 0
-
-
-def _quorum(r: ReplicaRun, series: ReplicaSeries) -> tuple[None, float]:
-    """The next step's quorum; a replica behind the others recovers their state inside it."""
-    start = time.perf_counter()
-    with _for_peers():
-        r.manager.start_quorum()
-    seconds = time.perf_counter() - start
-    if r.healed:
-        r.healed = False
-        r.note_recovery(seconds)
-        series.recovered(seconds)
-    series.quorum(r.manager)
-    return None, seconds
-
-
-def _sync(r: ReplicaRun, series: ReplicaSeries) -> float:
-    """A LocalSGD / DiLoCo synchronisation (its quorum included); returns its seconds."""
-    assert r.outer is not None and isinstance(r.outer.averager, ManagerAverager)
-
-    def on_quorum() -> None:
-        if r.healed:
-            r.healed = False
-            r.note_recovery(time.perf_counter() - began)
-            series.recovered(r.recovery_s)
-        series.quorum(r.manager)
-
-    r.outer.averager.on_quorum = on_quorum
-    began = time.perf_counter()
-    with _for_peers():
-        res = r.outer.sync()
-    if not res.committed:
-        r.discarded += 1
-        series.discarded()
-    else:
-        series.synced(res.bytes)
-    return res.comm.exposed_s
 
 
 def _log(r: ReplicaRun, records: list[StepRecord], interval: Tally, losses: list[torch.Tensor],

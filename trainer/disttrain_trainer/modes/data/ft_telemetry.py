@@ -26,17 +26,18 @@ class ReplicaSeries:
                                           "or pseudo-gradients).")  # fmt: skip
         self._last: tuple[int, int] | None = None
 
-    def quorum(self, manager: Any) -> None:
+    def quorum(self, manager: Any, step: int) -> None:
+        """The quorum this replica trains in from training step `step` on."""
         size, qid = int(manager.num_participants()), int(manager._quorum_id)  # noqa: SLF001 - torchft keeps it private
         if self.metrics.enabled:
             self.size.set(size)
             self.id.set(qid)
         if (size, qid) != self._last:
             if self._last is not None and size != self._last[0]:
-                print(f"disttrain-trainer: quorum {self._last[0]} -> {size} replicas at step {manager.current_step()} "
+                print(f"disttrain-trainer: quorum {self._last[0]} -> {size} replicas at step {step} "
                       f"(quorum {qid})", flush=True)  # fmt: skip
             self._last = (size, qid)
-            self.metrics.write({"event": "quorum", "step": manager.current_step(), "quorum": size, "quorum_id": qid})
+            self.metrics.write({"event": "quorum", "step": step, "quorum": size, "quorum_id": qid})
 
     def discarded(self) -> None:
         if self.metrics.enabled:
