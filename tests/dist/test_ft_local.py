@@ -30,6 +30,7 @@ from safetensors.torch import load_file
 pytestmark = pytest.mark.dist
 
 HEARTBEAT_S = 2
+PACE_S = 0.1
 
 
 def manifest(name: str, *, replicas: int, min_replicas: int, steps: int, ckpt_every: int, ft: bool = True) -> str:
@@ -110,7 +111,7 @@ def replicas_agree(run_dir: Path, replicas: int, steps: int) -> list[dict[str, A
 def test_a_killed_replica_leaves_a_smaller_quorum_then_rejoins(tmp_path: Path) -> None:
     steps = 120
     proc, run_dir = start(tmp_path, manifest("ftkill", replicas=3, min_replicas=2, steps=steps, ckpt_every=40),
-                          "ftkill", pace_s=0.1)  # fmt: skip
+                          "ftkill", pace_s=PACE_S)  # fmt: skip
     killed = kill_at(proc, run_dir, rank=1, step=15)
     out = finish(proc)
     assert "replica 1 lost" in out and "the other 2 go on at a smaller quorum" in out, out[-3000:]
@@ -121,8 +122,13 @@ def test_a_killed_replica_leaves_a_smaller_quorum_then_rejoins(tmp_path: Path) -
         assert numbers == list(range(1, steps + 1)), "a survivor trained a step twice, or skipped one"
         smaller = [r for r in steps_seen if r["time"] > killed and r["quorum"] == 2]
         assert smaller, "the survivors never trained at the smaller quorum"
-        assert smaller[0]["time"] - killed <= HEARTBEAT_S + 2, f"survivor {survivor} stepped again after " \
-            f"{smaller[0]['time'] - killed:.1f} s"
+        # heartbeatTimeoutSeconds + 2 s, plus what the host's load adds: ten of the survivor's own steps
+        # (their pace aside) at the speed the host gave it just before the kill (~0.1 s in all, idle).
+        before = [r["step_s"] for r in steps_seen if r["time"] <= killed][-10:]
+        slowdown = 10 * sorted(before)[len(before) // 2] if before else 0.0
+        took = smaller[0]["time"] - killed
+        assert took <= HEARTBEAT_S + 2 + slowdown, f"survivor {survivor} stepped again after {took:.1f} s " \
+            f"(allowed {HEARTBEAT_S + 2 + slowdown:.1f} s, load average {os.getloadavg()[0]:.0f})"
         assert any(r["time"] > smaller[0]["time"] and r["quorum"] == 3 for r in steps_seen), "the replacement never rejoined"
     ends = replicas_agree(run_dir, 3, steps)
     assert ends[1]["recoveries"] >= 1  # from a live peer, not from the checkpoint
