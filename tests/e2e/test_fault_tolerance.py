@@ -53,3 +53,7 @@ def test_deleted_replica_pod_leaves_a_smaller_quorum_then_rejoins(kubectl: Kubec
     assert st["result"]["replicaMaxAbsDiff"] == 0.0, st["result"]
     now = {p["metadata"]["name"]: p["metadata"]["uid"] for p in kubectl.pods(namespace, name)}
     assert all(now.get(pod) in (uid, None) for pod, uid in survivor.items())  # the survivor was never replaced
+    kubectl.wait_for("the lighthouse deleted with the finished job", lambda: not any(
+        d["metadata"]["name"] == f"{name}-lighthouse" and not d["metadata"].get("deletionTimestamp")
+        for d in kubectl.json("get", "deployments", "-n", namespace, "-l", f"disttrain.dev/job-name={name}")["items"]),
+        timeout=60)  # fmt: skip
