@@ -95,6 +95,15 @@ LABEL_MODE = "disttrain.dev/mode"
 # Mesh layout of a gang, for humans (kubectl describe): "dp=2,pp=2,tp=1".
 ANNOTATION_MESH = "disttrain.dev/mesh"
 
+# --- fault-tolerant data parallel (spec.faultTolerance) ----------------------
+# Each worker pod is a replica group of its own: MASTER_ADDR is the pod's own address (its group's
+# store, and the address peers reach its manager, checkpoint server and all-reduce at), WORLD_SIZE
+# the group's size (1), NODE_RANK the replica index. The job's lighthouse (torchft's quorum
+# server) runs as role lighthouse; replicas find it in torchft's own variable.
+ENV_FT_LIGHTHOUSE = "TORCHFT_LIGHTHOUSE"  # http://host:port
+ROLE_LIGHTHOUSE = "lighthouse"
+DEFAULT_LIGHTHOUSE_PORT = 29510
+
 # --- object storage (spec.objectStore): the names boto3 / s3fs read ------------
 # From the Secret spec.objectStore.credentialsSecret (secretKeyRef: the operator never reads it).
 ENV_AWS_ACCESS_KEY_ID = "AWS_ACCESS_KEY_ID"
@@ -108,5 +117,8 @@ OBJECT_STORE_SCHEME = "s3://"
 # --- trainer test hooks (fault injection; never set in production) ------------
 # Step number: rank 0 hard-kills itself (SIGKILL) halfway through writing that step's checkpoint.
 ENV_FAULT_KILL_IN_CHECKPOINT = "DISTTRAIN_FAULT_KILL_IN_CHECKPOINT"
+# Seconds a fault-tolerant replica sleeps after each committed step: paces a cheap run so that a
+# test's kill lands mid-run and a replacement (seconds to start) rejoins before the end.
+ENV_FAULT_STEP_SLEEP = "DISTTRAIN_FAULT_STEP_SLEEP_S"
 # Where datasets are packed into shard files (default: <tmp>/disttrain-data).
 ENV_DATA_CACHE = "DISTTRAIN_DATA_CACHE"

@@ -43,10 +43,15 @@ COMM_EXPOSED_FRACTION = PREFIX + "comm_exposed_fraction"
 # telemetry/finish_estimate.py): the ETA adds them (disttrain_api/progress.py).
 FINISH_SECONDS = PREFIX + "finish_seconds"
 
+# A fault-tolerant replica (spec.faultTolerance): the replicas in the quorum of its latest step and
+# the lighthouse's id of that quorum (it changes with the quorum's members): status.replicaGroups.
+FT_QUORUM_SIZE = PREFIX + "ft_quorum_replicas"
+FT_QUORUM_ID = PREFIX + "ft_quorum_id"
+
 # Series the operator reads from rank 0's /metrics for status.step / lastCheckpointStep /
-# commFraction / progress / hint.
+# commFraction / progress / hint / replicaGroups.
 PROGRESS_SERIES = (STEP, LAST_CHECKPOINT_STEP, COMM_SECONDS_TOTAL, STEP_SECONDS_SUM, MFU, COMM_EXPOSED_FRACTION,
-                   FINISH_SECONDS)  # fmt: skip
+                   FINISH_SECONDS, FT_QUORUM_SIZE, FT_QUORUM_ID)  # fmt: skip
 
 # Beside /metrics, a data-parallel rank 0 serves the scaling forecast's inputs as measured so far
 # (a JSON object shaped like its summary: mode, layout, worldSize, ..., scaling): the operator
@@ -108,6 +113,16 @@ CHECKPOINT_STALL_SECONDS = PREFIX + "checkpoint_stall_seconds"  # the loop's pau
 CHECKPOINT_WRITE_SECONDS = PREFIX + "checkpoint_write_seconds"  # the background write
 CHECKPOINT_BYTES = PREFIX + "checkpoint_bytes"
 
+# --- fault-tolerant data parallel and LocalSGD / DiLoCo (spec.faultTolerance, training.sync) ---
+# Trainer gauges and counters, per replica.
+# FT_QUORUM_SIZE, FT_QUORUM_ID: with the progress series above.
+FT_STEPS_DISCARDED = PREFIX + "ft_steps_discarded"  # step attempts not committed (a peer failed mid-step)
+FT_RECOVERIES = PREFIX + "ft_recoveries"  # times this replica received the state of a live peer
+FT_RECOVERY_SECONDS = PREFIX + "ft_recovery_seconds"  # how long the last such recovery took
+# Bytes of parameters (localsgd) or pseudo-gradients (diloco) all-reduced by the outer synchronisations.
+SYNC_BYTES = PREFIX + "sync_bytes"
+# The operator's counters of fault-tolerant replicas: OPERATOR_FT_* below.
+
 # --- federated mode (aggregator and client processes) -------------------------
 FED_ROUND = PREFIX + "federated_round"
 FED_ROUND_SECONDS = PREFIX + "federated_round_seconds"
@@ -162,3 +177,6 @@ OPERATOR_RECONCILE_ERRORS = OPERATOR_PREFIX + "reconcile_errors"  # counter
 OPERATOR_GANG_RESTARTS = OPERATOR_PREFIX + "gang_restarts"  # counter, by reason
 OPERATOR_API_REQUESTS = OPERATOR_PREFIX + "api_requests"  # counter, by verb and resource
 OPERATOR_STATUS_WRITES = OPERATOR_PREFIX + "status_writes"  # counter, by kind
+# Counters (labels namespace, job): fault-tolerant replicas lost and replaced alone; quorum regrowths.
+OPERATOR_FT_REPLICAS_LOST = OPERATOR_PREFIX + "ft_replicas_lost"
+OPERATOR_FT_REPLICAS_JOINED = OPERATOR_PREFIX + "ft_replicas_joined"

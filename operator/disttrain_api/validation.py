@@ -2,7 +2,7 @@
 
 The model (model/) checks each field on its own (types, ranges, enums, patterns); this
 module checks how fields fit together — degrees against the world size, batch
-splits, mode-specific blocks, model shapes. Every error names the field path to
+splits, mode-specific blocks, fault tolerance and sync (ft_rules.py), model shapes. Every error names the field path to
 change and says what is wrong with the numbers involved, and all of them are
 reported at once. The rules live by concern in layout_rules.py, data_rules.py, mode_block_rules.py,
 compute_rules.py and pod_rules.py; this module runs them, and checks every size of the elastic range. The CLI
@@ -22,6 +22,7 @@ from typing import Any
 from disttrain_api import (
     compute_rules,
     data_rules,
+    ft_rules,
     layout_rules,
     mode_block_rules,
     object_store_rules,
@@ -105,6 +106,8 @@ def validate_spec(spec: JobSpec, *, skip: Iterable[FieldError] = ()) -> list[Fie
     layout_rules.strategies(spec, c)
     mode_block_rules.mode_blocks(spec, c)
     mode_block_rules.channel_security(spec, c)
+    ft_rules.fault_tolerance(spec, c)
+    ft_rules.sync(spec, c)
     _elastic(spec, c)
     layout_rules.devices(spec, c)
     compute_rules.compute(spec, c)

@@ -26,6 +26,14 @@ STATUS_WRITES = Counter(
     ["kind"],
 )
 
+# spec.faultTolerance: replicas replaced alone, and quorums that grew back (Events ReplicaLost, ReplicaJoined).
+FT_REPLICAS_LOST = Counter(n.OPERATOR_FT_REPLICAS_LOST, "Fault-tolerant replicas lost and replaced alone.",
+                           ["namespace", "job"])  # fmt: skip
+FT_REPLICAS_JOINED = Counter(n.OPERATOR_FT_REPLICAS_JOINED,
+                             "Replicas that joined a fault-tolerant job's quorum again after recovering from a peer.",
+                             ["namespace", "job"])  # fmt: skip
+FT_EVENTS = {"ReplicaLost": FT_REPLICAS_LOST, "ReplicaJoined": FT_REPLICAS_JOINED}
+
 _phases: dict[str, str] = {}
 _lock = threading.Lock()
 PHASES = ("Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended")

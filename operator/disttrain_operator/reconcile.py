@@ -142,7 +142,8 @@ class Reconciler:
         all_views = [pod_view(p, now) for p in raw_pods]
         views = [v for v in all_views if v.role == role]
 
-        source = _progress_source(mode, status, views, all_views, key, meta["uid"]) if effective is not None else None
+        source = (_progress_source(mode, status, views, all_views, key, meta["uid"], any_replica=effective.fault_tolerant)
+                  if effective is not None else None)  # fmt: skip
         prog = self.scraper.latest(key) if source is not None else None
         taken = self.scraper.taken_at(key) if prog is not None else None
 
@@ -170,9 +171,10 @@ class Reconciler:
         # decides it runs: that reconcile's own status write may be the job's last watch event
         # for a long time (steady pods send none), and the first reading triggers the next one.
         run = plan.spec
-        source = _progress_source(mode, plan.status, views, all_views, key, meta["uid"]) if run is not None else None
+        source = (_progress_source(mode, plan.status, views, all_views, key, meta["uid"], any_replica=run.fault_tolerant)
+                  if run is not None else None)  # fmt: skip
         self.scraper.target(key, Endpoint(source.ip, run.metrics.port) if source and source.ip and run else None)
-        servers_seen = any(v.role in (c.ROLE_AGGREGATOR, c.ROLE_SERVER) for v in all_views)
+        servers_seen = any(v.role in (c.ROLE_AGGREGATOR, c.ROLE_SERVER, c.ROLE_LIGHTHOUSE) for v in all_views)
         again = self._apply(key, job, status, plan, views, servers_seen, mono)
         if needs_recheck(obs, plan):
             again = min(again if again is not None else settings.poll_interval_s, settings.poll_interval_s)
@@ -272,7 +274,7 @@ class Reconciler:
                   and uids[pod] not in gone]  # fmt: skip
         kube.each(lambda pod: kube.delete_pod(ns, pod, uids[pod]), doomed)
         self.expect.expect_deleted(key, [uids[p] for p in doomed], mono)
-        if (plan.delete_servers and plan.spec is not None and plan.spec.mode in ("federated", "paramserver")
+        if (plan.delete_servers and plan.spec is not None and topology.server_deployments(plan.spec, name)
                 and (servers_seen or patch)):
             delete_servers(kube, plan.spec, job)
         if not restarting:
@@ -280,6 +282,8 @@ class Reconciler:
         for type_, reason, message in plan.events:
             log.info("%s/%s: %s %s: %s", ns, name, type_, reason, message)
             self.event(job, type_, reason, message)
+            if (counter := opmetrics.FT_EVENTS.get(reason)) is not None:
+                counter.labels(namespace=ns, job=name).inc()
         opmetrics.set_phase(meta["uid"], new.get("phase"))
         if plan.delete_job:
             self.event(job, "Normal", "TTLExpired", "ttlSecondsAfterFinished expired: deleting the job")
@@ -379,9 +383,10 @@ class Reconciler:
 
 
 def _progress_source(mode: str, status: dict[str, Any], views: list[PodView], all_views: list[PodView],
-                     key: JobKey, uid: str) -> PodView | None:  # fmt: skip
+                     key: JobKey, uid: str, *, any_replica: bool = False) -> PodView | None:  # fmt: skip
     """The running pod whose metrics endpoint tells the job's progress, if the job runs: one of the
-    job's own (a pod that merely carries the job's labels is never read)."""
+    job's own (a pod that merely carries the job's labels is never read); with `any_replica`
+    (fault-tolerant replicas, which go on when pod 0 is lost) the lowest-index one."""
     if status.get("phase") != RUNNING:
         return None
     ours = [v for v in views if v.owner_uid == uid]
@@ -393,4 +398,7 @@ def _progress_source(mode: str, status: dict[str, Any], views: list[PodView], al
         return next((v for v in all_views if v.role == c.ROLE_AGGREGATOR and v.phase == "Running"
                      and not v.deleting and v.owner_kind == "ReplicaSet" and v.owner_name.startswith(replica_sets)),
                     None)  # fmt: skip
+    if any_replica:
+        return min((v for v in ours if v.attempt == attempt and v.phase == "Running" and not v.deleting),
+                   key=lambda v: v.index, default=None)  # fmt: skip
     return next((v for v in ours if v.index == 0 and v.attempt == attempt and v.phase == "Running"), None)

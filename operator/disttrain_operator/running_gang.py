@@ -18,7 +18,7 @@ from disttrain_api.model import JobSpec
 from disttrain_api.scaling import hint as scaling
 from disttrain_api.validation import valid_sizes
 
-from . import checkpoint_status, job_secrets
+from . import checkpoint_status, job_secrets, replica_groups
 from .decision import (
     DISRUPTED,
     FAILED,
@@ -62,6 +62,8 @@ def decide_running(b: StatusBuilder, finish: Callable[..., Plan], plan: dict[str
     gang = {p.index: p for p in current}
     missing = [i for i in range(replicas) if i not in gang]
     reasons = [r for p in current if (r := failure(p, obs.node_lost_after_s))]
+    if spec.fault_tolerant:
+        replica_groups.update(b, spec, current, obs, failure)
     if missing:
         reasons.append(f"worker pod(s) {missing} vanished")
     if reasons:
@@ -71,11 +73,16 @@ def decide_running(b: StatusBuilder, finish: Callable[..., Plan], plan: dict[str
         # its peers fail with it (they stop at the step it stopped at, or lose their connection
         # to it): the whole restart is the disruption's.
         disrupted = [d for p in current if (d := disruption(p, obs))]
-        if spec.mode in SOLO_REPLACE_MODES and not permanent and (
+        solo = spec.mode in SOLO_REPLACE_MODES or (spec.fault_tolerant and replica_groups.replace_alone(
+            spec, current, obs, failure))  # fault-tolerant replicas: while minReplicas others train on
+        if solo and not permanent and (
             restarts < limit or not any(not p.deleting and failure(p, obs.node_lost_after_s)
                                         and not disruption(p, obs) for p in current)
         ):  # below the limit, or only disruptions and finishing replacements already counted
-            return _replace_alone(b, st, finish, current, missing, restarts, obs)
+            return _replace_alone(b, st, finish, current, missing, restarts, obs,
+                                  replica=spec.fault_tolerant)  # fmt: skip
+        if spec.fault_tolerant:
+            replica_groups.forget_quorum(st)  # below minReplicas (or the limit): the gang restarts
         if disrupted and not permanent and spec.mode not in SOLO_REPLACE_MODES:
             st["disruptions"] = int(st.get("disruptions") or 0) + 1
             return restart(b, st, plan, current, pods, attempt + 1, replicas, DISRUPTED,
@@ -130,8 +137,11 @@ def decide_running(b: StatusBuilder, finish: Callable[..., Plan], plan: dict[str
         b.phase(PENDING, why)
         return finish()
 
+    # Fault-tolerant replicas train on while minReplicas of them run: a replacement that is still
+    # starting (or cannot be scheduled) leaves the job Running at a smaller quorum.
+    ft_running = spec.fault_tolerant and phase == RUNNING and replica_groups.replace_alone(spec, current, obs, failure)
     waiting = [p for p in current if p.unschedulable_message]
-    if waiting:
+    if waiting and not ft_running:
         worst = max(waiting, key=lambda p: p.age_s)
         el = spec.elastic
         if el is not None and worst.age_s >= el.schedule_timeout_seconds and smaller_gang_helps(waiting) and (
@@ -146,7 +156,7 @@ def decide_running(b: StatusBuilder, finish: Callable[..., Plan], plan: dict[str
         b.phase(PENDING, msg)
         return finish()
 
-    if all(p.phase in ("Running", "Succeeded") for p in current):
+    if ft_running or all(p.phase in ("Running", "Succeeded") for p in current):
         if phase != RUNNING:
             st.setdefault("startTime", format_time(obs.now))
             b.condition("Running", True, "GangRunning", f"all {replicas} worker pods are running (attempt {attempt})")
@@ -240,27 +250,35 @@ def shrunk_size(spec: JobSpec, replicas: int, *, placed: int) -> int | None:
 
 
 def _replace_alone(b: StatusBuilder, st: dict[str, Any], finish: Any, current: list[PodView], missing: list[int],
-                   restarts: int, obs: Observed) -> Plan:  # fmt: skip
+                   restarts: int, obs: Observed, *, replica: bool = False) -> Plan:  # fmt: skip
     """Modes whose workers never wait for each other (paramserver, federated): only the failed pods are
     replaced, in the same attempt, while the others keep training. A failed pod is deleted (one
     restart counted, or one disruption); once gone it is missing and created again with the others
     left as they are. A pod someone else deletes (a drain) counts as a disruption when first seen
     Terminating. status.countedPods remembers the pods counted, so none is counted twice while it
-    is going (pods are replaced within one attempt: the attempt cannot tell)."""
+    is going (pods are replaced within one attempt: the attempt cannot tell). `replica`: a
+    fault-tolerant replica (Event ReplicaLost, counted in status.replicaGroups.lost)."""
     counted = dict(st.get("countedPods") or {})
     failed = [p for p in current if not p.deleting and failure(p, obs.node_lost_after_s)]
     going = [p for p in current if p.deleting and p.uid not in counted and disruption(p, obs)]
+    others = ("; the other replicas train on at a smaller quorum and the replacement recovers from a live peer"
+              if replica else "")  # fmt: skip
     for p in [p for p in failed if not p.uid or p.uid not in counted]:
         if why := disruption(p, obs):
             st["disruptions"] = int(st.get("disruptions") or 0) + 1
-            b.event("Normal", DISRUPTED, f"{why}; replacing only this pod (not counted against runPolicy.backoffLimit)")
+            b.event("Normal", replica_groups.LOST if replica else DISRUPTED,
+                    f"{why}; replacing only this pod (not counted against runPolicy.backoffLimit){others}")
         else:
             st["restarts"] = restarts = restarts + 1
-            b.event("Warning", "WorkerReplaced", f"{failure(p, obs.node_lost_after_s)}; replacing only this pod")
+            b.event("Warning", replica_groups.LOST if replica else "WorkerReplaced",
+                    f"{failure(p, obs.node_lost_after_s)}; replacing only this pod{others}")
     for p in going:
         st["disruptions"] = int(st.get("disruptions") or 0) + 1
-        b.event("Normal", DISRUPTED, f"{disruption(p, obs)}; replacing only this pod once it is gone "
-                                     "(not counted against runPolicy.backoffLimit)")  # fmt: skip
+        b.event("Normal", replica_groups.LOST if replica else DISRUPTED,
+                f"{disruption(p, obs)}; replacing only this pod once it is gone (not counted against "
+                f"runPolicy.backoffLimit){others}")
+    if replica:
+        replica_groups.note_lost(st, len([p for p in failed if not p.uid or p.uid not in counted]) + len(going))
     counted.update((p.uid, p.name) for p in failed + going if p.uid)
     live = {p.uid for p in current}
     if keep := {uid: name for uid, name in counted.items() if uid in live}:

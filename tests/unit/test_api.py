@@ -96,8 +96,9 @@ def test_explicit_null_means_default() -> None:
         ({"checkpoint": {"path": "ckpt"}}, "spec.checkpoint.path: 'ckpt' does not match ^/.*"),
         ({"metrics": {"port": 80}}, "spec.metrics.port: 80 must be >= 1024"),
         ({"federated": {"partition": {"alpha": 0}}}, "spec.federated.partition.alpha: 0.0 must be greater than 0"),
-        ({"replicas": 2}, "spec.replicas: unknown field (known fields: checkpoint, data, elastic, federated, image, "
-                          "metrics, mode, model, objectStore, optimizer, parallelism, paramServer, runPolicy, tracking, training, workers)"),
+        ({"replicas": 2}, "spec.replicas: unknown field (known fields: checkpoint, data, elastic, faultTolerance, federated, "
+                          "image, metrics, mode, model, objectStore, optimizer, parallelism, paramServer, runPolicy, tracking, "
+                          "training, workers)"),
     ],
 )
 def test_schema_error_messages(spec: dict[str, Any], expected: str) -> None:

@@ -357,7 +357,7 @@ def test_several_mistakes_are_all_reported() -> None:
         "spec.workers.resources.gpus: expected an integer, got a number 0.5",
         "spec.training.stepz: unknown field (known fields: activationCheckpointing, bucketCapMB, compile, "
         "evalIntervalSteps, float8, gradAccumulation, gradientCompression, logIntervalSteps, loss, powerSGDRank, "
-        "precision, steps)",
+        "precision, steps, sync)",
         "spec.parallelism.tensor: 3 does not divide the world size 4 (workers.replicas 2 x procsPerWorker 2)",
         "spec.parallelism.tensor: must be 1 in mode data (got 3); tensor parallelism needs mode tensor or hybrid",
         "spec.federated: only allowed in mode federated (mode is data); remove it or set spec.mode: federated",

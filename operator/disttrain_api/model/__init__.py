@@ -8,7 +8,8 @@ the standard library so that the trainer image and the CLI can use it without ko
 
 One module per part of the spec: vocabulary.py (group, kind, enumerations, patterns),
 workers.py, training.py (parallelism, model, data, optimizer, training, checkpoint,
-elastic), federated.py, paramserver.py, object_store.py, tracking.py, run_policy.py, job.py (JobSpec, the whole job and
+elastic), fault_tolerance.py (faultTolerance, training.sync), federated.py, paramserver.py, object_store.py,
+tracking.py, run_policy.py, job.py (JobSpec, the whole job and
 its parsing) and status.py. `disttrain_api.model` is where every name is imported from.
 
 Field metadata (`fld(...)`, see `dataparse.py`) carries what the schema needs:
@@ -32,6 +33,7 @@ from ..dataparse import (
     parse_dataclass,
     to_json,
 )
+from .fault_tolerance import FaultToleranceSpec, OuterOptimizerSpec, SyncKind, SyncSpec
 from .federated import FederatedSpec, FedPartition, FedPrivacy
 from .job import (
     DistTrainJob,
@@ -45,7 +47,15 @@ from .job import (
 from .object_store import ObjectStoreSpec
 from .paramserver import ParamServerSpec
 from .run_policy import RunPolicy
-from .status import Condition, JobSecrets, JobStatus, Progress, WorkerCounts, parse_status
+from .status import (
+    Condition,
+    JobSecrets,
+    JobStatus,
+    Progress,
+    ReplicaGroups,
+    WorkerCounts,
+    parse_status,
+)
 from .tracking import MlflowSpec, TrackingSpec
 from .training import (
     CheckpointSpec,
@@ -117,6 +127,7 @@ __all__ = [
     "FedPartitionKind",
     "FedPrivacy",
     "FedStrategy",
+    "FaultToleranceSpec",
     "FederatedSpec",
     "FieldError",
     "GROUP",
@@ -137,6 +148,7 @@ __all__ = [
     "Object",
     "Optim",
     "OptimizerSpec",
+    "OuterOptimizerSpec",
     "PLURAL",
     "Parallelism",
     "ObjectStoreSpec",
@@ -147,6 +159,7 @@ __all__ = [
     "QUANTITY_PATTERN",
     "Quantity",
     "ROBUST_STRATEGIES",
+    "ReplicaGroups",
     "Resources",
     "RunPolicy",
     "SHORT_NAMES",
@@ -154,6 +167,8 @@ __all__ = [
     "ScaleRule",
     "Schedule",
     "SpecError",
+    "SyncKind",
+    "SyncSpec",
     "TOP_LEVEL_FIELDS",
     "Time",
     "TrackingSpec",

@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..dataparse import FieldError, SpecError, describe, fld, parse_dataclass
+from .fault_tolerance import FaultToleranceSpec
 from .federated import FederatedSpec
 from .object_store import ObjectStoreSpec
 from .paramserver import ParamServerSpec
@@ -49,6 +50,11 @@ class JobSpec:
         None, desc="Endpoint, region and credentials for s3:// URIs in spec.data.path and spec.checkpoint.uri."
     )
     elastic: ElasticSpec | None = fld(None, desc="Shrink a gang that cannot be scheduled at full size.")
+    fault_tolerance: FaultToleranceSpec | None = fld(
+        None,
+        desc="Mode data: keep training through the failure of a replica (a worker pod) instead of restarting "
+        "the gang; the failed replica is replaced alone and recovers from a live peer.",
+    )
     federated: FederatedSpec | None = fld(None, desc="Only in federated mode.")
     param_server: ParamServerSpec | None = fld(None, json="paramServer", desc="Only in paramserver mode.")
     run_policy: RunPolicy = fld(factory=RunPolicy, desc="Restarts, deadlines, cleanup, suspension.")
@@ -62,6 +68,11 @@ class JobSpec:
     @property
     def world_size(self) -> int:
         return self.workers.replicas * self.workers.procs_per_worker
+
+    @property
+    def fault_tolerant(self) -> bool:
+        """Whether each worker pod is a fault-tolerant replica group (spec.faultTolerance enabled)."""
+        return self.fault_tolerance is not None and self.fault_tolerance.enabled
 
     @property
     def data_degree(self) -> int:

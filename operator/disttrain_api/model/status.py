@@ -87,11 +87,29 @@ class JobSecrets:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ReplicaGroups:
+    healthy: int = fld(0, minimum=0, desc="Replica pods running and not failed (spec.faultTolerance).")
+    quorum: int = fld(
+        0, minimum=0,
+        desc="Replicas in the quorum of the latest step, as a replica reported it: smaller than healthy while a "
+        "replacement is still joining, smaller than spec.workers.replicas while a failed replica is missing.",
+    )
+    quorum_id: int | None = fld(None, minimum=0, desc="The lighthouse's id of that quorum; it changes with every membership change.")
+    lost: int = fld(0, minimum=0, desc="Replicas lost (failed or deleted) and replaced alone so far.")
+    joined: int = fld(0, minimum=0, desc="Times the quorum grew back, a replacement having joined and recovered from a peer.")
+
+
+@dataclass(frozen=True, kw_only=True)
 class JobStatus:
     phase: Phase = fld("Pending", desc="Pending, Running, Restarting, Succeeded, Failed or Suspended.")
     conditions: tuple[Condition, ...] = fld((), desc="Kubernetes-style conditions, one per type.")
     workers: WorkerCounts = fld(factory=WorkerCounts, desc="Worker pods by state.")
     replicas: int = fld(0, minimum=0, desc="Current gang size in pods (smaller than spec with elastic shrinking).")
+    replica_groups: ReplicaGroups | None = fld(
+        None,
+        desc="With spec.faultTolerance: the replicas (worker pods) that are healthy and those in the quorum "
+        "that trains (status.replicas is the gang size).",
+    )
     restarts: int = fld(0, minimum=0, desc="Gang restarts after failures so far.")
     disruptions: int = fld(
         0, minimum=0,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..dataparse import QUANTITY_PATTERN, Object, Quantity, fld
+from .fault_tolerance import SyncSpec
 from .vocabulary import (
     ACT_CKPT_PATTERN,
     DATA_MODULE_PATTERN,
@@ -240,6 +241,9 @@ class TrainingSpec:
         desc="torchao's float8 training for the linear layers whose dimensions are multiples of 16 (tensor "
         "cores); with FSDP the all-gathers move float8 weights. Needs a GPU of compute capability 8.9 or newer "
         "(Ada, Hopper); refused on any other device.",
+    )
+    sync: SyncSpec = fld(
+        factory=SyncSpec, desc="How often data-parallel replicas synchronise: every step, or LocalSGD / DiLoCo."
     )
 
     @property

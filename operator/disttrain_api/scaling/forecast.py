@@ -314,6 +314,9 @@ def notes(m: Measured, cal: Calibrated, place: Placement, topo: Topology, single
                    f"(the run itself: x{cal.c_run:.2g})")  # fmt: skip
     if m.dp > 1 and not cal.overlap_measured and m.pp == 1 and m.tp == 1:
         out.append("overlap of the gradient all-reduce with backward not measured: none assumed")
+    if m.sync_every > 1:
+        out.append(f"training.sync: the replicas synchronised every {m.sync_every} steps (localsgd / diloco): "
+                   f"data-parallel layouts all-reduce the parameters once per {m.sync_every} steps")  # fmt: skip
     if m.dp <= 1:
         out.append("the run had no data-parallel replicas: no overlap or all-reduce overhead measured, none assumed")
     if m.compression != "powersgd" and "powersgd" in cal.wire_ratio:

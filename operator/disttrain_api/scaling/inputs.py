@@ -112,6 +112,9 @@ class Measured:
     backend: str
     pipeline: PipelineFacts | None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # training.sync: steps between two synchronisations of the data dimension (1: every step;
+    # localsgd / diloco: their interval, each sync one all-reduce of the parameters).
+    sync_every: int = 1
 
     @property
     def label(self) -> str:
@@ -228,4 +231,5 @@ def measured_from_summary(summary: dict[str, Any], *, source: str) -> Measured:
                   ranks_on_host=int(_num(summary, "scaling.host.ranksOnHost", where)),
                   threads_per_rank=int(_num(summary, "scaling.host.threadsPerRank", where)), device=str(summary.get("device") or "cpu")),
         backend=str(summary.get("backend") or "gloo"), pipeline=_pipeline(summary, sc.get("pipeline"), where),
+        sync_every=max(1, int(summary.get("syncEvery") or 1)),
     )  # fmt: skip

@@ -39,6 +39,9 @@ stretched again.
   the run's measured overlap (busy - exposed), scaled with the compute, or 0 where the
   hook holds up backward (PowerSGD on gloo); the last bucket, produced at the end of
   backward, never hides: exposed = max(busy - W, busy / calls).
+- localsgd / diloco (training.sync, `sync_every` H > 1): the replicas step alone and all-reduce
+  their parameters (or pseudo-gradients, the same bytes) once per H steps, after a step, with
+  nothing to overlap: exposed = all-reduce(dp, parameter bytes) / H per step.
 - FSDP (ZeRO-3): per step two all-gathers of the parameters (forward, and again in backward
   after resharding) and a reduce-scatter of the gradients, one collective per unit (each
   block and the root); FSDP prefetches the next unit's all-gather during the current
@@ -170,6 +173,8 @@ def calibrate(m: Measured, topo: Topology, placement: Placement, *, single: Meas
         split = max((st.compute_s + st.exposed_s) / c - _tp_time(m.tp, tp_bytes, tp_count, topo, measured=False), 0.0)
         replica = single_c if single_c else split * m.tp
         overhead = max(0.0, split - replica / m.tp)
+    elif m.sync_every > 1:  # localsgd / diloco: the steps compute alone, the syncs are communication
+        replica = st.compute_s / c
     elif blocking:  # the hook's time sits inside the step's compute: take it out
         replica = (st.compute_s - (st.busy_s - st.exposed_s)) / c
     else:
@@ -183,7 +188,7 @@ def calibrate(m: Measured, topo: Topology, placement: Placement, *, single: Meas
         ratio[m.compression] = m.wire_bytes / m.gradient_bytes
     residual: dict[str, float] = {}
     overlap, measured_overlap, hop_wait = 0.0, False, 0.0
-    if m.dp > 1 and m.pp == 1 and m.tp == 1 and m.data_strategy == "ddp":
+    if m.dp > 1 and m.pp == 1 and m.tp == 1 and m.data_strategy == "ddp" and m.sync_every == 1:
         # DDP's timer: busy = first bucket launched .. last all-reduce done; exposed = end of
         # backward compute .. that end; so busy - exposed = W, the window in which backward
         # computed while buckets went out. A hook that holds up backward has no window: its
@@ -359,6 +364,10 @@ def _data_exposed(cal: Calibrated, lay: Layout, topo: Topology, compute: float, 
         comm = _wall(link, 2 * col.all_gather_s(lay.dp, params, link, calls=units) + col.reduce_scatter_s(
             lay.dp, grads, link, calls=units, native=m.backend != "gloo"), c)  # fmt: skip
         return max(comm - c * compute, comm / units)
+    if m.sync_every > 1 and lay.tp == 1 and lay.compression == "none":
+        # localsgd / diloco: one all-reduce of the parameters every sync_every steps, after the
+        # step, nothing overlapping it: per step, its share.
+        return _wall(link, col.all_reduce_s(lay.dp, m.parameter_bytes, link), c) / m.sync_every
     calls = ddp_calls(m, lay.compression)
     wire = m.gradient_bytes / lay.tp * cal.wire_ratio[lay.compression]
     # A kind the run did not use keeps the plain run's residual (bucket copies happen whatever is sent).

@@ -12,6 +12,7 @@ from . import (
     data,
     federated,
     hybrid,
+    lighthouse,
     networkpolicy,
     paramserver,
     pipeline,
@@ -47,11 +48,14 @@ def gang_role(mode: str) -> str:
 
 
 def server_deployments(spec: JobSpec, job: str) -> list[str]:
-    """Names of the job's server Deployments (federated aggregator, parameter-server shards)."""
+    """Names of the job's server Deployments (federated aggregator, parameter-server shards, the
+    lighthouse of fault-tolerant replicas)."""
     if spec.mode == "federated":
         return server_names(job, c.ROLE_AGGREGATOR, 1)
     if spec.mode == "paramserver":
         return server_names(job, c.ROLE_SERVER, (spec.param_server or ParamServerSpec()).shards)
+    if spec.fault_tolerant:
+        return [lighthouse.service_name(job)]
     return []
 
 

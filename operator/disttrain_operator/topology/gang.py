@@ -4,6 +4,7 @@ collective mode (data, pipeline, tensor, hybrid). Rank 0 is
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from disttrain_api import constants as c
@@ -18,11 +19,14 @@ def master_addr(ctx: BuildContext) -> str:
     return common.fqdn(host, common.service_name(ctx.name), ctx.namespace)
 
 
-def build_gang(spec: JobSpec, ctx: BuildContext, *, annotations: dict[str, str] | None = None) -> Children:
+def build_gang(spec: JobSpec, ctx: BuildContext, *, annotations: dict[str, str] | None = None,
+               extra_env: Callable[[int], dict[str, str]] | None = None) -> Children:  # fmt: skip
+    """`extra_env(index)`: what pod `index`'s env adds or changes (the user's own env still wins)."""
     world = ctx.replicas * spec.workers.procs_per_worker
     pods: list[dict[str, Any]] = []
     for index in range(ctx.replicas):
-        env = common.contract_env(spec, ctx, node_rank=index, world_size=world, master_addr=master_addr(ctx))
+        env = common.contract_env(spec, ctx, node_rank=index, world_size=world, master_addr=master_addr(ctx),
+                                  extra=extra_env(index) if extra_env else None)  # fmt: skip
         pod = common.build_pod(
             spec,
             ctx,

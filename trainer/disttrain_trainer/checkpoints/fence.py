@@ -209,6 +209,12 @@ def claim(root: Path, writer: Writer) -> Claim:
         return new
 
 
+def newest_attempt(root: Path) -> int:
+    """The restart attempt of the newest claim on `root` (-1 when there is none)."""
+    gens = _generations(root) if (root / FENCE_DIR).is_dir() else []
+    return int(_read_claim(root, gens[-1]).get("attempt", -1)) if gens else -1
+
+
 def held(root: Path) -> Claim | None:
     """This process's claim on `root`, if it made one."""
     with _lock:

@@ -151,12 +151,15 @@ class Gang:
         gang._write_pids(run_dir)
         return gang
 
-    def replace(self, rank: int) -> int:
-        """Start the exited process of `rank` again with the same environment, alone (modes
-        without gang restart: a parameter-server worker or shard); returns the new pid."""
+    def replace(self, rank: int, env: dict[str, str] | None = None) -> int:
+        """Start the exited process of `rank` again with the same environment (updated with `env`),
+        alone (modes without gang restart: a parameter-server worker or shard, a fault-tolerant
+        replica); returns the new pid."""
         m = next(m for m in self._members if m.slot.rank == rank)
         if m.proc.poll() is None or m.env is None:
             raise ValueError(f"rank {rank} is still running or was not started by this gang")
+        if env:
+            m.env = {**m.env, **env}
         m.replacements += 1
         m.proc, m.log_offset = _spawn(m.command, m.env, m.cwd, m.log,
                                       f"attempt {self.attempt}, rank {rank}, replacement {m.replacements}")  # fmt: skip
@@ -173,6 +176,10 @@ class Gang:
         tmp = run_dir / (PIDS_FILE + ".tmp")
         tmp.write_text(json.dumps(data))
         os.replace(tmp, run_dir / PIDS_FILE)
+
+    def states(self) -> dict[int, int | None]:
+        """Each rank's exit code, None while it runs."""
+        return {m.slot.rank: m.proc.poll() for m in self._members}
 
     @property
     def pids(self) -> dict[int, int]:

@@ -10,6 +10,8 @@ not counted against backoffLimit, only when this launcher sent the SIGTERM
 deleted; exit 3 for any other reason counts like any failure. Stopping the
 launcher (Ctrl-C, SIGTERM) sends the gang SIGTERM and waits up to
 runPolicy.terminationGracePeriodSeconds for it to checkpoint and exit.
+With spec.faultTolerance a failed replica is replaced alone while the others go on
+(replicas.py), until fewer than minReplicas are left.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from disttrain_api import progress as job_progress
 from disttrain_api.scaling.hint import scaling_hint
 
 from disttrain_trainer.launcher import env as envmod
-from disttrain_trainer.launcher import identity, report
+from disttrain_trainer.launcher import identity, replicas, report
 from disttrain_trainer.launcher.gang import LOGS_DIR, PIDS_FILE, Failure, Gang
 from disttrain_trainer.launcher.progress import (
     PROGRESS_FILE,
@@ -186,6 +188,8 @@ def run_local(job: api.DistTrainJob, options: LocalOptions) -> LocalResult:
     # Paramserver: one server process per shard joins the workers; nobody waits for a peer, so a
     # failed process (worker or shard) is replaced alone, never the gang.
     shards = spec.param_server.shards if spec.mode == "paramserver" and spec.param_server else 0
+    # Fault-tolerant replicas: a failed one is replaced alone while the others go on (replicas.py).
+    ft = spec.fault_tolerant
     printer = ProgressPrinter(out, total=total_steps) if options.progress else None
     # What the operator's status.progress would say.
     tracker = ProgressRecord(spec, run_dir / PROGRESS_FILE, interval_s=options.progress_interval_s)
@@ -220,7 +224,7 @@ def run_local(job: api.DistTrainJob, options: LocalOptions) -> LocalResult:
                 device=plan,
                 threads=threads,
             )
-            ports = envmod.metrics_ports(options.metrics_port, spec.world_size + int(federated) + shards)
+            ports = envmod.metrics_ports(options.metrics_port, spec.world_size + int(federated or ft) + shards)
             envs = [(s, envmod.process_env(base_env, gang_env, s, ports[s.rank])) for s in slots]
             # Federated: an aggregator process joins; a dead client is not restarted, the rounds
             # go on without it (the aggregator drops stragglers).
@@ -233,6 +237,9 @@ def run_local(job: api.DistTrainJob, options: LocalOptions) -> LocalResult:
                                                metrics_ports=ports[spec.world_size:])  # fmt: skip
             if federated or shards:
                 envs = identity.provision(run_dir, spec, envs)
+            if ft:
+                envs = replicas.replica_envs(envs, store_ports=envmod.reserve_ports(len(envs)),
+                                             lighthouse_port=envmod.reserve_ports(1)[0], metrics_port=ports[-1])  # fmt: skip
             clear_finished(run_dir)
             if attempt:
                 tracker.restarted()
@@ -243,6 +250,10 @@ def run_local(job: api.DistTrainJob, options: LocalOptions) -> LocalResult:
                 attempt=attempt,
             )
             outcome: Failure | bool = False
+            ft_set = replicas.ReplicaSet(spec, gang, run_dir) if ft else None
+            if ft_set is not None:
+                optional = ft_set.optional
+            counts = replicas.Counts(restarts=restarts, disruptions=disruptions)
             noted: set[int] = set()
             stepped = False  # has this attempt logged a step yet
             while outcome is False:
@@ -260,7 +271,11 @@ def run_local(job: api.DistTrainJob, options: LocalOptions) -> LocalResult:
                         f"starting {spec.world_size} processes (attempt {attempt}) ... {elapsed:.0f} s"
                     )
                 outcome = gang.poll(optional)
-                if shards and isinstance(outcome, Failure) and outcome.disruption:
+                if ft_set is not None:
+                    counts.restarts, counts.disruptions = restarts, disruptions
+                    outcome = replicas.handle(ft_set, outcome, counts, note=lambda m: _note(printer, out, m))
+                    restarts, disruptions = counts.restarts, counts.disruptions
+                elif shards and isinstance(outcome, Failure) and outcome.disruption:
                     disruptions += 1
                     _note(printer, out, f"{outcome.reason}: stopped on request, replacing only that process "
                                         f"(disruption {disruptions}, not counted as a restart)")  # fmt: skip

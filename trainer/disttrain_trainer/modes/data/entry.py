@@ -7,13 +7,17 @@ From the resume on, SIGTERM stops the loop at a step every rank agrees on
 
 from __future__ import annotations
 
+import os
 import time
+
+from disttrain_api import constants as C
 
 from ...checkpoints import rank_state
 from ...collective_rank import collective_rank, run_local_ranks
 from ...data import GlobalBatchSampler
 from ...models import resolve
 from ...optim import build_optimizer, build_scheduler
+from ...parallel.sync import GroupAverager, OuterSync
 from ...process import stop_request
 from ...process.config import ConfigError, TrainerConfig
 from ...process.dist_env import keep_until_exit
@@ -25,6 +29,8 @@ from ...weights.export import export_on_rank0
 from . import layouts
 from .loop import checkpoint_on_stop, train
 from .run_state import Run, resume_newest
+
+RUST_LOG = "RUST_LOG"
 
 
 def check_supported(cfg: TrainerConfig) -> None:
@@ -41,8 +47,22 @@ def check_supported(cfg: TrainerConfig) -> None:
 
 
 def main(cfg: TrainerConfig) -> Summary | None:
-    """The mode's entry (modes/__init__.py): every local rank of this pod."""
+    """The mode's entry (modes/__init__.py): every local rank of this pod; with spec.faultTolerance
+    this pod's replica (fault_tolerant.py), or the job's lighthouse (role lighthouse)."""
+    if cfg.spec.fault_tolerant:
+        # torchft's own (Rust) log says INFO for every quorum and commit, several lines a step: only
+        # its warnings, unless the user asks (RUST_LOG=info); the trainer logs quorum changes itself.
+        os.environ.setdefault(RUST_LOG, "warn")
+    if os.environ.get(C.ENV_ROLE) == C.ROLE_LIGHTHOUSE:
+        from . import lighthouse  # noqa: PLC0415 - torchft, only in this role
+
+        lighthouse.serve(cfg)
+        return None
     check_supported(cfg)
+    if cfg.spec.fault_tolerant:
+        from . import fault_tolerant  # noqa: PLC0415 - torchft, only in fault-tolerant runs
+
+        return fault_tolerant.run(cfg if cfg.rank is not None else cfg.for_local_rank(0))
     return run_local_ranks(cfg, run)
 
 
@@ -66,6 +86,8 @@ def run(cfg: TrainerConfig, *, metrics: Metrics | None = None) -> Summary:
         r = Run(cfg=cfg, ctx=ctx, ds=rank.ds, model=wrapped, inner=inner, comm=comm, optimizer=optimizer,
                 scheduler=scheduler, amp=rank.amp, sampler=sampler, metrics=rank.metrics)  # fmt: skip
         r.scaling.link = link
+        if spec.training.sync.kind != "every-step":  # localsgd / diloco over the gang's process group
+            r.outer = OuterSync(inner, spec.training.sync, GroupAverager())
         keep_until_exit(r)
         resume_newest(r)
         if r.summary is not None and r.step >= spec.training.steps:

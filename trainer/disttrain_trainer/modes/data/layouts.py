@@ -15,7 +15,7 @@ import functools
 
 from torch import nn
 
-from ...parallel import ddp, float8, hybrid
+from ...parallel import ddp, float8, hybrid, sync
 from ...parallel.block_compile import apply_compile
 from ...parallel.comm_profile import ProfiledComm
 from ...parallel.ddp import CommClock
@@ -49,12 +49,18 @@ def rng_stream(cfg: TrainerConfig, rank: int) -> int:
 
 def apply(model: nn.Module, *, mesh: DistContext, cfg: TrainerConfig) -> nn.Module:
     """Wrap `model` for cfg.spec.mode: float8, tensor parallelism, compile, then the data dimension
-    (parallel/block_compile.py says why in this order)."""
+    (parallel/block_compile.py says why in this order). With training.sync localsgd / diloco it
+    stays a plain module (rank 0's weights on every rank), synchronised every interval steps
+    (parallel/sync.py)."""
     spec = cfg.spec
     tr = spec.training
     if tr.float8:
         float8.check_device(mesh.device)
         float8.apply_float8(model, fsdp=on_mesh(cfg) and spec.parallelism.data_strategy == "fsdp", name=spec.model.name)
+    if tr.sync.kind != "every-step":
+        if tr.compile_mode is not None:
+            apply_compile(model, tr.compile_mode, name=spec.model.name)
+        return sync.replicate(model.to(mesh.device))
     if on_mesh(cfg):
         lay = layout(cfg)
         return hybrid.apply_layout(model, mesh=build_mesh(lay, mesh.device.type), layout=lay, device=mesh.device,

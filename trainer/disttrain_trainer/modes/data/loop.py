@@ -9,6 +9,8 @@ Time per step is split four ways and measured, not estimated (see disttrain_api.
   compute       = the forward/backward/optimizer window minus the exposed communication;
   idle          = waiting while rank 0 evaluates or snapshots a checkpoint alone (timed up to a barrier).
 Busy communication (a collective in flight, overlapped or not) is reported beside them.
+With training.sync localsgd / diloco the steps do not communicate; every interval-th step ends
+with the sync of the parameters (parallel/sync.py), its time exposed communication of that step.
 The loop keeps the device unsynchronised: the loss stays a tensor until a log interval.
 
 A sharded model (tensor parallel, FSDP: DTensor parameters) needs every rank in each forward, so
@@ -116,6 +118,8 @@ def train(run: Run) -> Summary | None:
     dp = layout.dp  # ranks of one tensor-parallel group share their samples
     if run.sharded:
         grad_bytes = hybrid.data_gradient_bytes(run.inner, layout)
+    elif run.outer is not None:  # localsgd / diloco: a sync's parameters, per step of its interval
+        grad_bytes = run.outer.bytes_per_sync // run.outer.spec.interval
     else:
         grad_bytes = ddp.gradient_bytes(run.inner)
     ckpt_every, eval_every, log_every = spec.checkpoint.interval_steps, tr.eval_interval_steps, tr.log_interval_steps
@@ -169,6 +173,9 @@ def train(run: Run) -> Summary | None:
                     torch.cuda.synchronize(ctx.device)
                 c = no_comm if comm is None else comm.take() if measured else None
                 exposed, busy = (c.exposed_s, c.busy_s) if c is not None else (None, None)
+                if run.outer is not None and run.outer.due(step):  # localsgd / diloco: this step ends with a sync
+                    sync_s = run.outer.sync().comm.exposed_s
+                    exposed, busy = (exposed or 0.0) + sync_s, (busy or 0.0) + sync_s
                 run.step = step
                 last_loss = res.loss
                 losses.append(res.loss)
@@ -210,6 +217,8 @@ def train(run: Run) -> Summary | None:
         return None
     if stop is not None:
         stop.close()
+    if run.outer is not None and not run.outer.due(run.step):
+        run.outer.sync()  # the replicas end on one model (the final checkpoint and export hold it)
     loss_t = torch.tensor([float(last_loss) if last_loss is not None else float("nan")],
                           dtype=torch.float64, device=ctx.device)  # fmt: skip
     dist.all_reduce(loss_t)  # the mean over ranks = the loss of the global batch
@@ -235,6 +244,11 @@ def train(run: Run) -> Summary | None:
         # Fractions of step time; busy overlaps compute, the other three add up with compute.
         **t.fractions(),
         "replicaMaxAbsDiff": divergence,
+        # Every step's gradients, or (localsgd / diloco) one copy of the parameters per sync.
+        "sync": tr.sync.kind,
+        "syncEvery": tr.sync.every,
+        "commBytes": (run.outer.syncs * run.outer.bytes_per_sync if run.outer is not None
+                      else grad_bytes * (run.step - (run.resumed_from or 0)) if dp > 1 else 0),
     }
     summary.update(throughput_fields(spec, vocab=run.ds.num_classes, samples_per_s=summary["samplesPerS"],
                                      device=ctx.device, accelerators=ctx.world_size))  # fmt: skip

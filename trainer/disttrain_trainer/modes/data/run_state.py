@@ -25,6 +25,7 @@ from ...data import Dataset, GlobalBatchSampler
 from ...parallel.comm_profile import ProfiledComm
 from ...parallel.ddp import CommClock
 from ...parallel.hybrid import is_sharded
+from ...parallel.sync import OuterSync
 from ...process.config import TrainerConfig
 from ...process.dist_env import DistContext
 from ...process.precision import Amp
@@ -59,6 +60,7 @@ class Run:
     stop: StopAgreement | None = None  # when every rank stops on request (None: trains to the end)
     saved_step: int | None = None  # the step of the newest checkpoint this run wrote or resumed from
     _gather: rank_state.PendingGather | None = None  # the last checkpoint's per-rank parts, possibly in flight
+    outer: OuterSync | None = None  # training.sync localsgd / diloco: the sync every interval steps
 
     @property
     def sharded(self) -> bool:
@@ -80,6 +82,7 @@ class Run:
             "scaler": self.amp.scaler.state_dict() if self.amp.scaler is not None else None,
             "sampler": self.sampler.state_dict(),
             "summary": self.summary,
+            "sync": self.outer.state_dict() if self.outer is not None else None,
             "spec_data": {
                 "batch_size": self.cfg.spec.data.batch_size,
                 "seed": self.cfg.spec.data.seed,
@@ -113,6 +116,8 @@ class Run:
         self.sampler.load_state_dict(state["sampler"])
         self.step = self.resumed_from = self.saved_step = int(state["step"])
         self.summary = state.get("summary")
+        if self.outer is not None:  # without a saved anchor (an every-step checkpoint): the loaded weights
+            self.outer.load_state_dict(state.get("sync") or {"anchor": [p.detach() for p in self.outer.params]})
         layout = layouts.layout(self.cfg).describe()
         # Checkpoints without a layout were written by data parallel over their whole world.
         saved_layout = state.get("layout", f"dp={len(state['rng'])},pp=1,tp=1")

@@ -1,0 +1,58 @@
+"""spec.faultTolerance (per-step fault tolerance of data-parallel replicas) and spec.training.sync
+(how often replicas synchronise: every step, or LocalSGD / DiLoCo every `interval` steps)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from ..dataparse import fld
+
+SyncKind = Literal["every-step", "localsgd", "diloco"]
+OuterOptim = Literal["sgd", "nesterov"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class FaultToleranceSpec:
+    enabled: bool = fld(
+        True,
+        desc="Each worker pod is a replica group of its own; a failed replica is dropped from the all-reduce at "
+        "the next step while the others go on, and its replacement receives the weights and optimizer state "
+        "from a healthy peer (torchft). false: today's gang restart from the checkpoint.",
+    )
+    min_replicas: int = fld(
+        1, minimum=1,
+        desc="Fewest healthy replicas that may go on training; below it the whole gang restarts from the newest "
+        "checkpoint.",
+    )
+    heartbeat_timeout_seconds: int = fld(
+        5, minimum=1, maximum=600,
+        desc="A replica whose heartbeat to the job's lighthouse is older than this is dropped from the next "
+        "quorum; also how long a collective waits for a silent peer. Survivors step again within about this.",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class OuterOptimizerSpec:
+    name: OuterOptim = fld(
+        "nesterov", desc="diloco: the optimizer of the averaged pseudo-gradients: sgd, or nesterov (SGD with Nesterov momentum)."
+    )
+    lr: float = fld(0.7, minimum=0.0, exclusive_minimum=True, desc="diloco: the outer learning rate (DiLoCo: 0.7).")
+    momentum: float = fld(0.9, minimum=0.0, maximum=1.0, desc="diloco: the outer momentum (nesterov; DiLoCo: 0.9).")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SyncSpec:
+    kind: SyncKind = fld(
+        "every-step",
+        desc="every-step: gradients are all-reduced every step (DDP). localsgd: each replica steps on its own "
+        "and the parameters are averaged every interval steps. diloco: the same, and the averaged change "
+        "(a pseudo-gradient) is applied by outerOptimizer (Douillard et al. 2023). Mode data with ddp.",
+    )
+    interval: int = fld(50, minimum=1, desc="localsgd, diloco: inner steps between two synchronisations (H).")
+    outer_optimizer: OuterOptimizerSpec = fld(factory=OuterOptimizerSpec, desc="diloco: the outer optimizer.")
+
+    @property
+    def every(self) -> int:
+        """Steps between two synchronisations: 1 for every-step."""
+        return 1 if self.kind == "every-step" else self.interval

@@ -1,0 +1,116 @@
+"""Operator side of spec.faultTolerance: the replicas' env and the job's lighthouse (Deployment,
+Service, NetworkPolicy), a lost replica replaced alone while the job stays Running, the gang
+restart below minReplicas, and status.replicaGroups with ReplicaLost / ReplicaJoined."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from disttrain_api import constants as C
+from disttrain_api import metric_names as names
+from disttrain_api import model as api
+from disttrain_operator.decide import decide
+from disttrain_operator.decision import Observed
+from disttrain_operator.observe import PodView, format_time
+from disttrain_operator.topology import BuildContext, build_children, server_deployments
+
+NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
+
+
+def ft_spec(min_replicas: int = 2) -> api.JobSpec:
+    return api.parse_spec({"mode": "data", "workers": {"replicas": 3}, "data": {"batchSize": 96},
+                           "faultTolerance": {"minReplicas": min_replicas, "heartbeatTimeoutSeconds": 3}})  # fmt: skip
+
+
+def pod(index: int, phase: str = "Running", **kw: Any) -> PodView:
+    values: dict[str, Any] = {"name": f"j-worker-{index}", "role": "worker", "index": index, "attempt": 0,
+                              "phase": phase, "scheduled": phase != "Pending", "ip": f"10.0.0.{index}",
+                              "uid": f"uid-{index}"}  # fmt: skip
+    values.update(kw)
+    return PodView(**values)
+
+
+STATUS = {
+    "phase": "Running", "attempt": 0, "replicas": 3, "restarts": 0, "lastSpecReplicas": 3,
+    "startTime": format_time(NOW - timedelta(seconds=30)), "observedGeneration": 1,
+    "conditions": [{"type": "Created", "status": "True", "reason": "GangCreated"},
+                   {"type": "Running", "status": "True", "reason": "GangRunning"}],
+}  # fmt: skip
+
+
+def obs(pods: list[PodView], *, spec: api.JobSpec | None = None, status: dict[str, Any] | None = None,
+        progress: dict[str, float] | None = None) -> Observed:  # fmt: skip
+    s = spec or ft_spec()
+    return Observed(generation=1, spec=s, accepted=s, status=dict(status or STATUS), pods=pods, now=NOW,
+                    progress=progress)  # fmt: skip
+
+
+def env_of(obj: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e.get("value", "") for e in obj["spec"]["containers"][0]["env"]}
+
+
+def test_replicas_are_worlds_of_one_and_the_job_owns_a_lighthouse() -> None:
+    ctx = BuildContext(name="j", namespace="ns", uid="u", image="img", replicas=3)
+    children = build_children(ft_spec(), ctx)
+    lighthouse = "http://j-lighthouse.ns.svc.cluster.local:29510"
+    for i, p in enumerate(children.pods):
+        env = env_of(p)
+        assert env[C.ENV_MASTER_ADDR] == f"j-worker-{i}.j.ns.svc.cluster.local"  # its own address, not rank 0's
+        assert (env[C.ENV_WORLD_SIZE], env[C.ENV_RANK], env[C.ENV_NODE_RANK]) == ("1", "0", str(i))
+        assert env[C.ENV_FT_LIGHTHOUSE] == lighthouse
+    (dep,) = children.deployments
+    assert dep["metadata"]["name"] == "j-lighthouse" and dep["spec"]["strategy"] == {"type": "Recreate"}
+    assert dep["metadata"]["ownerReferences"][0]["uid"] == "u"
+    tmpl = dep["spec"]["template"]
+    env = env_of(tmpl)
+    assert env[C.ENV_ROLE] == C.ROLE_LIGHTHOUSE and env[C.ENV_FT_LIGHTHOUSE] == lighthouse
+    assert tmpl["spec"]["containers"][0]["resources"]["limits"] == {"cpu": "250m", "memory": "512Mi"}
+    svc = next(s for s in children.services if s["metadata"]["name"] == "j-lighthouse")
+    assert svc["spec"]["ports"][0]["port"] == C.DEFAULT_LIGHTHOUSE_PORT
+    assert svc["spec"]["selector"] == {C.LABEL_JOB: "j", C.LABEL_ROLE: C.ROLE_LIGHTHOUSE}
+    policy = next(p for p in children.network_policies if p["spec"]["podSelector"]["matchLabels"].get(C.LABEL_ROLE)
+                  == C.ROLE_LIGHTHOUSE)  # fmt: skip
+    assert policy["spec"]["ingress"][0]["ports"] == [{"protocol": "TCP", "port": C.DEFAULT_LIGHTHOUSE_PORT}]
+    assert server_deployments(ft_spec(), "j") == ["j-lighthouse"]
+    # Without faultTolerance: the gang as before, no lighthouse.
+    plain = build_children(api.parse_spec({"mode": "data", "workers": {"replicas": 3}, "data": {"batchSize": 96}}), ctx)
+    assert not plain.deployments and env_of(plain.pods[1])[C.ENV_MASTER_ADDR] == "j-worker-0.j.ns.svc.cluster.local"
+
+
+def test_a_lost_replica_is_replaced_alone_and_the_job_stays_running() -> None:
+    plan = decide(obs([pod(0), pod(1, "Failed", exit_code=137, message="killed"), pod(2)]))
+    st = plan.status
+    assert plan.delete_pods == ["j-worker-1"] and not plan.create
+    assert st["phase"] == "Running" and st["attempt"] == 0 and st["restarts"] == 1
+    assert st["replicaGroups"]["lost"] == 1 and st["replicaGroups"]["healthy"] == 2
+    assert [r for _, r, _ in plan.events] == ["ReplicaLost"]
+    # Gone: created again alone, in the same attempt; still Running while it starts.
+    nxt = decide(obs([pod(0), pod(2)], status=st))
+    assert nxt.create and not nxt.delete_pods and nxt.status["phase"] == "Running" and nxt.status["restarts"] == 1
+    starting = decide(obs([pod(0), pod(1, "Pending"), pod(2)], status=nxt.status))
+    assert starting.status["phase"] == "Running" and not starting.create and not starting.delete_pods
+
+
+def test_a_deleted_replica_pod_is_a_disruption_replaced_alone() -> None:
+    plan = decide(obs([pod(0), pod(1, deleting=True, deleting_for_s=1), pod(2)]))
+    assert plan.status["phase"] == "Running" and plan.status["disruptions"] == 1 and plan.status["restarts"] == 0
+    assert [r for _, r, _ in plan.events] == ["ReplicaLost"]
+
+
+def test_below_min_replicas_the_gang_restarts() -> None:
+    plan = decide(obs([pod(0), pod(1, "Failed", exit_code=1), pod(2, "Failed", exit_code=1)]))
+    assert plan.status["phase"] == "Restarting" and plan.status["attempt"] == 1
+    assert sorted(plan.delete_pods) == ["j-worker-0", "j-worker-1", "j-worker-2"]
+    assert plan.status["replicaGroups"]["quorum"] == 0
+
+
+def test_quorum_in_status_and_replica_joined_when_it_grows() -> None:
+    reading = {names.STEP: 40.0, names.FT_QUORUM_SIZE: 2.0, names.FT_QUORUM_ID: 5.0}
+    first = decide(obs([pod(0), pod(1), pod(2)], progress=reading))
+    assert first.status["replicaGroups"] == {"healthy": 3, "quorum": 2, "quorumId": 5, "lost": 0, "joined": 0}
+    assert not first.events
+    grown = decide(obs([pod(0), pod(1), pod(2)], status=first.status,
+                       progress={**reading, names.FT_QUORUM_SIZE: 3.0, names.FT_QUORUM_ID: 6.0}))  # fmt: skip
+    assert grown.status["replicaGroups"]["quorum"] == 3 and grown.status["replicaGroups"]["joined"] == 1
+    assert [r for _, r, _ in grown.events] == ["ReplicaJoined"]

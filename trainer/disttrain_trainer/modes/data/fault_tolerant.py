@@ -1,0 +1,359 @@
+"""Mode data with spec.faultTolerance: one replica group (this worker pod) trains with the others
+through torchft, and goes on at a smaller quorum when one of them fails.
+
+Per step: a quorum from the job's lighthouse (a replica that joins receives the weights, optimizer
+state, sampler and step of a live peer here, before its first forward), the batch, forward and
+backward with the gradients all-reduced over the quorum (parallel/ft_ddp.py), then a commit vote:
+a step whose all-reduce failed (a peer died mid-step) is not applied, and is trained again with the
+same batch at the next quorum, without the dead peer. With training.sync localsgd / diloco the
+replicas step alone and the quorum, all-reduce and vote happen once per sync (parallel/sync.py).
+
+Time categories as every mode (telemetry/step_metrics.py): data; communication = the quorum, the
+all-reduce inside backward and the vote (all exposed: each blocks the step); idle = the quorum's
+wait after a step at which the quorum's rank 0 checkpointed or evaluated alone (and that rank's own
+checkpoint or evaluation); compute = the rest. Discarded attempts count with their time and no samples.
+
+The periodic checkpoint, written by the quorum's rank 0 (ft_checkpoints.py), is the fallback when
+the gang restarts (fewer than minReplicas left); every replica starts from it, and is then brought
+to the quorum's step by a live peer if the others are ahead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from disttrain_api import constants as C
+
+from ...checkpoints import rank_state
+from ...checkpoints.fence import Writer
+from ...collective_rank import collective_rank
+from ...data import GlobalBatchSampler, next_batch
+from ...optim import build_optimizer, build_scheduler
+from ...parallel import ddp
+from ...parallel.ft_ddp import FTComm, wrap_ft_ddp
+from ...parallel.sync import ManagerAverager, OuterSync
+from ...process import stop_request
+from ...process.config import TrainerConfig
+from ...process.dist_env import keep_until_exit
+from ...run_common import (
+    SUMMARY_EVAL_KEY,
+    Summary,
+    evaluate,
+    loss_fn_for,
+    mark_finished,
+    write_summary,
+    write_termination_message,
+)
+from ...telemetry.model_flops import throughput_fields
+from ...telemetry.step_metrics import Metrics, StepRecord, Tally, ends_interval, fold_steps
+from ...weights.export import export_on_rank0
+from . import ft_checkpoints, ft_quorum, ft_replica
+from .ft_state import ReplicaRun, params_digest, quorum_lr_factor
+from .ft_telemetry import ReplicaSeries
+
+REPLICA_FILE = "replica{replica}.json"  # in the run dir: what each replica ended with (tests, benchmarks)
+# How long a starting gang waits for all its replicas before it trains with those there (_gather).
+def run(cfg: TrainerConfig) -> Summary | None:
+    wall0 = time.perf_counter()
+    spec = cfg.spec
+    s = ft_replica.settings_for(cfg)
+    metrics = Metrics(job=cfg.job, rank=s.replica, mode=spec.mode, port=cfg.metrics_port, run_dir=cfg.run_dir,
+                      namespace=cfg.namespace, target_steps=spec.training.steps)  # fmt: skip
+    try:
+        with collective_rank(cfg, metrics) as rank:
+            ctx, inner = rank.ctx, rank.model.to(rank.ctx.device)
+            rank_state.seed_rank(spec.data.seed, 0, s.replica)
+            optimizer = build_optimizer(inner.parameters(), spec.optimizer, spec.data.batch_size)
+            scheduler = build_scheduler(optimizer, spec.optimizer, spec.data.batch_size, spec.training.steps)
+            sampler = GlobalBatchSampler(rank.ds.num_train, spec.data.batch_size, spec.data.seed, s.replica, s.replicas)
+            ckpts = ft_checkpoints.ReplicaCheckpoints(cfg.checkpoint_dir, keep=spec.checkpoint.keep,
+                                                      world_size=s.replicas, writer=Writer.of(cfg),
+                                                      metrics=metrics)  # fmt: skip
+            r = ReplicaRun(cfg=cfg, replica=s, ctx=ctx, ds=rank.ds, model=inner, inner=inner, optimizer=optimizer,
+                           scheduler=scheduler, amp=rank.amp, sampler=sampler, metrics=metrics, ckpts=ckpts)  # fmt: skip
+            if spec.training.sync.kind != "every-step":
+                r.outer = OuterSync(inner, spec.training.sync, averager=None)  # type: ignore[arg-type]
+            keep_until_exit(r)
+            saved = ft_checkpoints.read_newest(cfg.checkpoint_dir)
+            if saved is not None:
+                r.restore(saved[1])
+                print(f"disttrain-trainer: replica {s.replica} starts from checkpoint step {r.step}", flush=True)
+            if r.summary is not None and r.step >= spec.training.steps:
+                return _finished_already(r)
+            # Heartbeats start here: the others' quorum waits for a replica from now on.
+            r.manager = ft_replica.open_manager(cfg, s, cuda=ctx.device.type == "cuda", state_dict=r.healable,
+                                                load_state_dict=r.load_healed)  # fmt: skip
+            keep_until_exit(r.manager)
+            comm: FTComm | None = None
+            if r.outer is None:
+                r.model, comm = wrap_ft_ddp(inner, r.manager, device=ctx.device,
+                                            bucket_cap_mb=spec.training.bucket_cap_mb)  # fmt: skip
+            else:
+                r.outer.averager = ManagerAverager(r.manager)
+            remove = stop_request.on_request(ft_quorum.leave_if_waiting)
+            try:
+                with stop_request.deferred():
+                    summary = _train(r, comm)
+                    summary["wallS"] = time.perf_counter() - wall0
+                    return _finish(r, summary)
+            finally:
+                remove()
+                r.ckpts.report(wait=True)
+                r.manager.shutdown(wait=False)
+    finally:
+        metrics.close()
+
+
+def _batch(r: ReplicaRun) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    x, y = next_batch(r.ds, r.sampler)
+    dev = r.ctx.device
+    xt, yt = torch.from_numpy(np.asarray(x)).to(dev), torch.from_numpy(np.asarray(y)).to(dev)
+    k = r.cfg.spec.training.grad_accumulation
+    return [(xt, yt)] if k == 1 else list(zip(xt.chunk(k), yt.chunk(k), strict=True))
+
+
+class _CommitGate:
+    """The optimizer as ddp.train_step sees it: its step is the quorum's commit vote, then (if the
+    step is committed) the real step at the learning rate scaled to the quorum."""
+
+    def __init__(self, r: ReplicaRun, comm: FTComm) -> None:
+        self.r, self.comm, self.factor, self.committed = r, comm, 1.0, False
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.r.optimizer.param_groups
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.r.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def step(self) -> None:
+        start = time.perf_counter()
+        self.committed = bool(self.r.manager.should_commit())
+        self.comm.add_coordination(time.perf_counter() - start)
+        if not self.committed:
+            return
+        for g, lr in zip(self.r.optimizer.param_groups, self.r.scheduler.get_last_lr(), strict=True):
+            g["lr"] = lr * self.factor
+        self.r.optimizer.step()
+
+
+class _GatedScheduler:
+    def __init__(self, r: ReplicaRun, gate: _CommitGate) -> None:
+        self.r, self.gate = r, gate
+
+    def step(self) -> None:
+        if self.gate.committed:
+            self.r.scheduler.step()
+
+
+def _train(r: ReplicaRun, comm: FTComm | None) -> Summary:
+    cfg, spec = r.cfg, r.cfg.spec
+    tr, ck = spec.training, spec.checkpoint
+    steps, log_every, eval_every = tr.steps, tr.log_interval_steps, tr.eval_interval_steps
+    loss_fn = loss_fn_for(r.ds)
+    series = ReplicaSeries(r.metrics)
+    gate = _CommitGate(r, comm) if comm is not None else None
+    interval, records = Tally(), []
+    losses: list[torch.Tensor] = []
+    last_loss: torch.Tensor | None = None
+    eval_result: tuple[str, float] | None = None
+    alone_before = False  # the quorum's rank 0 checkpointed or evaluated after the previous step
+    pace = float(os.environ.get(C.ENV_FAULT_STEP_SLEEP) or 0.0)  # tests only (constants.py)
+    start = time.perf_counter()
+    if r.outer is None:  # (LocalSGD / DiLoCo: the first sync below; a replica late for it joins at the next)
+        ft_quorum.gather(r, series)
+    committed_batches0 = r.manager.batches_committed()
+    if r.outer is not None:
+        ft_quorum.sync(r, series)  # the first quorum: a replica that joins a running job recovers here
+    while r.step < steps:
+        if stop_request.requested():
+            _stop(r)
+        t0 = time.perf_counter()
+        quorum_s = 0.0
+        if gate is not None:
+            _, quorum_s = ft_quorum.step_quorum(r, series)
+            gate.factor = quorum_lr_factor(spec.optimizer.scale_lr, r.manager.num_participants(), r.replica.replicas)
+        before = r.sampler.state_dict()
+        td = time.perf_counter()
+        micro = _batch(r)
+        data_s = time.perf_counter() - td
+        optimizer = gate if gate is not None else r.optimizer
+        scheduler = _GatedScheduler(r, gate) if gate is not None else r.scheduler
+        res = ddp.train_step(r.model, micro, loss_fn=loss_fn, optimizer=optimizer,  # type: ignore[arg-type]
+                             scheduler=scheduler, amp=r.amp)  # type: ignore[arg-type]  # fmt: skip
+        if gate is not None and not gate.committed:
+            r.sampler.load_state_dict(before)  # the same rows again, at the next quorum
+            r.discarded += 1
+            series.discarded()
+            c = comm.take() if comm is not None else None
+            end = time.perf_counter()
+            records.append((t0, t0 + data_s, end, end, c.exposed_s if c else 0.0, c.busy_s if c else 0.0, 0.0, 0, True))
+            continue
+        r.step += 1
+        step = r.step
+        c = comm.take() if comm is not None else None
+        exposed = c.exposed_s if c is not None else 0.0
+        idle = 0.0
+        if alone_before:  # the quorum waited for rank 0's checkpoint or evaluation: idle, not communication
+            idle, exposed = quorum_s, max(0.0, exposed - quorum_s)
+        if r.outer is not None and r.outer.due(step):
+            exposed += ft_quorum.sync(r, series)
+        last_loss = res.loss
+        losses.append(res.loss)
+        ti = time.perf_counter()
+        evaluate_now = bool(eval_every) and step % eval_every == 0 and step < steps
+        checkpoint_now = step % ck.interval_steps == 0 and step < steps
+        alone_before = evaluate_now or checkpoint_now
+        if _rank0(r) and alone_before:
+            if evaluate_now:
+                eval_result = evaluate(r.inner, r.ds, r.amp)
+                r.metrics.observe_eval(step, *eval_result)
+            if checkpoint_now:
+                r.ckpts.save(r.checkpoint_state(), step)
+        end = time.perf_counter()
+        idle += end - ti
+        # data + work + idle = the step's wall time (the quorum's idle part lies inside the work span).
+        records.append((t0, t0 + data_s, end - idle, end, exposed, exposed, idle, res.samples, True))
+        if ends_interval(step, log_every=log_every, steps=steps):
+            _log(r, records, interval, losses, series)
+            interval, losses = Tally(), []
+        if pace:
+            time.sleep(pace)
+    if r.outer is not None and not r.outer.due(r.step):
+        ft_quorum.sync(r, series)  # the replicas end on one model
+    train_s = time.perf_counter() - start
+    if records:
+        _log(r, records, interval, losses, series)
+    t = r.totals
+    job_samples = (r.manager.batches_committed() - committed_batches0) * (spec.data.batch_size // r.replica.replicas)
+    summary: dict[str, Any] = {
+        "steps": r.step,
+        "finalLoss": float(last_loss) if last_loss is not None else float("nan"),
+        "resumedFromStep": r.resumed_from,
+        "restartAttempt": cfg.restart_attempt,
+        "worldSize": r.replica.replicas,
+        "mode": spec.mode,
+        "layout": f"dp={r.replica.replicas},pp=1,tp=1",
+        "dataStrategy": spec.parallelism.data_strategy,
+        "device": r.ctx.device.type,
+        "backend": "torchft-" + ("nccl" if r.ctx.device.type == "cuda" else "gloo"),
+        "precision": tr.precision,
+        "sync": tr.sync.kind,
+        "trainS": train_s,
+        "samplesPerS": job_samples / train_s if train_s > 0 else 0.0,
+        **t.fractions(),
+        "faultTolerance": {"replica": r.replica.replica, "quorum": _participants(r), "discardedSteps": r.discarded,
+                           "recoveries": r.recoveries, "minReplicas": r.replica.min_replicas},  # fmt: skip
+    }
+    if r.outer is not None:
+        summary["syncs"] = r.outer.syncs
+        summary["syncBytes"] = r.outer.syncs * r.outer.bytes_per_sync
+    summary.update(throughput_fields(spec, vocab=r.ds.num_classes, samples_per_s=summary["samplesPerS"],
+                                     device=r.ctx.device, accelerators=r.replica.replicas))  # fmt: skip
+    if eval_result is not None:
+        summary[SUMMARY_EVAL_KEY[eval_result[0]]] = eval_result[1]
+    return summary
+
+
+def _participants(r: ReplicaRun) -> int:
+    return int(r.manager.num_participants()) if r.manager is not None else 0
+
+
+def _rank0(r: ReplicaRun) -> bool:
+    """Whether this replica is rank 0 of the latest quorum (it checkpoints and evaluates)."""
+    return r.manager.participating_rank() == 0
+
+
+def _log(r: ReplicaRun, records: list[StepRecord], interval: Tally, losses: list[torch.Tensor],
+         series: ReplicaSeries) -> None:  # fmt: skip
+    fold_steps(records, interval, r.metrics)
+    loss = float(torch.stack(losses).mean()) if losses else float("nan")
+    lr = r.optimizer.param_groups[0]["lr"]
+    grad_bytes = 0 if r.outer is not None else ddp.gradient_bytes(r.inner)
+    r.metrics.observe_interval(step=r.step, loss=loss, lr=lr, tally=interval, gradient_bytes=grad_bytes,
+                               extra={"quorum": _participants(r), "discarded": r.discarded})  # fmt: skip
+    r.totals.merge(interval)
+    r.ckpts.report()
+    if _rank0(r):
+        rec = interval.record()
+        print(f"step {r.step}/{r.cfg.spec.training.steps} loss {loss:.4f} lr {lr:.4g} quorum {_participants(r)}/"
+              f"{r.replica.replicas} samples/s {rec['samples_per_s'] * _participants(r):.0f} "
+              f"comm exposed {rec['comm_exposed_fraction']:.0%}", flush=True)  # fmt: skip
+
+
+def _stop(r: ReplicaRun) -> None:
+    """SIGTERM: leave at this step boundary; the quorum's rank 0 saves the step first (the others go on
+    without this replica, or stop too: a gang stopped as a whole resumes from that checkpoint)."""
+    if r.manager.participating_rank() == 0 and r.step > 0 and not r.ckpts.has(r.step):
+        r.ckpts.save(r.checkpoint_state(), r.step)
+    r.ckpts.report(wait=True)
+    raise stop_request.StopRequested(f"replica {r.replica.replica} after step {r.step}")
+
+
+def _finish(r: ReplicaRun, summary: Summary) -> Summary:
+    """The last step is committed: rank 0 of the quorum evaluates, writes the final checkpoint (with the
+    summary: a replica that restarts later finds the run finished) and summary.json; every replica
+    records its parameters' digest. A last quorum lets every replica leave after rank 0 wrote, and its
+    all-reduce measures how far the replicas' parameters differ (0 when they are identical)."""
+    cfg = r.cfg
+    rank0 = _rank0(r)
+    if rank0:
+        name, value = evaluate(r.inner, r.ds, r.amp)
+        summary[SUMMARY_EVAL_KEY[name]] = value
+        r.ckpts.claim()
+        summary["export"] = export_on_rank0(r.inner.state_dict, checkpoint_dir=cfg.checkpoint_dir, spec=cfg.spec,
+                                            step=r.step, is_main=True)  # fmt: skip
+        r.summary = summary
+        r.ckpts.save(r.checkpoint_state(), r.step)
+        r.ckpts.report(wait=True)
+    summary["replicaMaxAbsDiff"] = _divergence(r)
+    if not rank0 and _rank0(r) and not r.ckpts.has(r.step):  # the writer was lost before it wrote
+        r.summary = summary
+        r.ckpts.save(r.checkpoint_state(), r.step)
+        r.ckpts.report(wait=True)
+    digest = params_digest(r.inner)
+    summary["faultTolerance"]["paramsSha256"] = digest
+    if _rank0(r):
+        write_summary(cfg, summary)
+    elif cfg.termination_log is not None:
+        write_termination_message(cfg.termination_log, summary)
+    (cfg.run_dir / REPLICA_FILE.format(replica=r.replica.replica)).write_text(json.dumps(
+        {"step": r.step, "paramsSha256": digest, "discardedSteps": r.discarded, "recoveries": r.recoveries,
+         "restartAttempt": cfg.restart_attempt, "replicaMaxAbsDiff": summary["replicaMaxAbsDiff"]}))  # fmt: skip
+    mark_finished(cfg, r.replica.replica, r.step)
+    return summary
+
+
+def _divergence(r: ReplicaRun) -> float | None:
+    """max |p_i - p_j| over the last quorum's replicas (one quorum: an all-reduce of max and of -min)."""
+    flat = torch.cat([p.detach().float().reshape(-1) for p in r.inner.parameters()])
+    both = torch.cat([flat, -flat])
+    try:
+        r.manager.start_quorum()
+        from torch.distributed import ReduceOp  # noqa: PLC0415 - torch is loaded already; the name only here
+
+        r.manager.allreduce(both, reduce_op=ReduceOp.MAX).wait()
+        if not r.manager.should_commit():
+            return None
+    except Exception as e:  # noqa: BLE001 - the figure is a check, the run itself is complete
+        print(f"disttrain-trainer: replica {r.replica.replica}: no last quorum ({e}); divergence not measured",
+              flush=True)  # fmt: skip
+        return None
+    n = flat.numel()
+    return float((both[:n] + both[n:]).max())
+
+
+def _finished_already(r: ReplicaRun) -> Summary:
+    """The newest checkpoint is the run's last: nothing to train, its figures stand."""
+    assert r.summary is not None
+    if r.cfg.termination_log is not None:
+        write_termination_message(r.cfg.termination_log, r.summary)
+    if not (r.cfg.run_dir / "summary.json").exists():
+        write_summary(r.cfg, r.summary)
+    mark_finished(r.cfg, r.replica.replica, r.step)
+    return r.summary

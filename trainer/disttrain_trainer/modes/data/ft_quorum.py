@@ -1,0 +1,104 @@
+"""A fault-tolerant replica's waits for the others: the gang's first quorum (all replicas, or
+START_WAIT_S), the quorum of every step, and a LocalSGD / DiLoCo synchronisation (its quorum
+included). A replica behind the others recovers their state inside the quorum (ft_state.py).
+
+While a replica waits here a stop request (SIGTERM) ends the process at once, as in start-up
+(process/stop_request.py): waiting, it holds nothing the checkpoint or the live peers do not,
+and the quorum it waits for may never come (fewer than minReplicas left).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Iterator
+
+from disttrain_api import exitcodes
+
+from ...parallel.sync import ManagerAverager
+from .ft_state import ReplicaRun
+from .ft_telemetry import ReplicaSeries
+
+START_WAIT_S = 60.0
+GATHER_POLL_S = 0.5
+# Set while this replica waits for the others.
+_waiting = threading.Event()
+
+
+def leave_if_waiting() -> None:
+    if _waiting.is_set():
+        os.write(2, b"disttrain-trainer: stopped on request while waiting for a quorum\n")
+        os._exit(exitcodes.STOPPED)
+
+
+@contextlib.contextmanager
+def for_peers() -> Iterator[None]:
+    _waiting.set()
+    try:
+        yield
+    finally:
+        _waiting.clear()
+
+
+def gather(r: ReplicaRun, series: ReplicaSeries) -> None:
+    """A gang that starts (fresh, or from the checkpoint after a gang restart) waits up to START_WAIT_S
+    for all its replicas before the first step, as DDP's rendezvous would: the lighthouse forms a
+    quorum as soon as minReplicas ask, and replicas still importing torch would miss the first steps.
+    A quorum that is not complete is voted down (nothing trained) and asked again. A replica that
+    finds the others ahead of it is a replacement: it recovers from them in the quorum and goes on."""
+    deadline = time.monotonic() + START_WAIT_S
+    while True:
+        start = time.perf_counter()
+        with for_peers():
+            r.manager.start_quorum()
+        if r.healed:
+            r.healed = False
+            r.note_recovery(time.perf_counter() - start)
+            series.recovered(r.recovery_s)
+            return
+        n = r.manager.num_participants()
+        if n >= r.replica.replicas or time.monotonic() >= deadline:
+            series.quorum(r.manager, r.step)
+            return
+        r.manager.report_error(RuntimeError(f"waiting for all {r.replica.replicas} replicas (quorum {n})"))
+        r.manager.should_commit()
+        time.sleep(GATHER_POLL_S)
+
+
+def step_quorum(r: ReplicaRun, series: ReplicaSeries) -> tuple[None, float]:
+    """The next step's quorum; a replica behind the others recovers their state inside it."""
+    start = time.perf_counter()
+    with for_peers():
+        r.manager.start_quorum()
+    seconds = time.perf_counter() - start
+    if r.healed:
+        r.healed = False
+        r.note_recovery(seconds)
+        series.recovered(seconds)
+    series.quorum(r.manager, r.step)
+    return None, seconds
+
+
+def sync(r: ReplicaRun, series: ReplicaSeries) -> float:
+    """A LocalSGD / DiLoCo synchronisation (its quorum included); returns its seconds."""
+    assert r.outer is not None and isinstance(r.outer.averager, ManagerAverager)
+
+    def on_quorum() -> None:
+        if r.healed:
+            r.healed = False
+            r.note_recovery(time.perf_counter() - began)
+            series.recovered(r.recovery_s)
+        series.quorum(r.manager, r.step)
+
+    r.outer.averager.on_quorum = on_quorum
+    began = time.perf_counter()
+    with for_peers():
+        res = r.outer.sync()
+    if not res.committed:
+        r.discarded += 1
+        series.discarded()
+    else:
+        series.synced(res.bytes)
+    return res.comm.exposed_s
