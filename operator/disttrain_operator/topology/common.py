@@ -186,6 +186,29 @@ def build_headless_service(ctx: BuildContext, role: str, ports: list[tuple[str, 
     }
 
 
+def build_server_deployment(spec: JobSpec, ctx: BuildContext, name: str, pod: dict[str, Any],
+                            labels: dict[str, str]) -> dict[str, Any]:  # fmt: skip
+    """A Deployment of one replica that runs `pod` (a server of the job: the federated aggregator,
+    a parameter-server shard, the lighthouse), its pods selected by `labels`."""
+    template_meta = {k: v for k, v in pod["metadata"].items() if k in ("labels", "annotations")}
+    template_meta["labels"] = {**template_meta["labels"], c.LABEL_MODE: spec.mode}
+    pod_spec = copy.deepcopy(pod["spec"])
+    pod_spec["restartPolicy"] = "Always"  # a Deployment's pods always restart
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata(ctx, name, {**labels, c.LABEL_MODE: spec.mode}),
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": labels},
+            # Recreate: two copies of one server would each serve part of the gang (two models
+            # of an aggregator or a shard, two quorums of a lighthouse).
+            "strategy": {"type": "Recreate"},
+            "template": {"metadata": template_meta, "spec": pod_spec},
+        },
+    }
+
+
 def build_cluster_service(ctx: BuildContext, name: str, role: str, port_name: str, port: int) -> dict[str, Any]:
     return {
         "apiVersion": "v1",

@@ -17,7 +17,6 @@ replicas on its port only.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 
 from disttrain_api import constants as c
@@ -58,22 +57,7 @@ def add_lighthouse(children: Children, spec: JobSpec, ctx: BuildContext) -> None
                            ports=[(PORT_NAME, c.DEFAULT_LIGHTHOUSE_PORT)])  # fmt: skip
     name = service_name(ctx.name)
     labels = {c.LABEL_JOB: ctx.name, c.LABEL_ROLE: c.ROLE_LIGHTHOUSE}
-    template_meta = {k: v for k, v in pod["metadata"].items() if k in ("labels", "annotations")}
-    template_meta["labels"] = {**template_meta["labels"], c.LABEL_MODE: spec.mode}
-    pod_spec = copy.deepcopy(pod["spec"])
-    pod_spec["restartPolicy"] = "Always"  # a Deployment's pods always restart
-    children.deployments.append({
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": common.metadata(ctx, name, {**labels, c.LABEL_MODE: spec.mode}),
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": labels},
-            # Recreate: two lighthouses would each form a quorum of part of the replicas.
-            "strategy": {"type": "Recreate"},
-            "template": {"metadata": template_meta, "spec": pod_spec},
-        },
-    })  # fmt: skip
+    children.deployments.append(common.build_server_deployment(spec, ctx, name, pod, labels))
     svc = common.build_cluster_service(ctx, name, c.ROLE_LIGHTHOUSE, PORT_NAME, c.DEFAULT_LIGHTHOUSE_PORT)
     svc["spec"]["selector"] = dict(labels)
     children.services.insert(0, svc)

@@ -4,7 +4,6 @@ speaking gRPC, plus a gang of client pods that dial it by its Service name."""
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -63,22 +62,7 @@ def build_served(
         labels = {c.LABEL_JOB: ctx.name, c.LABEL_ROLE: server_role}
         if servers > 1:  # each Deployment and Service must select its own shard's pod only
             labels[c.LABEL_REPLICA_INDEX] = str(index)
-        template_meta = {k: v for k, v in server_pod["metadata"].items() if k in ("labels", "annotations")}
-        template_meta["labels"] = {**template_meta["labels"], c.LABEL_MODE: spec.mode}
-        pod_spec = copy.deepcopy(server_pod["spec"])
-        pod_spec["restartPolicy"] = "Always"  # a Deployment's pods always restart
-        deployments.append({
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": common.metadata(ctx, svc_name, {**labels, c.LABEL_MODE: spec.mode}),
-            "spec": {
-                "replicas": 1,
-                "selector": {"matchLabels": labels},
-                # Recreate: two servers would split the clients between two models.
-                "strategy": {"type": "Recreate"},
-                "template": {"metadata": template_meta, "spec": pod_spec},
-            },
-        })  # fmt: skip
+        deployments.append(common.build_server_deployment(spec, ctx, svc_name, server_pod, labels))
         svc = common.build_cluster_service(ctx, svc_name, server_role, port_name, port)
         svc["spec"]["selector"] = dict(labels)
         services.append(svc)

@@ -4,13 +4,21 @@ e.g. an image) as many as its rows are long, the same in every row."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from disttrain_api.model import DataSpec
+from disttrain_api.model import DataSpec, JobSpec
 
 from ...process.config import ConfigError
+from ..dataset import Dataset
+from ..rows import converted
+from ..source import Source
+
+# A streaming reader (csv.py, jsonl.py): (path, record batch) of the columns `names`, having
+# called check(path, the first block's schema); number columns in `float_columns` as float64.
+RecordBatches = Callable[..., Iterator[tuple[Path, Any]]]
 
 
 def wanted(d: DataSpec) -> list[str]:
@@ -56,3 +64,19 @@ def arrays(d: DataSpec, batch: Any, path: Path | str) -> tuple[np.ndarray, np.nd
 def key(d: DataSpec) -> dict[str, Any]:
     """What the converted arrays depend on besides the source."""
     return {"columns": list(d.feature_columns), "label": d.label_column}
+
+
+def read_streamed(spec: JobSpec, src: Source, cache: Path, record_batches: RecordBatches, fmt: str) -> Dataset:
+    """A row file that `record_batches` reads a block at a time, converted once into the cache:
+    the feature columns (and the label column with training.loss mse) read as float64, since the
+    reader types a column by its first block and a later 1.5 in an integer column would fail."""
+    floats: Collection[str] = {*spec.data.feature_columns,
+                               *([spec.data.label_column] if spec.training.loss == "mse" else [])}  # fmt: skip
+
+    def batches(d: DataSpec, path: Path | None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        assert path is not None, f"validation requires data.path with format {fmt}"
+        check = lambda f, schema: check_names(d, f, schema.names)  # noqa: E731
+        for f, batch in record_batches(path, wanted(d), check, float_columns=floats):
+            yield arrays(d, batch, f)
+
+    return converted(spec, src, cache, batches, {**key(spec.data), "loss": spec.training.loss == "mse"})

@@ -13,12 +13,10 @@ from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from disttrain_api.model import DataSpec, JobSpec
+from disttrain_api.model import JobSpec
 
 from ...process.config import ConfigError
 from ..dataset import Dataset
-from ..rows import converted
 from ..source import Source
 from . import columns
 
@@ -53,17 +51,5 @@ def record_batches(path: Path, names: list[str], check: Callable[[Path, Any], No
         raise ConfigError(f"spec.data.path: {path} is not readable as jsonl ({e})") from None
 
 
-def _batches(spec: JobSpec) -> Callable[[DataSpec, Path | None], Iterator[tuple[np.ndarray, np.ndarray]]]:
-    floats = {*spec.data.feature_columns, *([spec.data.label_column] if spec.training.loss == "mse" else [])}
-
-    def batches(d: DataSpec, path: Path | None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        assert path is not None, "validation requires data.path with format jsonl"
-        check = lambda f, schema: columns.check_names(d, f, schema.names)  # noqa: E731
-        for f, batch in record_batches(path, columns.wanted(d), check, float_columns=floats):
-            yield columns.arrays(d, batch, f)
-
-    return batches
-
-
 def read(spec: JobSpec, src: Source, cache: Path) -> Dataset:
-    return converted(spec, src, cache, _batches(spec), {**columns.key(spec.data), "loss": spec.training.loss == "mse"})
+    return columns.read_streamed(spec, src, cache, record_batches, "jsonl")
