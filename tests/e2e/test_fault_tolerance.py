@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 
-from .conftest import CHECKPOINT_VOLUME, Kubectl, OperatorProcess, events, job_manifest  # type: ignore[import-not-found]
+from .conftest import Kubectl, OperatorProcess, events, job_manifest  # type: ignore[import-not-found]
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -22,7 +22,7 @@ def test_deleted_replica_pod_leaves_a_smaller_quorum_then_rejoins(kubectl: Kubec
                                                                   namespace: str) -> None:  # fmt: skip
     name = f"ft-{uuid.uuid4().hex[:5]}"
     obj = job_manifest(name, namespace, steps=300, faultTolerance={"minReplicas": 1, "heartbeatTimeoutSeconds": 3},
-                       checkpoint={"intervalSteps": 100, "keep": 2, "volume": dict(CHECKPOINT_VOLUME)})  # fmt: skip
+                       checkpoint={"intervalSteps": 100, "keep": 2})  # on the claim the operator makes; fmt: skip
     obj["spec"]["workers"]["template"] = {"env": [{"name": "DISTTRAIN_FAULT_STEP_SLEEP_S", "value": "0.15"}]}
     kubectl.apply(obj)
     kubectl.wait_for("the lighthouse Deployment", lambda: any(
