@@ -24,8 +24,12 @@ from disttrain_api.model import GROUP, KIND, PLURAL, VERSION
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
-# (connect, read) seconds of one request; a log stream that follows reads without a limit.
+# (connect, read) seconds of one request.
 TIMEOUT = (10, 60)
+# Read timeout of a log stream that follows: a quiet trainer may print nothing for minutes. The
+# client takes no unbounded read (kubernetes >= 35 validates the timeout as numbers); a stream
+# that times out is resumed from where it stopped (logs_cmd.py), as one that broke off.
+FOLLOW_READ_TIMEOUT_S = 300.0
 # What a user of the job commands needs, for a 403's message.
 USER_RBAC = ("disttrainjobs: get list create update delete; pods: get list; pods/log: get; events: list")
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")  # a pod's own credentials
@@ -114,7 +118,7 @@ class Cluster:
             kwargs["tail_lines"] = tail
         if since_seconds is not None:
             kwargs["since_seconds"] = since_seconds
-        timeout = (TIMEOUT[0], None) if follow else TIMEOUT  # a quiet trainer may print nothing for minutes
+        timeout = (TIMEOUT[0], FOLLOW_READ_TIMEOUT_S) if follow else TIMEOUT
         return self.call(self._core().read_namespaced_pod_log, pod, self.namespace, _timeout=timeout, **kwargs)
 
     def copy_log(self, pod: str, container: str, out: BinaryIO, *, follow: bool, tail: int | None = None,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -15,13 +14,12 @@ import pytest
 from disttrain_api import constants as C
 from disttrain_api.model import parse_spec, to_json
 
+# This folder's helper modules (ports.py, the workers) for the tests here: pytest imports test
+# modules with --import-mode=importlib, which puts no test folder on sys.path.
+sys.path.insert(0, str(Path(__file__).parent))
+from ports import free_port  # noqa: E402
+
 RANK_TIMEOUT_S = 240
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

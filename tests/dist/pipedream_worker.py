@@ -11,9 +11,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from disttrain_trainer.models import MLP
-from disttrain_trainer.parallel.blocks import block_state, split_blocks
 from disttrain_trainer.modes.pipeline.partition import uniform_bounds
 from disttrain_trainer.modes.pipeline.pipedream import PipeDreamStage
+from disttrain_trainer.parallel.blocks import block_state, split_blocks
 from sklearn.datasets import load_digits
 from torch import nn
 

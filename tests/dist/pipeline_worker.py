@@ -12,9 +12,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from disttrain_trainer.models import GPT, MLP
-from disttrain_trainer.parallel.blocks import named_block_params, split_blocks
 from disttrain_trainer.modes.pipeline.partition import Plan, uniform_bounds
 from disttrain_trainer.modes.pipeline.schedules import Pipeline, total_stages
+from disttrain_trainer.parallel.blocks import named_block_params, split_blocks
 
 MICROBATCHES = 4
 BATCH = 16

@@ -14,13 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-
 from disttrain_api.model import parse_spec
-from disttrain_trainer.process.config import config_for
 from disttrain_trainer.data import load_dataset
 from disttrain_trainer.modes.federated import inprocess
 from disttrain_trainer.modes.federated.entry import client_states, make_evaluator
 from disttrain_trainer.modes.federated.settings import client_ids
+from disttrain_trainer.process.config import config_for
 from disttrain_trainer.tensor_transport import auth
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,20 +14,19 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import torch
 from disttrain_api.model import parse_spec
-from disttrain_trainer.process.config import config_for
 from disttrain_trainer.data import load_dataset
 from disttrain_trainer.modes.federated import inprocess
 from disttrain_trainer.modes.federated.aggregator import Aggregator
 from disttrain_trainer.modes.federated.client import ClientRunner
-from disttrain_trainer.modes.federated.local_training import ClientState, train_local
 from disttrain_trainer.modes.federated.entry import client_states
-from disttrain_trainer.telemetry.federated_series import AGGREGATOR, FedMetrics
+from disttrain_trainer.modes.federated.local_training import ClientState, train_local
 from disttrain_trainer.modes.federated.settings import client_ids
+from disttrain_trainer.process.config import config_for
+from disttrain_trainer.telemetry.federated_series import AGGREGATOR, FedMetrics
 from disttrain_trainer.tensor_transport import auth
 from disttrain_trainer.tensor_transport.channel import aio_channel
 

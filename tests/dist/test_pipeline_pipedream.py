@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,14 +17,9 @@ from torch.func import functional_call
 
 sys.path.insert(0, str(Path(__file__).parent))
 import pipedream_worker as worker  # noqa: E402
+from ports import free_port  # tests/dist/ports.py: conftest.py puts this folder on sys.path
 
 WORLD = 2
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,16 +13,11 @@ from disttrain_trainer.parallel.blocks import named_block_params, split_blocks
 
 sys.path.insert(0, str(Path(__file__).parent))
 import pipeline_worker as worker  # noqa: E402
+from ports import free_port  # tests/dist/ports.py: conftest.py puts this folder on sys.path
 
 SCHEDULES = ["Naive:mlp", "GPipe:mlp", "1F1B:mlp", "Interleaved1F1B:mlp", "InterleavedZeroBubble:mlp",
              "ZBVZeroBubble:mlp", "1F1B:gpt", "Interleaved1F1B:gpt"]
 WORLD = 2
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")

@@ -15,12 +15,12 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from disttrain_trainer.models import GPT, MLP
-from disttrain_trainer.parallel.blocks import block_state, split_blocks
-from disttrain_trainer.parallel.mesh import Layout, build_mesh
+from disttrain_trainer.modes.pipeline.loop import average_over_data
 from disttrain_trainer.modes.pipeline.partition import Plan, uniform_bounds
 from disttrain_trainer.modes.pipeline.schedules import Pipeline, total_stages
+from disttrain_trainer.parallel.blocks import block_state, split_blocks
+from disttrain_trainer.parallel.mesh import Layout, build_mesh
 from disttrain_trainer.parallel.tensor import stage_sharder
-from disttrain_trainer.modes.pipeline.loop import average_over_data
 from torch.distributed.tensor import DTensor
 
 TOL = 1e-9

@@ -12,8 +12,8 @@ import shutil
 from typing import Any
 
 import pytest
-from disttrain_trainer.checkpoints import whole as ckpt
 from disttrain_trainer.checkpoints import sharded as sc
+from disttrain_trainer.checkpoints import whole as ckpt
 
 REL = 1e-4
 DATA = {"mode": "data", "parallelism": {"tensor": 1}}

@@ -13,8 +13,8 @@ from typing import Any
 import torch
 from disttrain_api import constants as C
 from disttrain_api import exitcodes
-from disttrain_trainer.checkpoints import whole as ckpt
 from disttrain_trainer.checkpoints import sharded as sc
+from disttrain_trainer.checkpoints import whole as ckpt
 
 
 def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:

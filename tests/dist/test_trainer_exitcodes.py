@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -16,6 +15,7 @@ import pytest
 from disttrain_api import constants as C
 from disttrain_api import exitcodes
 from disttrain_api.model import parse_spec, to_json
+from ports import free_port  # tests/dist/ports.py: conftest.py puts this folder on sys.path
 
 TIMEOUT_S = 600  # several torch processes start at once; on a loaded 2-core machine that is slow
 # A model factory that only local rank 1 cannot import: one rank of a pod rejects the config.
@@ -32,12 +32,6 @@ def factory(spec, ds):
 @pytest.fixture
 def digits_spec(make_digits_spec) -> Callable[..., dict[str, Any]]:  # noqa: ANN001
     return make_digits_spec
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _env(tmp: Path, spec: dict[str, Any], name: str, **over: str) -> dict[str, str]:

@@ -11,7 +11,6 @@ import urllib.error
 import urllib.request
 
 import pytest
-
 from disttrain_api import constants as C
 from disttrain_api import metric_names as names
 from disttrain_api.scaling.hint import propose

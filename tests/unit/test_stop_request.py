@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 
@@ -234,3 +235,20 @@ def test_uninstall_lets_the_watcher_read_a_handled_signal_before_the_request_is_
     for _ in range(5):
         proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0 and proc.stdout.strip() == "alive", (proc.returncode, proc.stderr)
+
+
+def test_a_signal_the_watcher_recorded_does_not_raise_late_in_the_main_thread() -> None:
+    # The main thread waits in C inside a deferred section; the watcher thread reads the wakeup
+    # byte and records the stop; the woken code leaves the section (to save, or having finished);
+    # only then does Python run the main thread's handler for that same signal. It must not raise.
+    stop_request.reset()
+    try:
+        with stop_request.deferred():
+            t = threading.Thread(target=stop_request.request)  # the watcher's part
+            t.start()
+            t.join()
+            assert stop_request.event.wait(1)
+        stop_request._on_signal(signal.SIGTERM, None)  # the late handler: the request is already recorded
+        assert stop_request.requested()
+    finally:
+        stop_request.reset()

@@ -129,21 +129,26 @@ def _watch(read_fd: int) -> None:
 
 def _on_signal(signum: int, frame: Any) -> None:
     global _raised
-    request()
-    if not _deferred:
+    # Only a signal this handler records first stops the code here. The watcher thread may have
+    # recorded this very signal already (it reads the wakeup byte while the main thread waits in
+    # C), and the code that it woke has since left its deferred section, saving or finished:
+    # raising now would turn a stop that was handled into exit 3.
+    if request() and not _deferred:
         _raised = True
         raise StopRequested(f"{signal.Signals(signum).name} before training started")
 
 
-def request() -> None:
-    """Record a stop request (what the signal handler does; also for in-process tests)."""
+def request() -> bool:
+    """Record a stop request (what the signal handler does; also for in-process tests). False when
+    one was recorded already."""
     with _lock:
         if event.is_set():
-            return
+            return False
         event.set()
     _say(b"disttrain-trainer: stop requested (SIGTERM)\n")
     for callback in list(_callbacks):
         callback()
+    return True
 
 
 def _say(line: bytes) -> None:
