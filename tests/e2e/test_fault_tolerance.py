@@ -21,7 +21,9 @@ pytestmark = pytest.mark.timeout(600)
 def test_deleted_replica_pod_leaves_a_smaller_quorum_then_rejoins(kubectl: Kubectl, operator: OperatorProcess,
                                                                   namespace: str) -> None:  # fmt: skip
     name = f"ft-{uuid.uuid4().hex[:5]}"
-    obj = job_manifest(name, namespace, steps=300, faultTolerance={"minReplicas": 1, "heartbeatTimeoutSeconds": 3},
+    # 800 steps paced at 0.15 s: at least 2 minutes, so that a replacement pod started on a busy
+    # host (tens of seconds) rejoins before the survivor finishes alone (300 steps did not, once).
+    obj = job_manifest(name, namespace, steps=800, faultTolerance={"minReplicas": 1, "heartbeatTimeoutSeconds": 3},
                        checkpoint={"intervalSteps": 100, "keep": 2})  # on the claim the operator makes; fmt: skip
     obj["spec"]["workers"]["template"] = {"env": [{"name": "DISTTRAIN_FAULT_STEP_SLEEP_S", "value": "0.15"}]}
     kubectl.apply(obj)

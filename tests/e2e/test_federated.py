@@ -67,16 +67,25 @@ def _pods(kubectl: Any, ns: str, name: str, role: str) -> list[dict[str, Any]]:
 
 
 def test_federated_example_succeeds_on_the_cluster(kubectl: Any, operator: Any, namespace: str, tmp_path: Path) -> None:
-    kubectl.apply(_manifest("fed", namespace))
     # `disttrain logs` finds the aggregator (a Deployment's pod) from the job's labels and follows
-    # it from before it exists until the job ends (its Deployment is deleted then).
-    log = tmp_path / "aggregator.log"
-    with open(log, "wb") as out:
+    # it from before it exists until the job ends (its Deployment is deleted then). The job starts
+    # suspended and is resumed once the follow looks for the pod: a run of ~15 s could otherwise
+    # be over (its pod gone) before a CLI that starts slowly on a busy host takes its first look.
+    obj = _manifest("fed", namespace)
+    obj["spec"]["runPolicy"] = {**obj["spec"].get("runPolicy", {}), "suspend": True}
+    kubectl.apply(obj)
+    log, err = tmp_path / "aggregator.log", tmp_path / "follow.err"
+    with open(log, "wb") as out, open(err, "wb") as errors:
         follow = subprocess.Popen([str(DISTTRAIN), "logs", "fed", "-n", namespace, "--role", "aggregator", "-f"],
-                                  env={**os.environ, "KUBECONFIG": kubectl.kubeconfig}, stdout=out)  # fmt: skip
+                                  env={**os.environ, "KUBECONFIG": kubectl.kubeconfig}, stdout=out,
+                                  stderr=errors)  # fmt: skip
     try:
+        kubectl.wait_for("the follow to wait for the aggregator's pod",
+                         lambda: "waiting for the aggregator's pod to start" in err.read_text(), timeout=180)  # fmt: skip
+        kubectl.run("patch", "dtj", "fed", "-n", namespace, "--type=merge", "-p",
+                    json.dumps({"spec": {"runPolicy": {"suspend": False}}}))  # fmt: skip
         job = kubectl.wait_phase(namespace, "fed", ("Succeeded", "Failed"), timeout=900)
-        assert follow.wait(timeout=60) == 0
+        assert follow.wait(timeout=60) == 0, err.read_text()
     finally:
         if follow.poll() is None:
             follow.kill()
