@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -30,6 +31,8 @@ TIMEOUT = (10, 60)
 # client takes no unbounded read (kubernetes >= 35 validates the timeout as numbers); a stream
 # that times out is resumed from where it stopped (logs_cmd.py), as one that broke off.
 FOLLOW_READ_TIMEOUT_S = 300.0
+# How the kubelet's error text starts when it loses a container it streams the log of.
+KUBELET_LOST_CONTAINER = (b"rpc error: code = NotFound", b"unable to retrieve container logs for ")
 # What a user of the job commands needs, for a 403's message.
 USER_RBAC = ("disttrainjobs: get list create update delete; pods: get list; pods/log: get; events: list")
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")  # a pod's own credentials
@@ -126,14 +129,25 @@ class Cluster:
         """Write the pod's log to `out` as it comes; with `follow`, until the container ends or the
         connection drops (the caller decides whether to go on)."""
         resp = self.log(pod, container, follow=follow, tail=tail, since_seconds=since_seconds)
+        partial = b""  # what came after the last newline: written once its line ends, or the stream does
         try:
             for chunk in resp.stream(4096, decode_content=True):
-                out.write(chunk)
+                data = partial + chunk
+                cut = data.rfind(b"\n") + 1
+                out.write(data[:cut])
                 out.flush()
+                partial = data[cut:]
         except (urllib3.exceptions.HTTPError, OSError):
             pass  # the stream broke off (a node lost, an API server restarted): the caller looks again
         finally:
             resp.release_conn()
+        if partial.startswith(KUBELET_LOST_CONTAINER):
+            # The kubelet's own words, appended to the stream without a newline, when the container
+            # was removed under it (its pod went): a note, not a line of the pod's.
+            print(f"--- {pod}: {partial.decode(errors='replace').strip()} ---", file=sys.stderr, flush=True)
+        elif partial:
+            out.write(partial + b"\n")  # the pod's last line had no newline: the next pod's starts on its own
+            out.flush()
 
     # ------------------------------------------------------------------------- the calls
 

@@ -25,8 +25,6 @@ import yaml
 from .conftest import DISTTRAIN, Kubectl, OperatorProcess, job_manifest  # type: ignore[import-not-found]
 
 pytestmark = pytest.mark.e2e
-# What the kubelet writes into a log stream whose container it can no longer find.
-KUBELET_ERROR = re.compile(r"^(rpc error: code = NotFound |unable to retrieve container logs for )")
 
 
 def cli(kubeconfig: Path | str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -70,8 +68,9 @@ def as_service_account(kubectl: Kubectl, ns: str, path: Path) -> Path:
 def test_a_jobs_life_through_the_cli(kubectl: Kubectl, operator: OperatorProcess, namespace: str,
                                      tmp_path: Path) -> None:  # fmt: skip
     name = f"cli-{uuid.uuid4().hex[:6]}"
-    obj = job_manifest(name, namespace, steps=600, training={"evalIntervalSteps": 0, "logIntervalSteps": 20},
-                       checkpoint={"intervalSteps": 300})  # fmt: skip
+    # A model large enough that its 600 steps take tens of seconds: the watch sees it Running, with an ETA.
+    obj = job_manifest(name, namespace, steps=600, model={"name": "mlp", "hidden": 512, "layers": 4},
+                       training={"evalIntervalSteps": 0, "logIntervalSteps": 20}, checkpoint={"intervalSteps": 300})  # fmt: skip
     # Submitted suspended and resumed once the watch and the follow below look at it: a 600-step
     # run takes ~30 s, and CLIs that start slowly on a busy host could otherwise first see it done.
     obj["spec"]["runPolicy"] = {"suspend": True}
@@ -172,11 +171,9 @@ def test_logs_follow_a_rank_across_a_gang_restart(kubectl: Kubectl, operator: Op
     finally:
         if follow.poll() is None:
             follow.kill()
-    # The pods' own lines, in order. A stream whose container is removed as the job goes may end
-    # with the kubelet's own error text (as `kubectl logs -f` shows it): nothing of ours.
-    lines = _text(out).splitlines()
-    assert lines[:2] == ["attempt 0 rank 1", "attempt 1 rank 1"], lines
-    assert all(KUBELET_ERROR.match(line) for line in lines[2:]), lines
+    # The pods' own lines only: the kubelet's words about a container it lost (appended to a
+    # stream as its pod goes) are a note on stderr.
+    assert _text(out) == "attempt 0 rank 1\nattempt 1 rank 1\n"
     err = _text(out.with_suffix(".err"))
     assert f"--- rank 1 (worker pod 1): pod {name}-worker-1, attempt 1 ---" in err, err
     assert f"--- DistTrainJob {name} was deleted ---" in err, err

@@ -24,6 +24,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     protocol_version = "HTTP/1.1"
     quiet_s = 0.0
+    last = b""  # a last chunk: what the kubelet appends when it loses the container, or a line without newline
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
         assert self.path.startswith("/api/v1/namespaces/ml/pods/digits-worker-0/log?"), self.path
@@ -35,6 +36,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
         if "follow=true" in self.path:
             time.sleep(self.quiet_s)  # a trainer that prints nothing for a while
+        if self.last:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(self.last), self.last))
         self.wfile.write(b"0\r\n\r\n")
         self.close_connection = True
 
@@ -70,3 +73,21 @@ def test_a_quiet_follow_ends_at_its_read_timeout(api_server: str, monkeypatch: p
     t0 = time.monotonic()
     _cluster(api_server).copy_log("digits-worker-0", "trainer", out, follow=True)
     assert out.getvalue() == LOG and time.monotonic() - t0 < 4
+
+
+def test_the_kubelets_words_about_a_lost_container_are_a_note_not_a_pod_line(
+    api_server: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lost = b'rpc error: code = NotFound desc = an error occurred when try to find container "fc26": not found'
+    monkeypatch.setattr(_Handler, "last", lost)
+    out = io.BytesIO()
+    _cluster(api_server).copy_log("digits-worker-0", "trainer", out, follow=True)
+    assert out.getvalue() == LOG
+    assert capsys.readouterr().err == f"--- digits-worker-0: {lost.decode()} ---\n"
+
+
+def test_a_last_line_without_newline_is_ended(api_server: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_Handler, "last", b"step 3/10 loss 2.00")
+    out = io.BytesIO()
+    _cluster(api_server).copy_log("digits-worker-0", "trainer", out, follow=False)
+    assert out.getvalue() == LOG + b"step 3/10 loss 2.00\n"
