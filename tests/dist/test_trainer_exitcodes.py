@@ -164,16 +164,21 @@ spec:
 """
 
 
-def test_disttrain_local_fails_at_once_when_one_process_of_a_replica_exits_2(tmp_path: Path) -> None:
-    (tmp_path / "picky_model.py").write_text(PICKY_MODULE)
-    manifest = tmp_path / "picky.yaml"
-    manifest.write_text(LOCAL_MANIFEST)
+def _local_run(tmp_path: Path, module: str, module_text: str, manifest_text: str) -> subprocess.CompletedProcess[str]:
+    """`disttrain local` of `manifest_text`, with the model module `module` (`module_text`) importable."""
+    (tmp_path / f"{module}.py").write_text(module_text)
+    manifest = tmp_path / f"{module}.yaml"
+    manifest.write_text(manifest_text)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
-    res = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-m", "disttrain_cli", "local", str(manifest), "--run-dir",
          str(tmp_path / "run"), "--no-progress", "--metrics-port", "0"],
         env=env, capture_output=True, text=True, timeout=TIMEOUT_S,
     )  # fmt: skip
+
+
+def test_disttrain_local_fails_at_once_when_one_process_of_a_replica_exits_2(tmp_path: Path) -> None:
+    res = _local_run(tmp_path, "picky_model", PICKY_MODULE, LOCAL_MANIFEST)
     assert res.returncode == exitcodes.CONFIG, res.stdout + res.stderr
     assert "the trainer rejected the job: rank 1" in res.stderr, res.stderr
     assert "restarting" not in res.stdout, res.stdout
@@ -202,15 +207,7 @@ spec:
 def test_disttrain_local_counts_an_exit_3_it_did_not_ask_for_until_the_backoff_limit(tmp_path: Path) -> None:
     """Exit 3 is a disruption (not counted) only after the launcher's own SIGTERM; a model that exits
     3 by itself would otherwise restart until the deadline."""
-    (tmp_path / "exits_3_model.py").write_text(EXITS_3_MODULE)
-    manifest = tmp_path / "exits-3.yaml"
-    manifest.write_text(EXITS_3_MANIFEST)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
-    res = subprocess.run(
-        [sys.executable, "-m", "disttrain_cli", "local", str(manifest), "--run-dir",
-         str(tmp_path / "run"), "--no-progress", "--metrics-port", "0"],
-        env=env, capture_output=True, text=True, timeout=TIMEOUT_S,
-    )  # fmt: skip
+    res = _local_run(tmp_path, "exits_3_model", EXITS_3_MODULE, EXITS_3_MANIFEST)
     assert res.returncode == exitcodes.FAILED, res.stdout + res.stderr
     assert "BackoffLimitExceeded: 1 restarts (runPolicy.backoffLimit=1)" in res.stderr, res.stdout + res.stderr
     assert "exit code 3" in res.stderr and "a stop disttrain local did not ask for" in res.stdout, res.stdout
