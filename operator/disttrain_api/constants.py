@@ -98,8 +98,10 @@ ANNOTATION_MESH = "disttrain.dev/mesh"
 # --- fault-tolerant data parallel (spec.faultTolerance) ----------------------
 # Each worker pod is a replica group of its own: MASTER_ADDR is the pod's own address (its group's
 # store, and the address peers reach its manager, checkpoint server and all-reduce at), WORLD_SIZE
-# the group's size (1), NODE_RANK the replica index. The job's lighthouse (torchft's quorum
-# server) runs as role lighthouse; replicas find it in torchft's own variable.
+# the group's size (workers.procsPerWorker), NODE_RANK 0 (the pod is the only node of its group's
+# world), DISTTRAIN_FT_REPLICA the replica index. The job's lighthouse (torchft's quorum server)
+# runs as role lighthouse; replicas find it in torchft's own variable.
+ENV_FT_REPLICA = "DISTTRAIN_FT_REPLICA"  # 0 .. workers.replicas - 1
 ENV_FT_LIGHTHOUSE = "TORCHFT_LIGHTHOUSE"  # http://host:port
 ROLE_LIGHTHOUSE = "lighthouse"
 DEFAULT_LIGHTHOUSE_PORT = 29510

@@ -1,24 +1,17 @@
 """Cross-field rules of spec.faultTolerance and spec.training.sync: where fault-tolerant replicas
 and LocalSGD / DiLoCo can run, and with what.
 
-A fault-tolerant replica group is one worker pod running one process (torchft's Manager per
-replica, its all-reduce across replicas): layouts that spread a replica over several processes
-(procsPerWorker > 1, FSDP, tensor or pipeline parallel) are refused with the reason.
+A fault-tolerant replica group is one worker pod (torchft's Manager per process, its all-reduce
+across the replica groups): one process with ddp, or procsPerWorker processes that shard the model
+with fsdp (HSDP: sharded inside the pod, replicated fault-tolerantly across pods). Several
+processes of a ddp replica would need an all-reduce inside the pod besides torchft's across pods,
+which nothing runs: refused, as are tensor and pipeline parallel (mode data only).
 """
 
 from __future__ import annotations
 
 from .model import JobSpec
 from .rule_checker import Checker
-
-# Why FSDP (HSDP: sharded inside a replica group, replicated across them) is refused with
-# faultTolerance; README "Fault tolerance" says the same.
-FSDP_REASON = (
-    "fsdp (HSDP with a fault-tolerant replicated dimension) is not supported with faultTolerance: a replica "
-    "group here is one process, and torchft 0.2.0 has no device mesh for a sharded group (its "
-    "ManagedDeviceMesh was removed, meta-pytorch/torchft#289, as it relied on DeviceMesh's private API); "
-    "use dataStrategy ddp, or turn faultTolerance off"
-)
 
 
 def fault_tolerance(spec: JobSpec, c: Checker) -> None:
@@ -30,12 +23,12 @@ def fault_tolerance(spec: JobSpec, c: Checker) -> None:
               f"only mode data has replicas that can train on without a peer (mode is {spec.mode}); remove "
               "faultTolerance or set spec.mode: data")
         return
-    if c.ok("spec.parallelism.dataStrategy") and spec.parallelism.data_strategy == "fsdp":
-        c.add("spec.parallelism.dataStrategy", FSDP_REASON)
-    if c.ok("spec.workers.procsPerWorker") and spec.workers.procs_per_worker != 1:
+    if (c.ok("spec.workers.procsPerWorker", "spec.parallelism.dataStrategy") and spec.workers.procs_per_worker != 1
+            and spec.parallelism.data_strategy != "fsdp"):  # fmt: skip
         c.add("spec.workers.procsPerWorker",
-              f"must be 1 with faultTolerance (got {spec.workers.procs_per_worker}): each worker pod is one "
-              "replica of one process; raise workers.replicas instead")
+              f"must be 1 with faultTolerance and dataStrategy {spec.parallelism.data_strategy} (got "
+              f"{spec.workers.procs_per_worker}): a ddp replica is one process; raise workers.replicas instead, or "
+              "set dataStrategy: fsdp to shard each replica over its pod's processes (HSDP)")  # fmt: skip
     if c.ok("spec.workers.replicas", "spec.faultTolerance.minReplicas") and ft.min_replicas > spec.workers.replicas:
         c.add("spec.faultTolerance.minReplicas",
               f"{ft.min_replicas} must be <= workers.replicas {spec.workers.replicas}")

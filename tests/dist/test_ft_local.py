@@ -5,7 +5,11 @@ the job's lighthouse, and a replica killed with SIGKILL.
   no survivor trains a step twice, the replacement recovers the state of a live peer and rejoins,
   and every replica ends with the same parameters (digests and the last quorum's max difference);
 - below minReplicas the job falls back to a gang restart from the checkpoint;
-- without a failure it gives plain data parallel's parameters (within 1e-6).
+- without a failure it gives plain data parallel's parameters (within 1e-6);
+- HSDP (a replica group of two processes sharding the model with fsdp): a SIGKILL of one process
+  takes its group out, the other group goes on alone, and the replaced group recovers its shards
+  from the live group's processes of the same rank; without a failure it gives plain FSDP's
+  parameters over the same four processes.
 
 Steps are paced (DISTTRAIN_FAULT_STEP_SLEEP_S) so the kill lands mid-run and a replacement, which
 takes seconds to start on a busy host, rejoins before the end, while the CPU stays mostly idle.
@@ -33,19 +37,24 @@ HEARTBEAT_S = 2
 PACE_S = 0.1
 
 
-def manifest(name: str, *, replicas: int, min_replicas: int, steps: int, ckpt_every: int, ft: bool = True) -> str:
+def manifest(name: str, *, replicas: int, min_replicas: int, steps: int, ckpt_every: int, ft: bool = True,
+             procs: int = 1) -> str:  # fmt: skip
+    """procs > 1: HSDP, each replica group `procs` processes sharding the model (dataStrategy fsdp)."""
     block = (f"  faultTolerance: {{minReplicas: {min_replicas}, heartbeatTimeoutSeconds: {HEARTBEAT_S}}}\n"
              if ft else "")  # fmt: skip
+    if procs > 1:
+        block += "  parallelism: {dataStrategy: fsdp}\n"
+    batch = 32 * replicas * procs
     return f"""\
 apiVersion: disttrain.dev/v1alpha1
 kind: DistTrainJob
 metadata: {{name: {name}}}
 spec:
   mode: data
-  workers: {{replicas: {replicas}}}
+  workers: {{replicas: {replicas}, procsPerWorker: {procs}}}
   model: {{name: mlp, hidden: 32, layers: 2}}
-  data: {{name: digits, batchSize: {32 * replicas}, seed: 3, shards: 3}}
-  optimizer: {{name: sgd, lr: 0.1, momentum: 0.9, baseBatchSize: {32 * replicas}, warmupSteps: 5}}
+  data: {{name: digits, batchSize: {batch}, seed: 3, shards: 3}}
+  optimizer: {{name: sgd, lr: 0.1, momentum: 0.9, baseBatchSize: {batch}, warmupSteps: 5}}
   training: {{steps: {steps}, logIntervalSteps: 1}}
   checkpoint: {{intervalSteps: {ckpt_every}, keep: 2}}
   runPolicy: {{backoffLimit: 3}}
@@ -148,16 +157,68 @@ def test_below_min_replicas_the_gang_restarts_from_the_checkpoint(tmp_path: Path
     replicas_agree(run_dir, 2, steps)
 
 
-def test_without_a_failure_it_equals_plain_data_parallel(tmp_path: Path) -> None:
-    steps = 25
+def exported_pair(tmp_path: Path, names: tuple[str, str], *, procs: int) -> tuple[dict[str, torch.Tensor], ...]:
+    """The exported parameters of the same job with and without faultTolerance (no failure)."""
     runs = {}
-    for name, ft in (("ftsame", True), ("dpsame", False)):
-        proc, run_dir = start(tmp_path, manifest(name, replicas=2, min_replicas=2, steps=steps, ckpt_every=100, ft=ft),
-                              name, pace_s=0.0)  # fmt: skip
+    for name, ft in zip(names, (True, False), strict=True):
+        text = manifest(name, replicas=2, min_replicas=2, steps=25, ckpt_every=100, ft=ft, procs=procs)
+        proc, run_dir = start(tmp_path, text, name, pace_s=0.0)
         finish(proc)
         runs[name] = load_file(run_dir / "checkpoints" / name / "export" / "model.safetensors")
-    a, b = runs["ftsame"], runs["dpsame"]
+    a, b = runs[names[0]], runs[names[1]]
     assert a.keys() == b.keys()
-    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6
     moved = max(float(t.abs().max()) for t in a.values())
     assert moved > 0 and all(torch.isfinite(t).all() for t in a.values())
+    return a, b
+
+
+def test_without_a_failure_it_equals_plain_data_parallel(tmp_path: Path) -> None:
+    a, b = exported_pair(tmp_path, ("ftsame", "dpsame"), procs=1)
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6
+
+
+def test_hsdp_without_a_failure_equals_plain_fsdp(tmp_path: Path) -> None:
+    # The same mean gradient, summed in another order (reduce-scatter in each group, then across
+    # the groups, against one reduce-scatter over all four processes): equal up to rounding.
+    a, b = exported_pair(tmp_path, ("fthsdp", "fsdpsame"), procs=2)
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-5
+
+
+def test_a_killed_hsdp_process_takes_its_group_out_which_rejoins_from_its_peers_shards(tmp_path: Path) -> None:
+    steps, procs = 120, 2
+    proc, run_dir = start(tmp_path, manifest("fthsdpkill", replicas=2, min_replicas=1, steps=steps, ckpt_every=40,
+                                             procs=procs), "fthsdpkill", pace_s=PACE_S)  # fmt: skip
+    killed = kill_at(proc, run_dir, rank=3, step=15)  # replica 1's second process
+    out = finish(proc)
+    assert "replica 1 lost" in out and "the other 1 go on at a smaller quorum" in out, out[-3000:]
+    assert "replica 1 rejoined" in out, out[-3000:]
+    for survivor in (0, 1):  # replica 0's two processes
+        steps_seen = [r for r in records(run_dir, survivor) if "event" not in r]
+        assert [r["step"] for r in steps_seen] == list(range(1, steps + 1)), "a survivor trained a step twice"
+        alone = [r for r in steps_seen if r["time"] > killed and r["quorum"] == 1]
+        assert alone, "the surviving group never trained alone"
+        assert any(r["time"] > alone[0]["time"] and r["quorum"] == 2 for r in steps_seen), "the group never rejoined"
+    ends = replicas_agree(run_dir, 2, steps)  # each group's shard digests, in group rank order
+    assert ends[1]["recoveries"] >= 1
+    local = json.loads((run_dir / "local-summary.json").read_text())
+    assert local["restarts"] == 1 and local["status"] == "Succeeded"
+
+
+def test_a_stopped_hsdp_job_leaves_promptly_every_process_at_the_quorum(tmp_path: Path) -> None:
+    # SIGTERM reaches every process of a group between two steps or inside one; each leaves at its
+    # next wait for the quorum, none hangs in a collective a group peer already left.
+    proc, run_dir = start(tmp_path, manifest("fthsdpstop", replicas=2, min_replicas=1, steps=2000, ckpt_every=1000,
+                                             procs=2), "fthsdpstop", pace_s=0.02)  # fmt: skip
+    deadline = time.monotonic() + 240
+    while step_of(run_dir) < 20:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
+        time.sleep(0.05)
+    stopped = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    took = time.monotonic() - stopped
+    assert "stopped by the user" in out, out[-3000:]
+    for rank in range(4):
+        log = (run_dir / "logs" / f"rank{rank}.log").read_text()
+        assert "stopped on request while waiting for a quorum" in log, log[-2000:]
+    assert took < 20, f"the processes took {took:.0f} s to leave (a collective waited on a departed peer)"

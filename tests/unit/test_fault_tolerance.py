@@ -54,9 +54,8 @@ def test_the_block_is_the_opt_in_and_round_trips() -> None:
 
 @pytest.mark.parametrize(("change", "path", "words"), [
     ({"mode": "pipeline", "parallelism": {"pipeline": 3}}, "spec.faultTolerance", "only mode data"),
-    ({"parallelism": {"dataStrategy": "fsdp"}}, "spec.parallelism.dataStrategy", "ManagedDeviceMesh was removed"),
     ({"workers": {"replicas": 3, "procsPerWorker": 2}, "data": {"name": "digits", "batchSize": 96}},
-     "spec.workers.procsPerWorker", "one replica of one process"),
+     "spec.workers.procsPerWorker", "set dataStrategy: fsdp to shard each replica"),
     ({"faultTolerance": {"minReplicas": 4}}, "spec.faultTolerance.minReplicas", "4 must be <= workers.replicas 3"),
     ({"elastic": {"minReplicas": 1, "maxReplicas": 3}}, "spec.elastic", "cannot be combined with faultTolerance"),
     ({"training": {"gradientCompression": "powersgd"}}, "spec.training.gradientCompression", "fault-tolerant one"),
@@ -87,17 +86,29 @@ def test_learning_rate_follows_the_quorum() -> None:
     assert quorum_lr_factor("linear", 4, 4) == 1.0
 
 
-def test_replica_env_is_a_world_of_one_per_replica_plus_the_lighthouse() -> None:
-    slots = [Slot(rank=i, local_rank=0, node_rank=i) for i in range(3)]
-    base = [(s, {C.ENV_WORLD_SIZE: "3", C.ENV_RANK: str(s.rank), C.ENV_MASTER_PORT: "1"}) for s in slots]
-    out = replica_envs(base, store_ports=[11, 12, 13], lighthouse_port=99, metrics_port=7)
-    assert len(out) == 4
-    for i, (slot, env) in enumerate(out[:3]):
-        assert (env[C.ENV_WORLD_SIZE], env[C.ENV_RANK], env[C.ENV_NODE_RANK]) == ("1", "0", str(i))
-        assert env[C.ENV_MASTER_PORT] == str(11 + i) and env[C.ENV_FT_LIGHTHOUSE] == "http://127.0.0.1:99"
+def test_hsdp_replicas_are_accepted() -> None:
+    # Each replica group shards the model over its pod's processes; the groups replicate it.
+    obj = manifest(workers={"replicas": 2, "procsPerWorker": 2}, parallelism={"dataStrategy": "fsdp"},
+                   data={"name": "digits", "batchSize": 64})  # fmt: skip
+    assert errors(obj) == []
+    assert errors(manifest(parallelism={"dataStrategy": "fsdp"})) == []
+
+
+@pytest.mark.parametrize("procs", [1, 2])
+def test_replica_env_is_a_world_per_replica_plus_the_lighthouse(procs: int) -> None:
+    slots = [Slot(rank=i, local_rank=i % procs, node_rank=i // procs) for i in range(3 * procs)]
+    base = [(s, {C.ENV_WORLD_SIZE: str(3 * procs), C.ENV_RANK: str(s.rank), C.ENV_MASTER_PORT: "1"}) for s in slots]
+    out = replica_envs(base, procs=procs, store_ports=[11, 12, 13], lighthouse_port=99, metrics_port=7)
+    assert len(out) == 3 * procs + 1
+    for i, (slot, env) in enumerate(out[:-1]):
+        replica, group_rank = divmod(i, procs)
+        assert (env[C.ENV_WORLD_SIZE], env[C.ENV_RANK], env[C.ENV_LOCAL_RANK]) == (str(procs), str(group_rank), str(group_rank))
+        assert (env[C.ENV_NODE_RANK], env[C.ENV_FT_REPLICA]) == ("0", str(replica))
+        # One store per replica group: its processes' world, and its Manager's.
+        assert env[C.ENV_MASTER_PORT] == str(11 + replica) and env[C.ENV_FT_LIGHTHOUSE] == "http://127.0.0.1:99"
         assert C.ENV_ROLE not in env and slot.rank == i
-    lh_slot, lh = out[3]
-    assert lh_slot.rank == 3 and lh[C.ENV_ROLE] == C.ROLE_LIGHTHOUSE and lh[C.ENV_METRICS_PORT] == "7"
+    lh_slot, lh = out[-1]
+    assert lh_slot.rank == 3 * procs and lh[C.ENV_ROLE] == C.ROLE_LIGHTHOUSE and lh[C.ENV_METRICS_PORT] == "7"
 
 
 def _failure(code: int, *, stop_sent: bool = False) -> Failure:

@@ -57,8 +57,8 @@ def test_replicas_are_worlds_of_one_and_the_job_owns_a_lighthouse() -> None:
     for i, p in enumerate(children.pods):
         env = env_of(p)
         assert env[C.ENV_MASTER_ADDR] == f"j-worker-{i}.j.ns.svc.cluster.local"  # its own address, not rank 0's
-        assert (env[C.ENV_WORLD_SIZE], env[C.ENV_RANK], env[C.ENV_NODE_RANK]) == ("1", "0", str(i))
-        assert env[C.ENV_FT_LIGHTHOUSE] == lighthouse
+        assert (env[C.ENV_WORLD_SIZE], env[C.ENV_RANK], env[C.ENV_NODE_RANK]) == ("1", "0", "0")
+        assert env[C.ENV_FT_REPLICA] == str(i) and env[C.ENV_FT_LIGHTHOUSE] == lighthouse
     (dep,) = children.deployments
     assert dep["metadata"]["name"] == "j-lighthouse" and dep["spec"]["strategy"] == {"type": "Recreate"}
     assert dep["metadata"]["ownerReferences"][0]["uid"] == "u"
@@ -114,3 +114,16 @@ def test_quorum_in_status_and_replica_joined_when_it_grows() -> None:
                        progress={**reading, names.FT_QUORUM_SIZE: 3.0, names.FT_QUORUM_ID: 6.0}))  # fmt: skip
     assert grown.status["replicaGroups"]["quorum"] == 3 and grown.status["replicaGroups"]["joined"] == 1
     assert [r for _, r, _ in grown.events] == ["ReplicaJoined"]
+
+
+def test_an_hsdp_replica_pod_is_a_world_of_its_processes() -> None:
+    # The pod's launcher spawns procsPerWorker processes (no RANK: each derives its own from
+    # LOCAL_RANK, NODE_RANK 0); they shard the model among themselves and form one replica group.
+    spec = api.parse_spec({"mode": "data", "workers": {"replicas": 2, "procsPerWorker": 2}, "data": {"batchSize": 64},
+                           "parallelism": {"dataStrategy": "fsdp"}, "faultTolerance": {"minReplicas": 1}})  # fmt: skip
+    children = build_children(spec, BuildContext(name="j", namespace="ns", uid="u", image="img", replicas=2))
+    for i, p in enumerate(children.pods):
+        env = env_of(p)
+        assert (env[C.ENV_WORLD_SIZE], env[C.ENV_NPROC_PER_NODE], env[C.ENV_NODE_RANK]) == ("2", "2", "0")
+        assert C.ENV_RANK not in env and C.ENV_LOCAL_RANK not in env
+        assert env[C.ENV_FT_REPLICA] == str(i) and env[C.ENV_MASTER_ADDR] == f"j-worker-{i}.j.ns.svc.cluster.local"

@@ -9,7 +9,9 @@ learns the replicas again from their heartbeats, so a Deployment (restarted by K
 
 A replica pod's env differs from a gang pod's: MASTER_ADDR is the pod's own DNS name (its group's
 store, and where peers reach its manager, its checkpoint server and the all-reduce's store),
-WORLD_SIZE 1 and RANK 0 (its own group), TORCHFT_LIGHTHOUSE the Service. The pods stay behind the
+WORLD_SIZE its processes and NODE_RANK 0 (its own group's world: one process, or an HSDP group of
+workers.procsPerWorker sharding the model), DISTTRAIN_FT_REPLICA its index, TORCHFT_LIGHTHOUSE the
+Service. The pods stay behind the
 job's headless Service, so each has that name; the gang's NetworkPolicy already admits the job's
 own pods on every port (gloo and torchft pick theirs at random), and the lighthouse's admits the
 replicas on its port only.
@@ -38,11 +40,15 @@ def address(ctx: BuildContext) -> str:
     return f"http://{common.service_fqdn(service_name(ctx.name), ctx.namespace)}:{c.DEFAULT_LIGHTHOUSE_PORT}"
 
 
-def replica_env(ctx: BuildContext, index: int) -> dict[str, str]:
-    """What a replica pod's env changes from a gang pod's (see the module doc)."""
+def replica_env(ctx: BuildContext, procs: int, index: int) -> dict[str, str]:
+    """What replica pod `index`'s env changes from a gang pod's (see the module doc); `procs` its
+    processes (workers.procsPerWorker: with more than one, the pod's launcher spawns them)."""
     host = common.fqdn(common.pod_name(ctx.name, c.ROLE_WORKER, index), common.service_name(ctx.name), ctx.namespace)
-    return {c.ENV_MASTER_ADDR: host, c.ENV_WORLD_SIZE: "1", c.ENV_RANK: "0", c.ENV_LOCAL_RANK: "0",
-            c.ENV_FT_LIGHTHOUSE: address(ctx)}  # fmt: skip
+    env = {c.ENV_MASTER_ADDR: host, c.ENV_WORLD_SIZE: str(procs), c.ENV_NODE_RANK: "0",
+           c.ENV_FT_REPLICA: str(index), c.ENV_FT_LIGHTHOUSE: address(ctx)}  # fmt: skip
+    if procs == 1:
+        env |= {c.ENV_RANK: "0", c.ENV_LOCAL_RANK: "0"}
+    return env
 
 
 def add_lighthouse(children: Children, spec: JobSpec, ctx: BuildContext) -> None:

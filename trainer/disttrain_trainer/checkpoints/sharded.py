@@ -36,6 +36,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
+    get_optimizer_state_dict,
     get_state_dict,
     set_state_dict,
 )
@@ -239,6 +240,19 @@ def full_model_state(model: nn.Module) -> dict[str, Any]:
     """The model's full tensors keyed by name on rank 0 (empty elsewhere), gathered from whatever
     shards the ranks hold (FSDP2, tensor-parallel DTensors). Collective: every rank calls it."""
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer's full state on rank 0 in whole.py's shape (keyed by parameter index, as
+    `optimizer.state_dict()` of an unsharded model), gathered from the ranks' shards. Collective."""
+    full = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if not full:
+        return {}
+    index = {n: i for i, (n, _) in enumerate(model.named_parameters())}
+    return {
+        "state": {index[n]: s for n, s in full["state"].items()},
+        "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in full["param_groups"]],
+    }
 
 
 def _named_optim_state(full: dict[str, Any], names: list[str]) -> dict[str, Any]:

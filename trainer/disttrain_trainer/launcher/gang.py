@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -234,8 +234,17 @@ class Gang:
         for m in self._members:
             m.proc.wait()
 
-    def _signal_all(self, sig: signal.Signals) -> None:
-        for m in self._members:
+    def kill(self, ranks: Iterable[int]) -> None:
+        """SIGKILL the processes of `ranks` that still run and wait for them (a fault-tolerant replica
+        group whose world lost a member: they would only wait on their dead peer)."""
+        chosen = set(ranks)
+        members = [m for m in self._members if m.slot.rank in chosen]
+        self._signal_all(signal.SIGKILL, members)
+        for m in members:
+            m.proc.wait()
+
+    def _signal_all(self, sig: signal.Signals, members: Iterable[_Member] | None = None) -> None:
+        for m in self._members if members is None else members:
             if m.proc.poll() is not None:
                 continue
             if sig == signal.SIGTERM:

@@ -2,16 +2,19 @@
 lighthouse a process of its own, and a failed replica replaced alone while the others go on.
 
 The environment is the operator's for fault-tolerant pods (disttrain_api.constants): every replica
-is a world of one (WORLD_SIZE 1, RANK 0) whose store listens on its own MASTER_PORT, NODE_RANK is
-its replica index, and TORCHFT_LIGHTHOUSE names the lighthouse. The lighthouse is one more process
-(rank = world size, log rank{W}.log) in role lighthouse; it never ends by itself, so the launcher
-treats it as optional to the gang's success and starts it again if it dies.
+group is a world of its own (WORLD_SIZE procsPerWorker, RANK its process's index in the group: one
+process with ddp, an HSDP group with fsdp) whose store listens on its own MASTER_PORT,
+DISTTRAIN_FT_REPLICA is its replica index, and TORCHFT_LIGHTHOUSE names the lighthouse. The
+lighthouse is one more process (rank = world size, log rank{W}.log) in role lighthouse; it never
+ends by itself, so the launcher treats it as optional to the gang's success and starts it again if
+it dies.
 
-When a replica fails (`decide`): a config error fails the job; otherwise, if at least minReplicas
-replicas are still running (or have finished), only that replica is started again (with a fresh
-store port) and recovers from a live peer: counted against runPolicy.backoffLimit like a restart,
-or as a disruption when it stopped on request (SIGTERM). Fewer than minReplicas left: the gang
-restarts from the newest checkpoint, as without fault tolerance.
+When a process fails (`decide`): a config error fails the job; otherwise, if at least minReplicas
+replica groups are still running (or have finished), only its group is started again (with a fresh
+store port; the group's other processes, whose world died with it, are killed first) and recovers
+from a live peer: counted against runPolicy.backoffLimit like a restart, or as a disruption when
+it stopped on request (SIGTERM). Fewer than minReplicas left: the gang restarts from the newest
+checkpoint, as without fault tolerance.
 """
 
 from __future__ import annotations
@@ -36,14 +39,18 @@ def lighthouse_rank(spec: JobSpec) -> int:
     return spec.world_size
 
 
-def replica_envs(envs: Sequence[tuple[Slot, dict[str, str]]], *, store_ports: Sequence[int], lighthouse_port: int,
-                 metrics_port: int) -> list[tuple[Slot, dict[str, str]]]:  # fmt: skip
-    """Every gang process a replica group of its own, plus the lighthouse process (last)."""
+def replica_envs(envs: Sequence[tuple[Slot, dict[str, str]]], *, procs: int, store_ports: Sequence[int],
+                 lighthouse_port: int, metrics_port: int) -> list[tuple[Slot, dict[str, str]]]:  # fmt: skip
+    """Every `procs` consecutive gang processes a replica group of their own (one store port per
+    group), plus the lighthouse process (last)."""
     url = f"http://{LOCALHOST}:{lighthouse_port}"
-    out = [(s, {**e, C.ENV_MASTER_PORT: str(store_ports[i]), C.ENV_WORLD_SIZE: "1", C.ENV_RANK: "0",
-                C.ENV_LOCAL_RANK: "0", C.ENV_NPROC_PER_NODE: "1", C.ENV_NODE_RANK: str(s.rank),
-                C.ENV_FT_LIGHTHOUSE: url})
-           for i, (s, e) in enumerate(envs)]  # fmt: skip
+    out = []
+    for s, e in envs:
+        replica, group_rank = divmod(s.rank, procs)
+        out.append((s, {**e, C.ENV_MASTER_PORT: str(store_ports[replica]), C.ENV_WORLD_SIZE: str(procs),
+                        C.ENV_RANK: str(group_rank), C.ENV_LOCAL_RANK: str(group_rank),
+                        C.ENV_NPROC_PER_NODE: str(procs), C.ENV_NODE_RANK: "0", C.ENV_FT_REPLICA: str(replica),
+                        C.ENV_FT_LIGHTHOUSE: url}))  # fmt: skip
     if not envs:
         return out
     _, first = out[0]
@@ -65,9 +72,9 @@ def decide(failure: Failure, *, healthy: int, min_replicas: int, restarts: int, 
 
 @dataclass
 class Watch:
-    """A replaced replica, watched until its log says it recovered from a live peer."""
+    """A replaced replica, watched (its group's first process) until its log says it recovered from a live peer."""
 
-    rank: int
+    rank: int  # the replica index
     tail: JsonlTail
 
 
@@ -77,6 +84,7 @@ class ReplicaSet:
 
     def __init__(self, spec: JobSpec, gang: Gang, run_dir: Path) -> None:
         self.spec, self.gang, self.run_dir = spec, gang, run_dir
+        self.procs = spec.workers.procs_per_worker
         self.lighthouse = lighthouse_rank(spec)
         self.watching: list[Watch] = []
 
@@ -84,16 +92,29 @@ class ReplicaSet:
     def optional(self) -> frozenset[int]:
         return frozenset({self.lighthouse})
 
-    def healthy_besides(self, rank: int) -> int:
-        """Replicas other than `rank` that run or finished (exit 0)."""
-        states = self.gang.states()
-        return sum(1 for r, rc in states.items() if r != rank and r != self.lighthouse and rc in (None, 0))
+    def replica_of(self, rank: int) -> int:
+        return rank // self.procs
 
-    def replace(self, rank: int) -> None:
-        self.gang.replace(rank, env={C.ENV_MASTER_PORT: str(reserve_ports(1)[0])})
-        tail = JsonlTail(metrics_path(self.run_dir, rank))
+    def ranks_of(self, replica: int) -> range:
+        return range(replica * self.procs, (replica + 1) * self.procs)
+
+    def healthy_besides(self, replica: int) -> int:
+        """Replica groups other than `replica` whose processes all run or finished (exit 0)."""
+        states = self.gang.states()
+        return sum(1 for g in range(self.spec.workers.replicas)
+                   if g != replica and all(states[r] in (None, 0) for r in self.ranks_of(g)))  # fmt: skip
+
+    def replace(self, replica: int) -> None:
+        """Start replica group `replica` again, on a fresh store port; its processes still running
+        (an HSDP group whose peer died: their world is gone) are killed first."""
+        ranks = self.ranks_of(replica)
+        self.gang.kill(ranks)
+        port = str(reserve_ports(1)[0])
+        for rank in ranks:
+            self.gang.replace(rank, env={C.ENV_MASTER_PORT: port})
+        tail = JsonlTail(metrics_path(self.run_dir, ranks[0]))
         tail.read_new()  # only what the replacement writes
-        self.watching.append(Watch(rank=rank, tail=tail))
+        self.watching.append(Watch(rank=replica, tail=tail))
 
     def lighthouse_lost(self) -> Failure | None:
         """The lighthouse's failure once, if it died (it is then started again)."""
@@ -133,11 +154,12 @@ def handle(rs: ReplicaSet, outcome: Failure | bool, counts: Counts, *, note: Cal
     ft = rs.spec.fault_tolerance
     assert ft is not None
     limit = rs.spec.run_policy.backoff_limit
-    healthy = rs.healthy_besides(outcome.rank)
+    replica = rs.replica_of(outcome.rank)
+    healthy = rs.healthy_besides(replica)
     action = decide(outcome, healthy=healthy, min_replicas=ft.min_replicas, restarts=counts.restarts,
                     backoff_limit=limit)  # fmt: skip
     if action == "gang":
-        note(f"replica {outcome.rank} lost ({outcome.reason}); {healthy} replicas left, fewer than "
+        note(f"replica {replica} lost ({outcome.reason}); {healthy} replicas left, fewer than "
              f"faultTolerance.minReplicas={ft.min_replicas}: the gang restarts from the newest checkpoint")
         return outcome
     if action == "fail":
@@ -148,7 +170,7 @@ def handle(rs: ReplicaSet, outcome: Failure | bool, counts: Counts, *, note: Cal
     else:
         counts.restarts += 1
         why = f"restart {counts.restarts}/{limit}"
-    note(f"replica {outcome.rank} lost ({outcome.reason}); the other {healthy} go on at a smaller quorum, "
+    note(f"replica {replica} lost ({outcome.reason}); the other {healthy} go on at a smaller quorum, "
          f"replacing only this replica ({why})")
-    rs.replace(outcome.rank)
+    rs.replace(replica)
     return False

@@ -238,7 +238,8 @@ def run_local(job: api.DistTrainJob, options: LocalOptions) -> LocalResult:
             if federated or shards:
                 envs = identity.provision(run_dir, spec, envs)
             if ft:
-                envs = replicas.replica_envs(envs, store_ports=envmod.reserve_ports(len(envs)),
+                envs = replicas.replica_envs(envs, procs=spec.workers.procs_per_worker,
+                                             store_ports=envmod.reserve_ports(spec.workers.replicas),
                                              lighthouse_port=envmod.reserve_ports(1)[0], metrics_port=ports[-1])  # fmt: skip
             clear_finished(run_dir)
             if attempt:

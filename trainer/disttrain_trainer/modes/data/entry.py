@@ -62,7 +62,7 @@ def main(cfg: TrainerConfig) -> Summary | None:
     if cfg.spec.fault_tolerant:
         from . import fault_tolerant  # noqa: PLC0415 - torchft, only in fault-tolerant runs
 
-        return fault_tolerant.run(cfg if cfg.rank is not None else cfg.for_local_rank(0))
+        return run_local_ranks(cfg, fault_tolerant.run)
     return run_local_ranks(cfg, run)
 
 

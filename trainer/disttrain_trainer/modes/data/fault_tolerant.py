@@ -1,5 +1,7 @@
 """Mode data with spec.faultTolerance: one replica group (this worker pod) trains with the others
-through torchft, and goes on at a smaller quorum when one of them fails.
+through torchft, and goes on at a smaller quorum when one of them fails. A group is one process
+(ddp), or procsPerWorker processes that shard the model with FSDP2 (HSDP: parallel/ft_hsdp.py);
+each process runs this loop, its group's processes in step with each other.
 
 Per step: a quorum from the job's lighthouse (a replica that joins receives the weights, optimizer
 state, sampler and step of a live peer here, before its first forward), the batch, forward and
@@ -16,10 +18,18 @@ checkpoint or evaluation); compute = the rest. Discarded attempts count with the
 The periodic checkpoint, written by the quorum's rank 0 (ft_checkpoints.py), is the fallback when
 the gang restarts (fewer than minReplicas left); every replica starts from it, and is then brought
 to the quorum's step by a live peer if the others are ahead.
+
+Inside an HSDP group every decision that leads to a collective of the group (gathering the full
+tensors for a checkpoint, evaluating) is the same on all its processes: the quorum and the commit
+vote are the group's, and what a process reads from the checkpoint directory is group rank 0's
+answer (`_agreed`). A stop request ends a group's processes at their next wait for the quorum
+(ft_quorum.for_peers), between the same two steps; a one-process replica stops at the top of its
+next step, the quorum's rank 0 saving it first.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -27,14 +37,17 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from disttrain_api import constants as C
+from torch.distributed.device_mesh import init_device_mesh
 
 from ...checkpoints import rank_state
+from ...checkpoints import sharded as sharded_ckpt
 from ...checkpoints.fence import Writer
 from ...collective_rank import collective_rank
 from ...data import GlobalBatchSampler, next_batch
 from ...optim import build_optimizer, build_scheduler
-from ...parallel import ddp
+from ...parallel import ddp, fsdp, ft_hsdp
 from ...parallel.ft_ddp import FTComm, wrap_ft_ddp
 from ...parallel.sync import ManagerAverager, OuterSync
 from ...process import stop_request
@@ -62,17 +75,19 @@ def run(cfg: TrainerConfig) -> Summary | None:
     wall0 = time.perf_counter()
     spec = cfg.spec
     s = ft_replica.settings_for(cfg)
-    metrics = Metrics(job=cfg.job, rank=s.replica, mode=spec.mode, port=cfg.metrics_port, run_dir=cfg.run_dir,
+    metrics = Metrics(job=cfg.job, rank=s.index, mode=spec.mode, port=cfg.metrics_port, run_dir=cfg.run_dir,
                       namespace=cfg.namespace, target_steps=spec.training.steps)  # fmt: skip
     try:
         with collective_rank(cfg, metrics) as rank:
             ctx, inner = rank.ctx, rank.model.to(rank.ctx.device)
-            rank_state.seed_rank(spec.data.seed, 0, s.replica)
+            rank_state.seed_rank(spec.data.seed, 0, s.index)
+            if spec.parallelism.data_strategy == "fsdp":  # HSDP: sharded over this group's processes
+                inner = fsdp.shard(inner, init_device_mesh(ctx.device.type, (s.group_size,), mesh_dim_names=("dp",)))
             optimizer = build_optimizer(inner.parameters(), spec.optimizer, spec.data.batch_size)
             scheduler = build_scheduler(optimizer, spec.optimizer, spec.data.batch_size, spec.training.steps)
-            sampler = GlobalBatchSampler(rank.ds.num_train, spec.data.batch_size, spec.data.seed, s.replica, s.replicas)
+            sampler = GlobalBatchSampler(rank.ds.num_train, spec.data.batch_size, spec.data.seed, s.index, s.processes)
             ckpts = ft_checkpoints.ReplicaCheckpoints(cfg.checkpoint_dir, keep=spec.checkpoint.keep,
-                                                      world_size=s.replicas, writer=Writer.of(cfg),
+                                                      world_size=s.processes, writer=Writer.of(cfg),
                                                       metrics=metrics)  # fmt: skip
             r = ReplicaRun(cfg=cfg, replica=s, ctx=ctx, ds=rank.ds, model=inner, inner=inner, optimizer=optimizer,
                            scheduler=scheduler, amp=rank.amp, sampler=sampler, metrics=metrics, ckpts=ckpts)  # fmt: skip
@@ -82,7 +97,8 @@ def run(cfg: TrainerConfig) -> Summary | None:
             saved = ft_checkpoints.read_newest(cfg.checkpoint_dir)
             if saved is not None:
                 r.restore(saved[1])
-                print(f"disttrain-trainer: replica {s.replica} starts from checkpoint step {r.step}", flush=True)
+                if s.group_rank == 0:
+                    print(f"disttrain-trainer: replica {s.replica} starts from checkpoint step {r.step}", flush=True)
             if r.summary is not None and r.step >= spec.training.steps:
                 return _finished_already(r)
             # Heartbeats start here: the others' quorum waits for a replica from now on.
@@ -90,11 +106,13 @@ def run(cfg: TrainerConfig) -> Summary | None:
                                                 load_state_dict=r.load_healed)  # fmt: skip
             keep_until_exit(r.manager)
             comm: FTComm | None = None
-            if r.outer is None:
+            if r.outer is not None:
+                r.outer.averager = ManagerAverager(r.manager)
+            elif r.sharded:  # the group's reduce-scatter is FSDP2's; across groups, ft_hsdp's all-reduce
+                comm = FTComm(r.manager)
+            else:
                 r.model, comm = wrap_ft_ddp(inner, r.manager, device=ctx.device,
                                             bucket_cap_mb=spec.training.bucket_cap_mb)  # fmt: skip
-            else:
-                r.outer.averager = ManagerAverager(r.manager)
             remove = stop_request.on_request(ft_quorum.leave_if_waiting)
             try:
                 with stop_request.deferred():
@@ -132,6 +150,8 @@ class _CommitGate:
         self.r.optimizer.zero_grad(set_to_none=set_to_none)
 
     def step(self) -> None:
+        if self.r.sharded:
+            ft_hsdp.allreduce_gradients(self.r.inner, self.comm)
         start = time.perf_counter()
         self.committed = bool(self.r.manager.should_commit())
         self.comm.add_coordination(time.perf_counter() - start)
@@ -170,8 +190,9 @@ def _train(r: ReplicaRun, comm: FTComm | None) -> Summary:
     committed_batches0 = r.manager.batches_committed()
     if r.outer is not None:
         ft_quorum.sync(r, series)  # the first quorum: a replica that joins a running job recovers here
+    alone = r.replica.group_size == 1
     while r.step < steps:
-        if stop_request.requested():
+        if alone and stop_request.requested():  # (an HSDP group's processes leave at the quorum)
             _stop(r)
         t0 = time.perf_counter()
         quorum_s = 0.0
@@ -214,7 +235,7 @@ def _train(r: ReplicaRun, comm: FTComm | None) -> Summary:
                 eval_result = evaluate(r.inner, r.ds, r.amp)
                 r.metrics.observe_eval(step, *eval_result)
             if checkpoint_now:
-                r.ckpts.save(r.checkpoint_state(), step)
+                _save(r)
         end = time.perf_counter()
         idle += end - ti
         # data + work + idle = the step's wall time (the quorum's idle part lies inside the work span).
@@ -230,15 +251,15 @@ def _train(r: ReplicaRun, comm: FTComm | None) -> Summary:
     if records:
         _log(r, records, interval, losses, series)
     t = r.totals
-    job_samples = (r.manager.batches_committed() - committed_batches0) * (spec.data.batch_size // r.replica.replicas)
+    job_samples = (r.manager.batches_committed() - committed_batches0) * (spec.data.batch_size // r.replica.processes)
     summary: dict[str, Any] = {
         "steps": r.step,
         "finalLoss": float(last_loss) if last_loss is not None else float("nan"),
         "resumedFromStep": r.resumed_from,
         "restartAttempt": cfg.restart_attempt,
-        "worldSize": r.replica.replicas,
+        "worldSize": r.replica.processes,
         "mode": spec.mode,
-        "layout": f"dp={r.replica.replicas},pp=1,tp=1",
+        "layout": f"dp={r.replica.processes},pp=1,tp=1",
         "dataStrategy": spec.parallelism.data_strategy,
         "device": r.ctx.device.type,
         "backend": "torchft-" + ("nccl" if r.ctx.device.type == "cuda" else "gloo"),
@@ -248,13 +269,14 @@ def _train(r: ReplicaRun, comm: FTComm | None) -> Summary:
         "samplesPerS": job_samples / train_s if train_s > 0 else 0.0,
         **t.fractions(),
         "faultTolerance": {"replica": r.replica.replica, "quorum": _participants(r), "discardedSteps": r.discarded,
-                           "recoveries": r.recoveries, "minReplicas": r.replica.min_replicas},  # fmt: skip
+                           "recoveries": r.recoveries, "minReplicas": r.replica.min_replicas,
+                           "processesPerReplica": r.replica.group_size},  # fmt: skip
     }
     if r.outer is not None:
         summary["syncs"] = r.outer.syncs
         summary["syncBytes"] = r.outer.syncs * r.outer.bytes_per_sync
     summary.update(throughput_fields(spec, vocab=r.ds.num_classes, samples_per_s=summary["samplesPerS"],
-                                     device=r.ctx.device, accelerators=r.replica.replicas))  # fmt: skip
+                                     device=r.ctx.device, accelerators=r.replica.processes))  # fmt: skip
     if eval_result is not None:
         summary[SUMMARY_EVAL_KEY[eval_result[0]]] = eval_result[1]
     return summary
@@ -265,8 +287,26 @@ def _participants(r: ReplicaRun) -> int:
 
 
 def _rank0(r: ReplicaRun) -> bool:
-    """Whether this replica is rank 0 of the latest quorum (it checkpoints and evaluates)."""
+    """Whether this replica is rank 0 of the latest quorum (it checkpoints and evaluates; every
+    process of its group, together)."""
     return r.manager.participating_rank() == 0
+
+
+def _agreed(r: ReplicaRun, value: bool) -> bool:
+    """Group rank 0's `value` on every process of the group (what it read from the checkpoint
+    directory, which a concurrent write may change between two processes' reads)."""
+    if r.replica.group_size == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return bool(box[0])
+
+
+def _save(r: ReplicaRun) -> None:
+    """Checkpoint this step: gathered in the group (collective when sharded), written by group rank 0."""
+    state = r.checkpoint_state()
+    if r.replica.group_rank == 0:
+        r.ckpts.save(state, r.step)
 
 
 def _log(r: ReplicaRun, records: list[StepRecord], interval: Tally, losses: list[torch.Tensor],
@@ -279,7 +319,7 @@ def _log(r: ReplicaRun, records: list[StepRecord], interval: Tally, losses: list
                                extra={"quorum": _participants(r), "discarded": r.discarded})  # fmt: skip
     r.totals.merge(interval)
     r.ckpts.report()
-    if _rank0(r):
+    if _rank0(r) and r.replica.group_rank == 0:
         rec = interval.record()
         print(f"step {r.step}/{r.cfg.spec.training.steps} loss {loss:.4f} lr {lr:.4g} quorum {_participants(r)}/"
               f"{r.replica.replicas} samples/s {rec['samples_per_s'] * _participants(r):.0f} "
@@ -289,8 +329,8 @@ def _log(r: ReplicaRun, records: list[StepRecord], interval: Tally, losses: list
 def _stop(r: ReplicaRun) -> None:
     """SIGTERM: leave at this step boundary; the quorum's rank 0 saves the step first (the others go on
     without this replica, or stop too: a gang stopped as a whole resumes from that checkpoint)."""
-    if r.manager.participating_rank() == 0 and r.step > 0 and not r.ckpts.has(r.step):
-        r.ckpts.save(r.checkpoint_state(), r.step)
+    if _rank0(r) and r.step > 0 and not _agreed(r, r.ckpts.has(r.step)):
+        _save(r)
     r.ckpts.report(wait=True)
     raise stop_request.StopRequested(f"replica {r.replica.replica} after step {r.step}")
 
@@ -302,42 +342,55 @@ def _finish(r: ReplicaRun, summary: Summary) -> Summary:
     all-reduce measures how far the replicas' parameters differ (0 when they are identical)."""
     cfg = r.cfg
     rank0 = _rank0(r)
+    lead = r.replica.group_rank == 0  # writes for its group
     if rank0:
         name, value = evaluate(r.inner, r.ds, r.amp)
         summary[SUMMARY_EVAL_KEY[name]] = value
-        r.ckpts.claim()
-        summary["export"] = export_on_rank0(r.inner.state_dict, checkpoint_dir=cfg.checkpoint_dir, spec=cfg.spec,
-                                            step=r.step, is_main=True)  # fmt: skip
+        if lead:
+            r.ckpts.claim()
+        state_of = (lambda: sharded_ckpt.full_model_state(r.inner)) if r.sharded else r.inner.state_dict
+        summary["export"] = export_on_rank0(state_of, checkpoint_dir=cfg.checkpoint_dir, spec=cfg.spec, step=r.step,
+                                            is_main=lead)  # fmt: skip
         r.summary = summary
-        r.ckpts.save(r.checkpoint_state(), r.step)
+        _save(r)
         r.ckpts.report(wait=True)
     summary["replicaMaxAbsDiff"] = _divergence(r)
-    if not rank0 and _rank0(r) and not r.ckpts.has(r.step):  # the writer was lost before it wrote
+    if not rank0 and _rank0(r) and not _agreed(r, r.ckpts.has(r.step)):  # the writer was lost before it wrote
         r.summary = summary
-        r.ckpts.save(r.checkpoint_state(), r.step)
+        _save(r)
         r.ckpts.report(wait=True)
-    digest = params_digest(r.inner)
+    digest = _group_digest(r)
     summary["faultTolerance"]["paramsSha256"] = digest
-    if _rank0(r):
-        write_summary(cfg, summary)
-    elif cfg.termination_log is not None:
-        write_termination_message(cfg.termination_log, summary)
-    (cfg.run_dir / REPLICA_FILE.format(replica=r.replica.replica)).write_text(json.dumps(
-        {"step": r.step, "paramsSha256": digest, "discardedSteps": r.discarded, "recoveries": r.recoveries,
-         "restartAttempt": cfg.restart_attempt, "replicaMaxAbsDiff": summary["replicaMaxAbsDiff"]}))  # fmt: skip
-    mark_finished(cfg, r.replica.replica, r.step)
+    if lead:
+        if _rank0(r):
+            write_summary(cfg, summary)
+        elif cfg.termination_log is not None:
+            write_termination_message(cfg.termination_log, summary)
+        (cfg.run_dir / REPLICA_FILE.format(replica=r.replica.replica)).write_text(json.dumps(
+            {"step": r.step, "paramsSha256": digest, "discardedSteps": r.discarded, "recoveries": r.recoveries,
+             "restartAttempt": cfg.restart_attempt, "replicaMaxAbsDiff": summary["replicaMaxAbsDiff"]}))  # fmt: skip
+    mark_finished(cfg, r.replica.index, r.step)
     return summary
+
+
+def _group_digest(r: ReplicaRun) -> str:
+    """params_digest of the whole replica: of its one process, or of its group's shard digests in
+    group rank order (replicas that hold identical weights agree)."""
+    digest = params_digest(r.inner)
+    if r.replica.group_size == 1:
+        return digest
+    digests: list[str | None] = [None] * r.replica.group_size
+    dist.all_gather_object(digests, digest)
+    return hashlib.sha256("".join(str(d) for d in digests).encode()).hexdigest()
 
 
 def _divergence(r: ReplicaRun) -> float | None:
     """max |p_i - p_j| over the last quorum's replicas (one quorum: an all-reduce of max and of -min)."""
-    flat = torch.cat([p.detach().float().reshape(-1) for p in r.inner.parameters()])
+    flat = torch.cat([p.float().reshape(-1) for p in ft_hsdp.local_params(r.inner)])
     both = torch.cat([flat, -flat])
     try:
         r.manager.start_quorum()
-        from torch.distributed import ReduceOp  # noqa: PLC0415 - torch is loaded already; the name only here
-
-        r.manager.allreduce(both, reduce_op=ReduceOp.MAX).wait()
+        r.manager.allreduce(both, reduce_op=dist.ReduceOp.MAX).wait()
         if not r.manager.should_commit():
             return None
     except Exception as e:  # noqa: BLE001 - the figure is a check, the run itself is complete
@@ -351,9 +404,10 @@ def _divergence(r: ReplicaRun) -> float | None:
 def _finished_already(r: ReplicaRun) -> Summary:
     """The newest checkpoint is the run's last: nothing to train, its figures stand."""
     assert r.summary is not None
-    if r.cfg.termination_log is not None:
-        write_termination_message(r.cfg.termination_log, r.summary)
-    if not (r.cfg.run_dir / "summary.json").exists():
-        write_summary(r.cfg, r.summary)
-    mark_finished(r.cfg, r.replica.replica, r.step)
+    if r.replica.group_rank == 0:
+        if r.cfg.termination_log is not None:
+            write_termination_message(r.cfg.termination_log, r.summary)
+        if not (r.cfg.run_dir / "summary.json").exists():
+            write_summary(r.cfg, r.summary)
+    mark_finished(r.cfg, r.replica.index, r.step)
     return r.summary

@@ -4,7 +4,10 @@ included). A replica behind the others recovers their state inside the quorum (f
 
 While a replica waits here a stop request (SIGTERM) ends the process at once, as in start-up
 (process/stop_request.py): waiting, it holds nothing the checkpoint or the live peers do not,
-and the quorum it waits for may never come (fewer than minReplicas left).
+and the quorum it waits for may never come (fewer than minReplicas left). A request that came
+before the wait began ends it on entry: the processes of an HSDP group all reach the quorum
+between the same two steps, so every one of them leaves there, none inside a collective of the
+group a peer already left.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from collections.abc import Iterator
 from disttrain_api import exitcodes
 
 from ...parallel.sync import ManagerAverager
+from ...process import stop_request
 from .ft_state import ReplicaRun
 from .ft_telemetry import ReplicaSeries
 
@@ -36,6 +40,8 @@ def leave_if_waiting() -> None:
 @contextlib.contextmanager
 def for_peers() -> Iterator[None]:
     _waiting.set()
+    if stop_request.requested():
+        leave_if_waiting()
     try:
         yield
     finally:

@@ -1,10 +1,13 @@
 """One fault-tolerant replica group's link to the others: torchft's Manager, its fault-tolerant
 process group, the lighthouse it reports to and the transport a joining peer recovers through.
 
-A replica group is one worker pod (one process, validation: ft_rules.py). Its own process group
-(world size 1) is the ordinary torch.distributed one (dist_env.init_distributed, whose TCPStore the
-Manager shares); across replicas only the Manager speaks: per step a quorum from the lighthouse, the
-gradient all-reduce over the quorum's members, and a commit vote.
+A replica group is one worker pod: one process (ddp), or procsPerWorker processes that shard the
+model with FSDP2 (HSDP; validation: ft_rules.py). Its own process group (world size procsPerWorker)
+is the ordinary torch.distributed one (dist_env.init_distributed, whose TCPStore the Managers
+share); across replicas only the Managers speak, one per process, each with the processes of the
+same group rank in the other groups: per step a quorum from the lighthouse (torchft forms it per
+replica group), the gradient all-reduce over the quorum's members, and a commit vote the whole
+group takes together.
 
 Timeouts (torchft's names): the process group's collectives time out after the job's
 heartbeatTimeoutSeconds, so a silent peer (a partition, a frozen node) fails a step within it as a
@@ -40,8 +43,10 @@ QUORUM_RETRIES = 3
 
 @dataclass(frozen=True, kw_only=True)
 class ReplicaSettings:
-    replica: int  # this replica's index (NODE_RANK: its worker pod)
+    replica: int  # this replica's index (DISTTRAIN_FT_REPLICA: its worker pod)
     replicas: int  # spec.workers.replicas
+    group_rank: int  # this process's rank in its replica group (RANK)
+    group_size: int  # the group's processes (workers.procsPerWorker)
     lighthouse: str  # http://host:port
     host: str  # the address peers reach this replica at (MASTER_ADDR: its own pod, or 127.0.0.1)
     min_replicas: int
@@ -51,6 +56,15 @@ class ReplicaSettings:
     def replica_id(self) -> str:
         # torchft reads the trailing digits as the replica's index (its global rank).
         return f"replica_{self.replica}"
+
+    @property
+    def index(self) -> int:
+        """This process's index in the job (its metrics rank, its data shard, its log in `disttrain local`)."""
+        return self.replica * self.group_size + self.group_rank
+
+    @property
+    def processes(self) -> int:
+        return self.replicas * self.group_size
 
 
 def settings_for(cfg: TrainerConfig, env: Mapping[str, str] | None = None) -> ReplicaSettings:
@@ -62,14 +76,19 @@ def settings_for(cfg: TrainerConfig, env: Mapping[str, str] | None = None) -> Re
     if not lighthouse.startswith(("http://", "https://")):
         raise ConfigError(f"{C.ENV_FT_LIGHTHOUSE}={lighthouse!r}: a fault-tolerant replica needs the job's "
                           "lighthouse as http://host:port (the operator and `disttrain local` set it)")  # fmt: skip
-    if cfg.world_size != 1:
-        raise ConfigError(f"{C.ENV_WORLD_SIZE}={cfg.world_size}: a fault-tolerant replica group is one process "
-                          "(its own world of size 1)")  # fmt: skip
-    if not 0 <= cfg.node_rank < cfg.spec.workers.replicas:
-        raise ConfigError(f"{C.ENV_NODE_RANK}={cfg.node_rank} must be a replica index in [0, "
-                          f"workers.replicas={cfg.spec.workers.replicas})")  # fmt: skip
-    return ReplicaSettings(replica=cfg.node_rank, replicas=cfg.spec.workers.replicas, lighthouse=lighthouse,
-                           host=cfg.master_addr, min_replicas=ft.min_replicas,
+    procs = cfg.spec.workers.procs_per_worker
+    if cfg.world_size != procs:
+        raise ConfigError(f"{C.ENV_WORLD_SIZE}={cfg.world_size}: a fault-tolerant replica group is its own world "
+                          f"of workers.procsPerWorker={procs} processes")  # fmt: skip
+    if cfg.rank is None or not 0 <= cfg.rank < procs:
+        raise ConfigError(f"{C.ENV_RANK}={cfg.rank} must be this process's rank in its replica group, in [0, {procs})")
+    raw = env.get(C.ENV_FT_REPLICA) or ""
+    replicas = cfg.spec.workers.replicas
+    if not raw.isdigit() or not 0 <= int(raw) < replicas:
+        raise ConfigError(f"{C.ENV_FT_REPLICA}={raw!r} must be a replica index in [0, workers.replicas={replicas}) "
+                          "(the operator and `disttrain local` set it)")  # fmt: skip
+    return ReplicaSettings(replica=int(raw), replicas=replicas, group_rank=cfg.rank, group_size=procs,
+                           lighthouse=lighthouse, host=cfg.master_addr, min_replicas=ft.min_replicas,
                            heartbeat_timeout_s=float(ft.heartbeat_timeout_seconds))  # fmt: skip
 
 
@@ -106,8 +125,8 @@ def open_manager(cfg: TrainerConfig, s: ReplicaSettings, *, cuda: bool,
         timeout=timeout,
         quorum_timeout=timeout,
         connect_timeout=timedelta(seconds=max(30.0, s.heartbeat_timeout_s)),
-        rank=0,
-        world_size=1,
+        rank=s.group_rank,
+        world_size=s.group_size,
         store_addr=cfg.master_addr,
         store_port=cfg.master_port,
         lighthouse_addr=s.lighthouse,

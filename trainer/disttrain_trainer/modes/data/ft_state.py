@@ -3,7 +3,10 @@ periodic checkpoint holds, and the rule that scales the learning rate to the quo
 
 The healed state and the checkpoint carry the same parts (model, optimizer, scheduler, scaler,
 sampler, step and the LocalSGD/DiLoCo anchor); the checkpoint is shaped like the data mode's own
-(run_state.Run.state), so a job that turns fault tolerance off resumes from it, and back.
+(run_state.Run.state), so a job that turns fault tolerance off resumes from it, and back. An HSDP
+replica group (a model sharded over its processes) heals shard by shard from the same group rank of
+a live group (parallel/ft_hsdp.py), and checkpoints whole: its processes gather the full tensors,
+group rank 0 writes them.
 
 Global batch and learning rate at a smaller quorum (README "Fault tolerance"): every replica keeps
 its own batch (data.batchSize / workers.replicas), so the global batch of a step is quorum x that,
@@ -27,7 +30,10 @@ from disttrain_api.model import ScaleRule
 from torch import nn
 
 from ...checkpoints import rank_state
+from ...checkpoints import sharded as sharded_ckpt
 from ...data import Dataset, GlobalBatchSampler
+from ...parallel import ft_hsdp
+from ...parallel.hybrid import is_sharded
 from ...parallel.sync import OuterSync
 from ...process.config import TrainerConfig
 from ...process.dist_env import DistContext
@@ -46,10 +52,11 @@ def quorum_lr_factor(rule: ScaleRule, quorum: int, replicas: int) -> float:
 
 
 def params_digest(model: nn.Module) -> str:
-    """sha256 of every parameter's bytes, in order: replicas that hold identical weights agree."""
+    """sha256 of every parameter's bytes (this process's shards), in order: replicas that hold
+    identical weights agree, group rank by group rank."""
     h = hashlib.sha256()
-    for p in model.parameters():
-        h.update(p.detach().to("cpu").contiguous().numpy().tobytes())
+    for p in ft_hsdp.local_params(model):
+        h.update(p.to("cpu").contiguous().numpy().tobytes())
     return h.hexdigest()
 
 
@@ -78,12 +85,23 @@ class ReplicaRun:
     recovery_s: float = 0.0  # the last one's duration
     healed: bool = False  # set by `load_healed` inside a quorum; the loop clears it
 
+    @property
+    def sharded(self) -> bool:
+        return is_sharded(self.inner)
+
     def healable(self) -> dict[str, Any]:
-        """What a joining replica receives from this one (torchft's checkpoint transport)."""
+        """What a joining replica receives from this one (torchft's checkpoint transport): this
+        process's shards when the model is sharded."""
+        return {
+            **self._rest(),
+            "model": ft_hsdp.local_state(self.inner.state_dict()),
+            "optimizer": ft_hsdp.local_state(self.optimizer.state_dict()),
+        }
+
+    def _rest(self) -> dict[str, Any]:
+        """The state besides model and optimizer."""
         return {
             "step": self.step,
-            "model": self.inner.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.amp.scaler.state_dict() if self.amp.scaler is not None else None,
             "sampler": self.sampler.state_dict(),
@@ -91,12 +109,16 @@ class ReplicaRun:
         }
 
     def load_healed(self, state: dict[str, Any]) -> None:
-        self._load(state)
+        if self.sharded:
+            ft_hsdp.load_local_model(self.inner, state["model"])
+            ft_hsdp.load_local_optimizer(self.optimizer, state["optimizer"])
+        else:
+            self.inner.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+        self._load_rest(state)
         self.healed = True
 
-    def _load(self, state: dict[str, Any]) -> None:
-        self.inner.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+    def _load_rest(self, state: dict[str, Any]) -> None:
         self.scheduler.load_state_dict(state["scheduler"])
         if self.amp.scaler is not None and state.get("scaler"):
             self.amp.scaler.load_state_dict(state["scaler"])
@@ -109,10 +131,17 @@ class ReplicaRun:
         self.step = int(state["step"])
 
     def checkpoint_state(self) -> dict[str, Any]:
-        """The periodic checkpoint, shaped like the data mode's (run_state.Run.state)."""
-        n = self.replica.replicas
+        """The periodic checkpoint, shaped like the data mode's whole one (run_state.Run.state).
+        Collective inside an HSDP group (the full tensors are gathered; group rank 0's is the one to write)."""
+        n = self.replica.processes
+        if self.sharded:
+            weights = {"model": sharded_ckpt.full_model_state(self.inner),
+                       "optimizer": sharded_ckpt.full_optimizer_state(self.inner, self.optimizer)}  # fmt: skip
+        else:
+            weights = {"model": self.inner.state_dict(), "optimizer": self.optimizer.state_dict()}
         return {
-            **self.healable(),
+            **self._rest(),
+            **weights,
             "world_size": n,
             "layout": f"dp={n},pp=1,tp=1",
             "summary": self.summary,
@@ -124,8 +153,14 @@ class ReplicaRun:
         }
 
     def restore(self, state: dict[str, Any]) -> None:
-        """A checkpoint (of this format or the data mode's) as this replica's starting point."""
-        self._load(state)
+        """A checkpoint (of this format or the data mode's whole one) as this replica's starting point;
+        collective inside an HSDP group (each process keeps its shards of the full tensors)."""
+        if self.sharded:
+            sharded_ckpt.load_full(state, model=self.inner, optimizer=self.optimizer)
+        else:
+            self.inner.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+        self._load_rest(state)
         self.resumed_from = self.step
         self.summary = state.get("summary")
         rank_state.seed_rank(self.cfg.spec.data.seed, self.step, self.replica.replica)
