@@ -6,8 +6,11 @@ left), and status.replicaGroups with its Events.
 - quorum / quorumId: the quorum of the latest step as a replica reported it (its metrics: the
   lowest-index running replica is scraped, reconcile._progress_source);
 - lost: replicas replaced alone so far (Event ReplicaLost, counter disttrain_operator_ft_replicas_lost_total);
-- joined: times the quorum grew back under a new quorum id, a replacement having recovered from a
-  live peer (Event ReplicaJoined, counter disttrain_operator_ft_replicas_joined_total).
+- joined: replicas the quorum grew back by under a new quorum id, a replacement having recovered
+  from a live peer (Event ReplicaJoined, counter disttrain_operator_ft_replicas_joined_total). Only
+  a replica lost before can rejoin: growth beyond `lost - joined` is the gang still gathering at
+  its start (a first reading of 0, replicas importing torch later than minReplicas others), not a
+  rejoin.
 """
 
 from __future__ import annotations
@@ -61,9 +64,11 @@ def update(b: StatusBuilder, spec: JobSpec, current: list[PodView], obs: Observe
     if names.FT_QUORUM_SIZE in reading and names.FT_QUORUM_ID in reading:
         q, qid = int(reading[names.FT_QUORUM_SIZE]), int(reading[names.FT_QUORUM_ID])
         before, before_id = int(rg.get("quorum") or 0), rg.get("quorumId")
-        if before_id is not None and qid != before_id and q > before:
-            rg["joined"] = int(rg["joined"]) + q - before
+        rejoined = min(q - before, int(rg["lost"]) - int(rg["joined"]))
+        if before_id is not None and qid != before_id and rejoined > 0:
+            rg["joined"] = int(rg["joined"]) + rejoined
             b.event("Normal", JOINED, f"the quorum grew from {before} to {q} of {spec.workers.replicas} replicas "
-                                      f"(quorum {qid}): a replacement recovered from a live peer and trains again")
+                                      f"(quorum {qid}): {rejoined} replacement(s) recovered from a live peer and "
+                                      "train again")  # fmt: skip
         rg["quorum"], rg["quorumId"] = q, qid
     st["replicaGroups"] = rg

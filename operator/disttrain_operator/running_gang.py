@@ -8,6 +8,7 @@ Succeeded is the job's success; all running is Running, with rank 0's progress.
 from __future__ import annotations
 
 import dataclasses
+import signal
 from collections.abc import Callable
 from typing import Any
 
@@ -61,7 +62,7 @@ def decide_running(b: StatusBuilder, finish: Callable[..., Plan], plan: dict[str
                                            count=False), delete_servers=True)  # fmt: skip
     gang = {p.index: p for p in current}
     missing = [i for i in range(replicas) if i not in gang]
-    reasons = [r for p in current if (r := failure(p, obs.node_lost_after_s))]
+    reasons = first_cause([r for p in current if (r := failure(p, obs.node_lost_after_s))])
     if spec.fault_tolerant:
         replica_groups.update(b, spec, current, obs, failure)
     if missing:
@@ -211,11 +212,30 @@ def failure(p: PodView, node_lost_after_s: float) -> str:
         return f"pod {p.name} was deleted or evicted"
     if p.phase in ("Failed", "Unknown"):
         detail = (p.message.splitlines() or [""])[-1][:300] if p.message else p.reason
+        if (sig := killed_by(p)) is not None:
+            # The message is then the log's tail (FallbackToLogsOnError): what it printed before, not why it ended.
+            return f"pod {p.name} was killed by {sig} (exit code {p.exit_code}); its last line: {detail or 'none'}"
         code = f" (exit code {p.exit_code})" if p.exit_code is not None else ""
         return f"pod {p.name} failed{code}: {detail or 'no message'}"
     if p.not_ready_for_s >= node_lost_after_s:
         return f"pod {p.name} lost its node (not ready for {int(p.not_ready_for_s)}s)"
     return ""
+
+
+def killed_by(p: PodView) -> str | None:
+    """The signal a container's exit code 128 + N says killed it (SIGKILL: the OOM killer, a kill -9), or None."""
+    if p.exit_code is None or not 128 < p.exit_code < 128 + 65:
+        return None
+    try:
+        return signal.Signals(p.exit_code - 128).name
+    except ValueError:
+        return f"signal {p.exit_code - 128}"
+
+
+def first_cause(reasons: list[str]) -> list[str]:
+    """`reasons` with a pod killed by a signal first: its peers fail a moment later on the lost
+    connection (gloo's "Connection reset by peer"), and pod order would blame one of them."""
+    return sorted(reasons, key=lambda r: " was killed by " not in r)
 
 
 def disruption(p: PodView, obs: Observed) -> str:

@@ -3,8 +3,10 @@ mid-run. The job stays Running (same attempt, the other replica's pod untouched)
 quorum, the replacement pod recovers from the live peer and rejoins (Event ReplicaJoined), and the
 job Succeeds with every replica's parameters identical (the last quorum's max difference is 0).
 
-Cheap: two one-process replicas on 500m, a digits MLP whose steps are paced
-(DISTTRAIN_FAULT_STEP_SLEEP_S) so the deletion lands mid-run on a busy host.
+Cheap: two replicas on 500m, a digits MLP whose steps are paced (DISTTRAIN_FAULT_STEP_SLEEP_S) so
+the deletion lands mid-run on a busy host. Each replica is one process (ddp), or two processes
+sharding the model (HSDP: the pod's launcher spawns them, and the replacement pod's two processes
+each recover their shards from the live pod's process of the same group rank).
 """
 
 from __future__ import annotations
@@ -18,13 +20,18 @@ from .conftest import Kubectl, OperatorProcess, events, job_manifest  # type: ig
 pytestmark = pytest.mark.timeout(600)
 
 
+@pytest.mark.parametrize("procs", [1, 2], ids=["ddp", "hsdp"])
 def test_deleted_replica_pod_leaves_a_smaller_quorum_then_rejoins(kubectl: Kubectl, operator: OperatorProcess,
-                                                                  namespace: str) -> None:  # fmt: skip
+                                                                  namespace: str, procs: int) -> None:  # fmt: skip
     name = f"ft-{uuid.uuid4().hex[:5]}"
     # 800 steps paced at 0.15 s: at least 2 minutes, so that a replacement pod started on a busy
     # host (tens of seconds) rejoins before the survivor finishes alone (300 steps did not, once).
     obj = job_manifest(name, namespace, steps=800, faultTolerance={"minReplicas": 1, "heartbeatTimeoutSeconds": 3},
-                       checkpoint={"intervalSteps": 100, "keep": 2})  # on the claim the operator makes; fmt: skip
+                       checkpoint={"intervalSteps": 100, "keep": 2},  # on the claim the operator makes
+                       data={"name": "digits", "batchSize": 32 * 2 * procs})  # fmt: skip
+    if procs > 1:
+        obj["spec"]["workers"]["procsPerWorker"] = procs
+        obj["spec"]["parallelism"] = {"dataStrategy": "fsdp"}
     obj["spec"]["workers"]["template"] = {"env": [{"name": "DISTTRAIN_FAULT_STEP_SLEEP_S", "value": "0.15"}]}
     kubectl.apply(obj)
     kubectl.wait_for("the lighthouse Deployment", lambda: any(

@@ -85,6 +85,7 @@ def test_a_lost_replica_is_replaced_alone_and_the_job_stays_running() -> None:
     assert st["phase"] == "Running" and st["attempt"] == 0 and st["restarts"] == 1
     assert st["replicaGroups"]["lost"] == 1 and st["replicaGroups"]["healthy"] == 2
     assert [r for _, r, _ in plan.events] == ["ReplicaLost"]
+    assert "j-worker-1 was killed by SIGKILL (exit code 137)" in plan.events[0][2]
     # Gone: created again alone, in the same attempt; still Running while it starts.
     nxt = decide(obs([pod(0), pod(2)], status=st))
     assert nxt.create and not nxt.delete_pods and nxt.status["phase"] == "Running" and nxt.status["restarts"] == 1
@@ -107,13 +108,27 @@ def test_below_min_replicas_the_gang_restarts() -> None:
 
 def test_quorum_in_status_and_replica_joined_when_it_grows() -> None:
     reading = {names.STEP: 40.0, names.FT_QUORUM_SIZE: 2.0, names.FT_QUORUM_ID: 5.0}
-    first = decide(obs([pod(0), pod(1), pod(2)], progress=reading))
-    assert first.status["replicaGroups"] == {"healthy": 3, "quorum": 2, "quorumId": 5, "lost": 0, "joined": 0}
+    after_loss = {**STATUS, "replicaGroups": {"quorum": 3, "quorumId": 4, "lost": 1, "joined": 0}}
+    first = decide(obs([pod(0), pod(1), pod(2)], status=after_loss, progress=reading))
+    assert first.status["replicaGroups"] == {"healthy": 3, "quorum": 2, "quorumId": 5, "lost": 1, "joined": 0}
     assert not first.events
     grown = decide(obs([pod(0), pod(1), pod(2)], status=first.status,
                        progress={**reading, names.FT_QUORUM_SIZE: 3.0, names.FT_QUORUM_ID: 6.0}))  # fmt: skip
     assert grown.status["replicaGroups"]["quorum"] == 3 and grown.status["replicaGroups"]["joined"] == 1
     assert [r for _, r, _ in grown.events] == ["ReplicaJoined"]
+
+
+def test_a_gang_gathering_at_its_start_is_not_a_rejoin() -> None:
+    # The first reading of a starting gang can be 0 (its gauge before the first quorum), and the
+    # replicas slower to import torch than minReplicas others join the quorum a few steps late:
+    # neither is a replacement recovering, since no replica was lost.
+    st = dict(STATUS)
+    for q, qid in ((0, 1), (2, 2), (3, 3)):
+        plan = decide(obs([pod(0), pod(1), pod(2)], status=st,
+                          progress={names.STEP: 5.0, names.FT_QUORUM_SIZE: float(q), names.FT_QUORUM_ID: float(qid)}))  # fmt: skip
+        assert not plan.events, plan.events
+        st = plan.status
+    assert st["replicaGroups"]["joined"] == 0 and st["replicaGroups"]["quorum"] == 3
 
 
 def test_an_hsdp_replica_pod_is_a_world_of_its_processes() -> None:

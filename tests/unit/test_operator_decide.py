@@ -83,6 +83,16 @@ def test_failed_worker_restarts_gang_with_next_attempt() -> None:
     assert any(t == "Warning" and r == "WorkerFailed" for t, r, _ in plan.events)
 
 
+def test_the_restart_blames_the_killed_worker_not_the_peer_that_lost_its_connection() -> None:
+    # Worker 0 failed on its connection to worker 1, which the OOM killer (or a kill -9) ended:
+    # the message names worker 1 and the signal, not worker 0's gloo error or worker 1's last log line.
+    plan = decide(obs(dict(RUNNING_STATUS), [
+        pod(0, "Failed", exit_code=1, message="RuntimeError: Connection reset by peer"),
+        pod(1, "Failed", exit_code=137, message="step 40/100 loss 0.31")]))  # fmt: skip
+    msg = cond(plan.status, "Restarting")["message"]
+    assert msg.startswith("pod j-worker-1 was killed by SIGKILL (exit code 137); its last line: step 40/100"), msg
+
+
 def test_a_restart_keeps_the_rate_but_not_the_window_of_the_gang_it_replaces() -> None:
     progress = {"completed": 120, "total": 500, "unit": "steps", "percent": 24.0, "rate": 2.0,
                 "lastUpdateTime": format_time(NOW - timedelta(seconds=5))}  # fmt: skip
