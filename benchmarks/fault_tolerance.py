@@ -1,8 +1,9 @@
 """What a failure costs with spec.faultTolerance, against today's gang restart, on `disttrain local`.
 
-Each case is a real `disttrain local` run (launcher, lighthouse, one process per replica) with a
-replica killed by SIGKILL; the same job without faultTolerance (a gang of DDP ranks) is killed the
-same way beside it, and the same jobs run without kills give the reference throughput.
+Each case is a real `disttrain local` run (launcher, lighthouse, one process per replica, or
+--procs processes sharding it: HSDP) with a replica killed by SIGKILL (its first process); the same
+job without faultTolerance (a gang of DDP or FSDP ranks) is killed the same way beside it, and the
+same jobs run without kills give the reference throughput.
 
   cost     one kill at a random step: seconds from the kill until the surviving replicas (the
            restarted gang) take their next step; steps trained again (survivors: a step number
@@ -18,7 +19,7 @@ same way beside it, and the same jobs run without kills give the reference throu
 
     .venv/bin/python benchmarks/fault_tolerance.py cost --model mlp --replicas 4 [--json out.json]
     .venv/bin/python benchmarks/fault_tolerance.py window --window 240 --kill-every 60
-    .venv/bin/python benchmarks/fault_tolerance.py correct
+    .venv/bin/python benchmarks/fault_tolerance.py correct [--procs 2 --replicas 2]
     .venv/bin/python benchmarks/fault_tolerance.py diloco --replicas 4 --interval 50 --steps 400
 """
 
@@ -43,24 +44,30 @@ HEARTBEAT_S = 3
 
 def manifest(name: str, *, model: str, replicas: int, steps: int, ft: bool, ckpt_every: int, min_replicas: int = 1,
              sync: dict[str, Any] | None = None, log_every: int = 1, eval_every: int = 0, lr: float = 0.002,
-             init: Path | None = None) -> str:  # fmt: skip
+             init: Path | None = None, procs: int = 1) -> str:  # fmt: skip
+    """procs > 1: HSDP, each replica `procs` processes sharding the model (dataStrategy fsdp); the
+    batch per process stays what it is with one (32 digits rows, 8 GPT sequences)."""
     if model == "gpt":
         start = f", init: {json.dumps(str(init))}" if init else ""
         body = (f"  model: {{name: gpt, hidden: 64, layers: 2, heads: 4, blockSize: 64{start}}}\n"
-                f"  data: {{name: pytext, batchSize: {8 * replicas}, seed: 0}}\n"
+                f"  data: {{name: pytext, batchSize: {8 * replicas * procs}, seed: 0}}\n"
                 f"  optimizer: {{name: adamw, lr: {lr}, scaleLR: none, warmupSteps: 20, decay: cosine, minLRRatio: 0.1}}\n")  # fmt: skip
     else:
         body = (f"  model: {{name: mlp, hidden: 128, layers: 2}}\n"
-                f"  data: {{name: digits, batchSize: {32 * replicas}, seed: 0}}\n"
-                f"  optimizer: {{name: sgd, lr: 0.1, momentum: 0.9, baseBatchSize: {32 * replicas}, warmupSteps: 30}}\n")  # fmt: skip
+                f"  data: {{name: digits, batchSize: {32 * replicas * procs}, seed: 0}}\n"
+                f"  optimizer: {{name: sgd, lr: 0.1, momentum: 0.9, baseBatchSize: {32 * replicas * procs}, "
+                "warmupSteps: 30}\n")  # fmt: skip
     training = f"steps: {steps}, logIntervalSteps: {log_every}, evalIntervalSteps: {eval_every}"
     if sync:
         training += f", sync: {json.dumps(sync)}"
     text = (f"apiVersion: disttrain.dev/v1alpha1\nkind: DistTrainJob\nmetadata: {{name: {name}}}\nspec:\n"
-            f"  mode: data\n  workers: {{replicas: {replicas}}}\n{body}  training: {{{training}}}\n"
+            f"  mode: data\n  workers: {{replicas: {replicas}, procsPerWorker: {procs}}}\n{body}"
+            f"  training: {{{training}}}\n"
             f"  checkpoint: {{intervalSteps: {ckpt_every}, keep: 2}}\n  runPolicy: {{backoffLimit: 50}}\n")  # fmt: skip
     if ft:
         text += f"  faultTolerance: {{minReplicas: 1, heartbeatTimeoutSeconds: {HEARTBEAT_S}}}\n"
+    if procs > 1:
+        text += "  parallelism: {dataStrategy: fsdp}\n"
     return text
 
 
@@ -125,11 +132,14 @@ def first_step_after(recs: list[dict[str, Any]], t: float) -> dict[str, Any] | N
     return next((r for r in recs if r["time"] > t), None)
 
 
-def one_kill(work: Path, *, model: str, replicas: int, ft: bool, steps: int, at: int, victim: int) -> dict[str, Any]:
+def one_kill(work: Path, *, model: str, replicas: int, ft: bool, steps: int, at: int, victim: int,
+             procs: int = 1) -> dict[str, Any]:  # fmt: skip
+    """Replica `victim` killed (its first process, SIGKILL) once replica 0 logged step `at`."""
     name = f"{'ft' if ft else 'gang'}-{model}-cost"
-    run = Local(work, name, manifest(name, model=model, replicas=replicas, steps=steps, ft=ft, ckpt_every=50))
+    run = Local(work, name, manifest(name, model=model, replicas=replicas, steps=steps, ft=ft, ckpt_every=50,
+                                     procs=procs))  # fmt: skip
     run.wait_step(at)
-    killed = run.kill(victim)
+    killed = run.kill(victim * procs)
     before = run.records()
     step_at_kill = int(before[-1]["step"]) if before else 0
     resumed_at = killed
@@ -160,7 +170,7 @@ def cost(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
         at = rng.randrange(60, 140)
         victim = rng.randrange(1, args.replicas)
         out.append(one_kill(work, model=args.model, replicas=args.replicas, ft=ft, steps=args.steps, at=at,
-                            victim=victim))  # fmt: skip
+                            victim=victim, procs=args.procs))  # fmt: skip
         print(json.dumps(out[-1]), flush=True)
     return out
 
@@ -215,7 +225,7 @@ def correct(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
     exports, rates = {}, {}
     for name, ft in (("plain", False), ("ft", True)):
         run = Local(work, name, manifest(name, model=args.model, replicas=args.replicas, steps=steps, ft=ft,
-                                         ckpt_every=steps, log_every=10))  # fmt: skip
+                                         ckpt_every=steps, log_every=10, procs=args.procs))  # fmt: skip
         run.finish()
         exports[name] = load_file(run.run_dir / "checkpoints" / name / "export" / "model.safetensors")
         recs = run.records()[2:]  # steady state
@@ -228,9 +238,9 @@ def correct(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
     print(json.dumps(out[-1]), flush=True)
     name = "ft-kill"
     run = Local(work, name, manifest(name, model=args.model, replicas=args.replicas, steps=steps, ft=True,
-                                     ckpt_every=steps, log_every=10))  # fmt: skip
+                                     ckpt_every=steps, log_every=10, procs=args.procs))  # fmt: skip
     run.wait_step(steps // 4)
-    run.kill(1)
+    run.kill(args.procs)  # replica 1's first process
     run.finish()
     digests = {json.loads(p.read_text())["paramsSha256"] for p in run.run_dir.glob("replica*.json")}
     s = run.summary()
@@ -284,6 +294,7 @@ def main() -> None:
     p.add_argument("what", choices=("cost", "window", "correct", "diloco"))
     p.add_argument("--model", choices=("mlp", "gpt"), default="mlp")
     p.add_argument("--replicas", type=int, default=4)
+    p.add_argument("--procs", type=int, default=1, help="processes per replica: > 1 is HSDP (dataStrategy fsdp)")
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--window", type=float, default=600.0)
     p.add_argument("--kill-every", type=float, default=120.0)

@@ -31,6 +31,8 @@ def test_deleted_replica_pod_leaves_a_smaller_quorum_then_rejoins(kubectl: Kubec
                        data={"name": "digits", "batchSize": 32 * 2 * procs})  # fmt: skip
     if procs > 1:
         obj["spec"]["workers"]["procsPerWorker"] = procs
+        # Each process imports torch and torchft (~400 MiB): 768Mi OOM-kills one of two.
+        obj["spec"]["workers"]["resources"]["memory"] = "1536Mi"
         obj["spec"]["parallelism"] = {"dataStrategy": "fsdp"}
     obj["spec"]["workers"]["template"] = {"env": [{"name": "DISTTRAIN_FAULT_STEP_SLEEP_S", "value": "0.15"}]}
     kubectl.apply(obj)
