@@ -149,8 +149,10 @@ def one_kill(work: Path, *, model: str, replicas: int, ft: bool, steps: int, at:
         resumed_at = time.time()
     run.finish()
     recs = run.records()
-    if ft:  # the survivors' first step at the smaller quorum
-        nxt = next((r for r in recs if r["time"] > killed and int(r.get("quorum", replicas)) < replicas), None)
+    if ft:  # the survivors' first step at the smaller quorum, or at the full one if the replacement
+        # started heartbeating before the lighthouse dropped the dead replica (it then waits for it to join)
+        after = [r for r in recs if r["time"] > killed]
+        nxt = next((r for r in after if int(r.get("quorum", replicas)) < replicas), after[0] if after else None)
     else:
         nxt = first_step_after(recs, resumed_at)
     assert nxt is not None, recs[-5:]
@@ -160,7 +162,7 @@ def one_kill(work: Path, *, model: str, replicas: int, ft: bool, steps: int, at:
     else:  # the new attempt's first logged step minus one is where it resumed from
         again = max(0, step_at_kill - (int(nxt["step"]) - 1))
     return {"case": name, "killedAtStep": step_at_kill, "secondsToNextStep": round(nxt["time"] - killed, 2),
-            "stepsTrainedAgain": again, "nextStep": int(nxt["step"])}  # fmt: skip
+            "stepsTrainedAgain": again, "nextStep": int(nxt["step"]), "quorumAtNextStep": nxt.get("quorum")}  # fmt: skip
 
 
 def cost(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
