@@ -58,7 +58,7 @@ SECOND_LANE = frozenset({
     "test_network.py", "test_node_loss.py", "test_pods.py", "test_scheduling.py", "test_operator.py",
     "test_ownership.py", "test_paramserver.py", "test_federated.py", "test_identity.py",
     "test_recovery.py", "test_disruptions.py", "test_zz_incluster.py", "test_user_image.py",
-    "test_object_store.py",
+    "test_object_store.py", "test_model_parallel.py",
 })
 TESTS_ROOT = Path(__file__).resolve().parent
 CLUSTER_TURN_LOCK = Path(tempfile.gettempdir()) / "disttrain-cluster-tests.lock"

@@ -118,8 +118,10 @@ def replicas_agree(run_dir: Path, replicas: int, steps: int) -> list[dict[str, A
 
 
 def test_a_killed_replica_leaves_a_smaller_quorum_then_rejoins(tmp_path: Path) -> None:
-    steps = 120
-    proc, run_dir = start(tmp_path, manifest("ftkill", replicas=3, min_replicas=2, steps=steps, ckpt_every=40),
+    # 300 paced steps (30 s or more after the kill): a replacement that takes 10 s or more to start
+    # on a loaded host still rejoins before the survivors finish (120 steps once did not).
+    steps = 300
+    proc, run_dir = start(tmp_path, manifest("ftkill", replicas=3, min_replicas=2, steps=steps, ckpt_every=100),
                           "ftkill", pace_s=PACE_S)  # fmt: skip
     killed = kill_at(proc, run_dir, rank=1, step=15)
     out = finish(proc)
@@ -185,8 +187,8 @@ def test_hsdp_without_a_failure_equals_plain_fsdp(tmp_path: Path) -> None:
 
 
 def test_a_killed_hsdp_process_takes_its_group_out_which_rejoins_from_its_peers_shards(tmp_path: Path) -> None:
-    steps, procs = 120, 2
-    proc, run_dir = start(tmp_path, manifest("fthsdpkill", replicas=2, min_replicas=1, steps=steps, ckpt_every=40,
+    steps, procs = 300, 2  # long enough for a slow replacement to rejoin (the test above)
+    proc, run_dir = start(tmp_path, manifest("fthsdpkill", replicas=2, min_replicas=1, steps=steps, ckpt_every=100,
                                              procs=procs), "fthsdpkill", pace_s=PACE_S)  # fmt: skip
     killed = kill_at(proc, run_dir, rank=3, step=15)  # replica 1's second process
     out = finish(proc)

@@ -79,13 +79,14 @@ def test_gpu_request_beyond_the_cluster_stays_pending(
                                workers={"replicas": 1, "resources": {"gpus": 64, "cpu": "100m", "memory": "64Mi"}}))
 
     def unschedulable() -> dict[str, Any] | None:
+        # Until the job's checkpoint claim is bound the scheduler names the claim ("unbound immediate
+        # PersistentVolumeClaims"); then the GPUs no node has.
         job = kubectl.job(namespace, name)
         cond = condition(job, "Running")
-        return job if cond and cond["reason"] == "Unschedulable" else None
+        return job if cond and cond["reason"] == "Unschedulable" and "nvidia.com/gpu" in cond["message"] else None
 
-    job = kubectl.wait_for("Unschedulable condition", unschedulable, timeout=90)
+    job = kubectl.wait_for("Unschedulable condition naming nvidia.com/gpu", unschedulable, timeout=150)
     assert job["status"]["phase"] == "Pending"
-    assert "nvidia.com/gpu" in condition(job, "Running")["message"]
     (pod,) = kubectl.pods(namespace, name)
     assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "64"
     assert any(t["key"] == "nvidia.com/gpu" for t in pod["spec"]["tolerations"])
