@@ -147,11 +147,13 @@ def test_a_killed_replica_leaves_a_smaller_quorum_then_rejoins(tmp_path: Path) -
     assert local["restarts"] == 1 and local["status"] == "Succeeded"
 
 
-def test_below_min_replicas_the_gang_restarts_from_the_checkpoint(tmp_path: Path) -> None:
+@pytest.mark.parametrize("procs", [1, 2], ids=["ddp", "hsdp"])
+def test_below_min_replicas_the_gang_restarts_from_the_checkpoint(tmp_path: Path, procs: int) -> None:
+    # HSDP: every group loads the whole checkpoint into its shards (the step its group rank 0 found).
     steps = 40
-    proc, run_dir = start(tmp_path, manifest("ftmin", replicas=2, min_replicas=2, steps=steps, ckpt_every=10),
-                          "ftmin", pace_s=0.05)  # fmt: skip
-    kill_at(proc, run_dir, rank=1, step=14)
+    proc, run_dir = start(tmp_path, manifest("ftmin", replicas=2, min_replicas=2, steps=steps, ckpt_every=10,
+                                             procs=procs), "ftmin", pace_s=0.05)  # fmt: skip
+    kill_at(proc, run_dir, rank=procs, step=14)  # replica 1's first process
     out = finish(proc)
     assert "fewer than faultTolerance.minReplicas=2: the gang restarts from the newest checkpoint" in out, out[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())

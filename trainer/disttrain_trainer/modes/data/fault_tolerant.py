@@ -94,7 +94,7 @@ def run(cfg: TrainerConfig) -> Summary | None:
             if spec.training.sync.kind != "every-step":
                 r.outer = OuterSync(inner, spec.training.sync, averager=None)  # type: ignore[arg-type]
             keep_until_exit(r)
-            saved = ft_checkpoints.read_newest(cfg.checkpoint_dir)
+            saved = _group_checkpoint(r, ft_checkpoints.read_newest(cfg.checkpoint_dir))
             if saved is not None:
                 r.restore(saved[1])
                 if s.group_rank == 0:
@@ -300,6 +300,19 @@ def _agreed(r: ReplicaRun, value: bool) -> bool:
     box = [value]
     dist.broadcast_object_list(box, src=0)
     return bool(box[0])
+
+
+def _group_checkpoint(r: ReplicaRun, saved: tuple[int, dict[str, Any]] | None) -> tuple[int, dict[str, Any]] | None:
+    """The checkpoint group rank 0 found, on every process of the group: another replica may write a
+    newer one between two processes' reads, and loading one into sharded weights is a collective."""
+    if r.replica.group_size == 1:
+        return saved
+    box = [saved[0] if saved is not None else None]
+    dist.broadcast_object_list(box, src=0)
+    step = box[0]
+    if step is None:
+        return None
+    return saved if saved is not None and saved[0] == step else (step, ft_checkpoints.read_step(r.cfg.checkpoint_dir, step))
 
 
 def _save(r: ReplicaRun) -> None:

@@ -29,6 +29,11 @@ def read_newest(root: Path) -> tuple[int, dict[str, Any]] | None:
     return None
 
 
+def read_step(root: Path, step: int) -> dict[str, Any]:
+    """Checkpoint `step` under `root`, read without claiming the directory."""
+    return ckpt.load(root, step)
+
+
 class ReplicaCheckpoints:
     """The writes of one replica: in the background (checkpoints/whole.AsyncSaver), at most one in flight."""
 
