@@ -315,6 +315,14 @@ def events(kubectl: Kubectl, ns: str, name: str) -> list[dict[str, Any]]:
     return sorted(items, key=lambda e: (e.get("firstTimestamp") or e.get("eventTime") or "", e["metadata"]["name"]))
 
 
+def wait_event(kubectl: Kubectl, ns: str, name: str, *reasons: str, timeout: float = 60.0) -> dict[str, Any]:
+    """The job's first Event with one of `reasons`, waited for: the operator posts a decision's
+    Events after its status write (and a restart's pod deletions), so a test that saw the status
+    change may look a moment before they exist on a busy host."""
+    return kubectl.wait_for(f"an Event {' or '.join(reasons)}", lambda: next(
+        (e for e in events(kubectl, ns, name) if e["reason"] in reasons), None), timeout=timeout, interval=1.0)  # fmt: skip
+
+
 def assert_no_repeated_events(kubectl: Kubectl, ns: str, name: str) -> list[dict[str, Any]]:
     """`kubectl describe` lists each of the operator's actions and failures once: no Event
     repeats (neither a second Event with the same reason and message, nor one Event with

@@ -31,7 +31,7 @@ import pytest
 from disttrain_api.identities import client_ids, credential
 from disttrain_operator.topology.credentials import self_signed_server_cert, service_dns_names
 
-from .conftest import Kubectl, OperatorProcess  # type: ignore[import-not-found]
+from .conftest import Kubectl, OperatorProcess, wait_event  # type: ignore[import-not-found]
 
 JOBS = "disttrainjobs.disttrain.dev"
 
@@ -196,8 +196,7 @@ def test_planted_secrets_are_never_used_and_a_client_pod_can_neither_borrow_an_i
         assert status["attempt"] == attempt + 1, status  # one gang recreated on the new Secret
         expires = datetime.strptime(second["tlsNotAfter"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
         assert expires - datetime.now(UTC) > timedelta(days=300), second  # the default validity
-        events = kubectl.json("get", "events", "-n", ns, "--field-selector", f"involvedObject.name={name}")["items"]
-        assert any(e["reason"] == "SecretsRenewed" and e["type"] == "Normal" for e in events), events
+        assert wait_event(kubectl, ns, name, "SecretsRenewed")["type"] == "Normal"
         check_a_client_pod(kubectl, ns, name, planted_key)
         assert mounted_secrets(kubectl, ns, name) == {second["identity"], second["tls"]}
     finally:

@@ -22,6 +22,7 @@ from .conftest import (  # type: ignore[import-not-found]
     digits_manifest,
     job_claim,
     job_manifest,
+    wait_event,
 )
 from .test_chaos import kill_when_running  # type: ignore[import-not-found]
 
@@ -65,8 +66,7 @@ def test_cross_field_invalid_gets_invalid_spec_and_no_pods(
     cond = condition(job, "InvalidSpec")
     assert cond and cond["status"] == "True", job["status"]
     assert "spec.parallelism.tensor" in cond["message"] and "mode data" in cond["message"]
-    events = kubectl.json("get", "events", "-n", namespace, "--field-selector", f"involvedObject.name={name}")
-    assert any(e["reason"] == "InvalidSpec" for e in events["items"])
+    wait_event(kubectl, namespace, name, "InvalidSpec")
     time.sleep(3)
     assert kubectl.pods(namespace, name) == []
 
@@ -193,8 +193,8 @@ def test_the_data_parallel_example_resumes_a_killed_worker_from_its_last_checkpo
 
     job = kubectl.wait_for(f"{counter} == 1", restarted, timeout=120, interval=1.0)
     assert condition(job, "Restarting") is not None
-    events = kubectl.json("get", "events", "-n", namespace, "--field-selector", f"involvedObject.name={name}")
-    assert any(e["reason"] in ("WorkerFailed", "WorkerVanished", "Disrupted") for e in events["items"])
+
+    wait_event(kubectl, namespace, name, "WorkerFailed", "WorkerVanished", "Disrupted")
     job = kubectl.wait_phase(namespace, name, ("Succeeded", "Failed"), timeout=600)
     status = job["status"]
     assert status["phase"] == "Succeeded", status

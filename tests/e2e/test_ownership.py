@@ -18,6 +18,7 @@ from .conftest import (  # type: ignore[import-not-found]
     condition,
     events,
     job_manifest,
+    wait_event,
 )
 
 pytestmark = pytest.mark.timeout(600)
@@ -54,7 +55,7 @@ def test_a_new_job_with_an_old_name_neither_inherits_nor_deletes_the_orphans(
     job = kubectl.wait_for("a NameConflict condition", conflict, timeout=60, interval=1.0)
     cond = condition(job, "NameConflict")
     assert cond is not None and f"{name}-worker-" in cond["message"] and "no controller owner" in cond["message"]
-    assert any(e["reason"] == "NameConflict" for e in events(kubectl, namespace, name))
+    wait_event(kubectl, namespace, name, "NameConflict")
     left = kubectl.json("get", "pods,services,configmaps", "-n", namespace, "-l", selector)["items"]
     assert {c["metadata"]["uid"] for c in left} == orphans, "an object that is not the job's was touched"
     assert not any(c["metadata"].get("deletionTimestamp") for c in left)
@@ -95,6 +96,7 @@ def test_a_helm_service_survives_a_job_of_its_name_and_an_invalid_edit_keeps_the
 
     job = kubectl.wait_for("a NameConflict condition", has("NameConflict", "True"), timeout=60, interval=1.0)
     assert f"Service {namespace}/{name} exists, with no controller owner" in condition(job, "NameConflict")["message"]
+    wait_event(kubectl, namespace, name, "NameConflict")
     (event,) = [e for e in events(kubectl, namespace, name) if e["reason"] == "NameConflict"]
     assert event["type"] == "Warning" and f"Service {namespace}/{name}" in event["message"]
     assert kubectl.pods(namespace, name) == [] and job["status"]["phase"] == "Pending"

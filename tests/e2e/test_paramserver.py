@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from .conftest import ROOT, Kubectl, OperatorProcess  # type: ignore[import-not-found]
+from .conftest import ROOT, Kubectl, OperatorProcess, wait_event  # type: ignore[import-not-found]
 from .test_operator import kill_worker  # type: ignore[import-not-found]
 
 pytestmark = pytest.mark.timeout(900)
@@ -63,8 +63,7 @@ def test_paramserver_killed_worker_is_replaced_alone(
     counter = kill_worker(request, kubectl, namespace, name, f"{name}-worker-2")
     kubectl.wait_for(f"{counter} == 1", lambda: int((kubectl.job(namespace, name).get("status") or {})
                                                      .get(counter) or 0) >= 1, timeout=120, interval=1.0)
-    events = kubectl.json("get", "events", "-n", namespace, "--field-selector", f"involvedObject.name={name}")
-    assert any(e["reason"] == ("WorkerReplaced" if counter == "restarts" else "Disrupted") for e in events["items"])
+    wait_event(kubectl, namespace, name, "WorkerReplaced" if counter == "restarts" else "Disrupted")
     job = kubectl.wait_phase(namespace, name, ("Succeeded", "Failed"), timeout=800)
     assert job["status"]["phase"] == "Succeeded", job["status"]
     assert job["status"]["attempt"] == 0  # no gang restart
