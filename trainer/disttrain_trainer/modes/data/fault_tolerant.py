@@ -33,7 +33,7 @@ import hashlib
 import json
 import os
 import time
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -69,6 +69,7 @@ from . import ft_checkpoints, ft_quorum, ft_replica
 from .ft_state import ReplicaRun, params_digest, quorum_lr_factor
 from .ft_telemetry import ReplicaSeries
 
+T = TypeVar("T")
 REPLICA_FILE = "replica{replica}.json"  # in the run dir: what each replica ended with (tests, benchmarks)
 # How long a starting gang waits for all its replicas before it trains with those there (_gather).
 def run(cfg: TrainerConfig) -> Summary | None:
@@ -292,24 +293,20 @@ def _rank0(r: ReplicaRun) -> bool:
     return r.manager.participating_rank() == 0
 
 
-def _agreed(r: ReplicaRun, value: bool) -> bool:
+def _agreed(r: ReplicaRun, value: T) -> T:
     """Group rank 0's `value` on every process of the group (what it read from the checkpoint
     directory, which a concurrent write may change between two processes' reads)."""
     if r.replica.group_size == 1:
         return value
     box = [value]
     dist.broadcast_object_list(box, src=0)
-    return bool(box[0])
+    return box[0]
 
 
 def _group_checkpoint(r: ReplicaRun, saved: tuple[int, dict[str, Any]] | None) -> tuple[int, dict[str, Any]] | None:
-    """The checkpoint group rank 0 found, on every process of the group: another replica may write a
-    newer one between two processes' reads, and loading one into sharded weights is a collective."""
-    if r.replica.group_size == 1:
-        return saved
-    box = [saved[0] if saved is not None else None]
-    dist.broadcast_object_list(box, src=0)
-    step = box[0]
+    """The checkpoint group rank 0 found, on every process of the group: loading one into sharded
+    weights is a collective."""
+    step = _agreed(r, saved[0] if saved is not None else None)
     if step is None:
         return None
     return saved if saved is not None and saved[0] == step else (step, ft_checkpoints.read_step(r.cfg.checkpoint_dir, step))
@@ -340,9 +337,10 @@ def _log(r: ReplicaRun, records: list[StepRecord], interval: Tally, losses: list
 
 
 def _stop(r: ReplicaRun) -> None:
-    """SIGTERM: leave at this step boundary; the quorum's rank 0 saves the step first (the others go on
+    """SIGTERM to a one-process replica (an HSDP group's processes leave at the quorum instead):
+    leave at this step boundary; the quorum's rank 0 saves the step first (the others go on
     without this replica, or stop too: a gang stopped as a whole resumes from that checkpoint)."""
-    if _rank0(r) and r.step > 0 and not _agreed(r, r.ckpts.has(r.step)):
+    if _rank0(r) and r.step > 0 and not r.ckpts.has(r.step):
         _save(r)
     r.ckpts.report(wait=True)
     raise stop_request.StopRequested(f"replica {r.replica.replica} after step {r.step}")

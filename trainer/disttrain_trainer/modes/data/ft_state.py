@@ -19,6 +19,7 @@ A missing replica's rows of those steps are skipped, not given to others.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import time
@@ -85,8 +86,9 @@ class ReplicaRun:
     recovery_s: float = 0.0  # the last one's duration
     healed: bool = False  # set by `load_healed` inside a quorum; the loop clears it
 
-    @property
+    @functools.cached_property
     def sharded(self) -> bool:
+        """Whether the model is sharded (HSDP), fixed once built: asked every step, not rescanned."""
         return is_sharded(self.inner)
 
     def healable(self) -> dict[str, Any]:
