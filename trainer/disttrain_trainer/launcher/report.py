@@ -31,6 +31,10 @@ BREAKDOWN_KEYS = (
     ("idle_s", "idle (waiting while another rank or process works alone)"),
 )
 BUSY_KEY = ("comm_busy_s", "communication, busy (in flight, overlaps compute)")
+# At most this many bars per category in the time panel: a run that logs every step for hours
+# (40 000 records) is drawn as means over runs of consecutive records. The panel is ~700 pixels
+# wide, and matplotlib spends minutes and gigabytes on a bar per record.
+MAX_BARS = 400
 # Inches from a panel's bottom edge down to its legend: room for the tick labels and the x label.
 LEGEND_DROP_IN = 0.5
 
@@ -252,9 +256,9 @@ STAGE_KEYS = (
 def write_plot(
     records: list[dict[str, Any]], path: Path, *, title: str, per_stage: list[dict[str, Any]] | None = None
 ) -> Path | None:
-    """Loss curve and per-step compute / exposed communication / data / idle seconds (stacked) with
-    busy communication as a line; for a pipeline, a third panel with each stage's share of step
-    time. None when nothing was logged."""
+    """Loss curve and per-step compute / exposed communication / data / idle seconds (stacked; at
+    most MAX_BARS bars, each the mean over consecutive records) with busy communication as a line;
+    for a pipeline, a third panel with each stage's share of step time. None when nothing was logged."""
     fig = plot_figure(records, title=title, per_stage=per_stage)
     if fig is None:
         return None
@@ -296,19 +300,20 @@ def plot_figure(
         ax_loss.set_title(title)
         ax_loss.grid(alpha=0.3)
 
-        bottom = [0.0] * len(records)
+        xs_time, means = binned(records, [k for k, _ in BREAKDOWN_KEYS] + [BUSY_KEY[0], "step_s"])
+        bottom = [0.0] * len(xs_time)
         width = (
-            max(1.0, (steps[-1] - steps[0]) / max(1, len(steps)) * 0.8) if len(steps) > 1 else 0.8
+            max(1.0, (steps[-1] - steps[0]) / max(1, len(xs_time)) * 0.8) if len(xs_time) > 1 else 0.8
         )
         handles: list[Artist] = []  # in drawing order: the stacked categories, then the lines
         for key, label in BREAKDOWN_KEYS:
-            ms = [(_num(r, key) or 0.0) * 1000 for r in records]
-            handles.append(ax_time.bar(steps, ms, width=width, bottom=bottom, label=label))
+            ms = [v * 1000 for v in means[key]]
+            handles.append(ax_time.bar(xs_time, ms, width=width, bottom=bottom, label=label))
             bottom = [b + v for b, v in zip(bottom, ms, strict=True)]
-        busy_ms = [(_num(r, BUSY_KEY[0]) or 0.0) * 1000 for r in records]
-        handles += ax_time.plot(steps, busy_ms, color="tab:red", linestyle="--", linewidth=1, label=BUSY_KEY[1])
-        step_ms = [(_num(r, "step_s") or 0.0) * 1000 for r in records]
-        handles += ax_time.plot(steps, step_ms, color="black", linewidth=1, label="step time")
+        busy_ms = [v * 1000 for v in means[BUSY_KEY[0]]]
+        handles += ax_time.plot(xs_time, busy_ms, color="tab:red", linestyle="--", linewidth=1, label=BUSY_KEY[1])
+        step_ms = [v * 1000 for v in means["step_s"]]
+        handles += ax_time.plot(xs_time, step_ms, color="black", linewidth=1, label="step time")
         ax_time.set_xlabel("step")
         ax_time.set_ylabel("ms per step")
         _legend_below(ax_time, ncols=2, handles=handles)
@@ -328,6 +333,23 @@ def plot_figure(
         plt.close(fig)
         raise
     return fig
+
+
+def binned(records: list[dict[str, Any]], keys: list[str], max_bars: int = MAX_BARS) -> tuple[list[float], dict[str, list[float]]]:
+    """The time panel's x positions and per-step means of `keys` over at most `max_bars` runs of
+    consecutive records, each record weighted by the steps it covers ("steps", 1 when absent). An
+    absent or non-numeric figure counts as 0, as in a stacked bar."""
+    per = max(1, -(-len(records) // max_bars))
+    xs: list[float] = []
+    out: dict[str, list[float]] = {k: [] for k in keys}
+    for i in range(0, len(records), per):
+        group = records[i : i + per]
+        weights = [max(1.0, _num(r, "steps") or 1.0) for r in group]
+        total = sum(weights)
+        xs.append(sum(int(r["step"]) for r in group) / len(group))
+        for k in keys:
+            out[k].append(sum((_num(r, k) or 0.0) * w for r, w in zip(group, weights, strict=True)) / total)
+    return xs, out
 
 
 def _legend_below(ax: Axes, *, ncols: int, handles: list[Artist] | None) -> None:
