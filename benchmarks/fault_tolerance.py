@@ -44,16 +44,17 @@ HEARTBEAT_S = 3
 
 def manifest(name: str, *, model: str, replicas: int, steps: int, ft: bool, ckpt_every: int, min_replicas: int = 1,
              sync: dict[str, Any] | None = None, log_every: int = 1, eval_every: int = 0, lr: float = 0.002,
-             init: Path | None = None, procs: int = 1) -> str:  # fmt: skip
+             init: Path | None = None, procs: int = 1, mlp: tuple[int, int] = (128, 2)) -> str:  # fmt: skip
     """procs > 1: HSDP, each replica `procs` processes sharding the model (dataStrategy fsdp); the
-    batch per process stays what it is with one (32 digits rows, 8 GPT sequences)."""
+    batch per process stays what it is with one (32 digits rows, 8 GPT sequences). `mlp`: the MLP's
+    hidden width and layers."""
     if model == "gpt":
         start = f", init: {json.dumps(str(init))}" if init else ""
         body = (f"  model: {{name: gpt, hidden: 64, layers: 2, heads: 4, blockSize: 64{start}}}\n"
                 f"  data: {{name: pytext, batchSize: {8 * replicas * procs}, seed: 0}}\n"
                 f"  optimizer: {{name: adamw, lr: {lr}, scaleLR: none, warmupSteps: 20, decay: cosine, minLRRatio: 0.1}}\n")  # fmt: skip
     else:
-        body = (f"  model: {{name: mlp, hidden: 128, layers: 2}}\n"
+        body = (f"  model: {{name: mlp, hidden: {mlp[0]}, layers: {mlp[1]}}}\n"
                 f"  data: {{name: digits, batchSize: {32 * replicas * procs}, seed: 0}}\n"
                 f"  optimizer: {{name: sgd, lr: 0.1, momentum: 0.9, baseBatchSize: {32 * replicas * procs}, "
                 "warmupSteps: 30}\n")  # fmt: skip
@@ -227,7 +228,7 @@ def correct(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
     exports, rates = {}, {}
     for name, ft in (("plain", False), ("ft", True)):
         run = Local(work, name, manifest(name, model=args.model, replicas=args.replicas, steps=steps, ft=ft,
-                                         ckpt_every=steps, log_every=10, procs=args.procs))  # fmt: skip
+                                         ckpt_every=steps, log_every=10, procs=args.procs, mlp=args.mlp))  # fmt: skip
         run.finish()
         exports[name] = load_file(run.run_dir / "checkpoints" / name / "export" / "model.safetensors")
         recs = run.records()[2:]  # steady state
@@ -240,7 +241,7 @@ def correct(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
     print(json.dumps(out[-1]), flush=True)
     name = "ft-kill"
     run = Local(work, name, manifest(name, model=args.model, replicas=args.replicas, steps=steps, ft=True,
-                                     ckpt_every=steps, log_every=10, procs=args.procs))  # fmt: skip
+                                     ckpt_every=steps, log_every=10, procs=args.procs, mlp=args.mlp))  # fmt: skip
     run.wait_step(steps // 4)
     run.kill(args.procs)  # replica 1's first process
     run.finish()
@@ -295,6 +296,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("what", choices=("cost", "window", "correct", "diloco"))
     p.add_argument("--model", choices=("mlp", "gpt"), default="mlp")
+    p.add_argument("--mlp", type=lambda v: tuple(int(x) for x in v.split("x")), default=(128, 2),
+                   help="correct: the MLP's width x layers (default 128x2, the digits example's)")
     p.add_argument("--replicas", type=int, default=4)
     p.add_argument("--procs", type=int, default=1, help="processes per replica: > 1 is HSDP (dataStrategy fsdp)")
     p.add_argument("--steps", type=int, default=400)

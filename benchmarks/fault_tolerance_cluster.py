@@ -26,8 +26,16 @@ again) or --rejoin-timeout passes, and the job's status (attempt, restarts, repl
 read: the operator's side of the same failure. The operator runs as a host process from this
 checkout (as in the e2e tests), watching a namespace of its own.
 
+--window W (seconds) measures throughput under periodic kills instead, as `fault_tolerance.py
+window` does locally: each job runs W seconds (from its step 20, at the full quorum) twice, once
+with a replica other than 0 killed every --kill-every seconds and once without; worker 0's steps
+are followed across its restarts (a gang restart replaces its pod too), and samples kept per second
+(fault tolerant: the quorum's samples of every step; gang restart: net steps, retrained ones not
+counted) with kills are divided by those without.
+
     make cluster-up
     .venv/bin/python benchmarks/fault_tolerance_cluster.py --replicas 4 --seed 7 [--json out.json]
+    .venv/bin/python benchmarks/fault_tolerance_cluster.py --window 600 --kill-every 120 --seed 7
 """
 
 from __future__ import annotations
@@ -108,7 +116,8 @@ def manifest(name: str, ns: str, *, ft: bool, args: argparse.Namespace) -> dict[
         "optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.9, "baseBatchSize": batch, "warmupSteps": 30},
         "training": {"steps": args.steps, "logIntervalSteps": 1, "evalIntervalSteps": 0},
         "checkpoint": {"intervalSteps": args.ckpt_every, "keep": 2},
-        "runPolicy": {"backoffLimit": 3},
+        # A window's kills (and a fault-tolerant replica's replacements) count against backoffLimit.
+        "runPolicy": {"backoffLimit": 50 if args.window else 3},
     }
     if ft:
         spec["faultTolerance"] = {"minReplicas": MIN_REPLICAS, "heartbeatTimeoutSeconds": HEARTBEAT_S}
@@ -127,6 +136,7 @@ class Follow:
 
     def __init__(self, ns: str, pod: str) -> None:
         self.lines: queue.Queue[Step | None] = queue.Queue()
+        self.ended = threading.Event()
         self.proc = subprocess.Popen(["kubectl", "--kubeconfig", kubeconfig(), "logs", "-f", "--timestamps",
                                       "-n", ns, pod, "-c", "trainer"], stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, text=True)  # fmt: skip
@@ -138,6 +148,7 @@ class Follow:
             m = STEP.match(line)
             if m:
                 self.lines.put(Step(stamp(m.group(1)), int(m.group(2)), int(m.group(3)) if m.group(3) else None))
+        self.ended.set()
         self.lines.put(None)  # the stream ended: the pod (or its container) is gone
 
     def next(self, timeout: float) -> Step | None:
@@ -277,6 +288,92 @@ def one_case(ns: str, *, ft: bool, kill_at: int, victim: int, args: argparse.Nam
         kubectl("delete", "dtj", name, "-n", ns, "--wait=false", check=False)
 
 
+class StepLog:
+    """Worker 0's step lines for as long as the job runs, across its pod's replacements (a gang
+    restart replaces worker 0's pod too; a fault-tolerant job only the failed replica's)."""
+
+    def __init__(self, ns: str, pod0: str) -> None:
+        self.steps: list[Step] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(ns, pod0), daemon=True)
+        self._thread.start()
+
+    def _run(self, ns: str, pod0: str) -> None:
+        while not self._stop.is_set():
+            if not running_uid(ns, pod0):  # not yet, or deleted by a gang restart
+                time.sleep(0.5)
+                continue
+            # Following the same pod again (its stream ended: the container died, the log rotated)
+            # reads its log from the start: only lines later than the last one kept are new.
+            follow = Follow(ns, pod0)
+            try:
+                while not self._stop.is_set():
+                    got = follow.next(timeout=1.0)
+                    if got is not None:
+                        if not self.steps or got.t > self.steps[-1].t:
+                            self.steps.append(got)
+                    elif follow.ended.is_set() and follow.lines.empty():
+                        break
+            finally:
+                follow.close()
+            time.sleep(1.0)
+
+    def last(self) -> Step | None:
+        return self.steps[-1] if self.steps else None
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+
+def kill_when_running(ns: str, name: str, how: str, timeout: float = 120) -> float:
+    """kill_replica once the pod runs its trainer (it may still be coming back from the last kill)."""
+    end = time.monotonic() + timeout
+    while True:
+        try:
+            if running_uid(ns, name):
+                return kill_replica(ns, name, how)
+        except RuntimeError:  # between the pod's Running and its trainer's start
+            if time.monotonic() > end:
+                raise
+        if time.monotonic() > end:
+            raise TimeoutError(f"{ns}/{name} did not run again within {timeout:.0f} s")
+        time.sleep(0.5)
+
+
+def window_case(ns: str, *, ft: bool, kills: bool, rng: random.Random, args: argparse.Namespace) -> dict[str, Any]:
+    """One job for args.window seconds from its step 20 (at the full quorum), a random replica other
+    than 0 killed every args.kill_every seconds when `kills`; its samples kept per second."""
+    from fault_tolerance import kept_samples  # noqa: PLC0415 - the local benchmark's rule, one definition
+
+    name = f"{'ft' if ft else 'gang'}-{'kills' if kills else 'steady'}-{uuid.uuid4().hex[:5]}"
+    kubectl("apply", "-f", "-", input_=json.dumps(manifest(name, ns, ft=ft, args=args)))
+    log = StepLog(ns, f"{name}-worker-0")
+    try:
+        wait("step 20 at the full quorum", lambda: (s := log.last()) is not None and s.step >= 20
+             and (not ft or s.quorum == args.replicas), 600)  # fmt: skip
+        start = time.time()
+        first = max(s.step for s in log.steps)
+        victims: list[int] = []
+        while time.time() < start + args.window:
+            time.sleep(min(1.0, max(0.0, start + args.window - time.time())))
+            due = start + (len(victims) + 1) * args.kill_every
+            if kills and due <= time.time() < start + args.window:
+                victims.append(rng.randrange(1, args.replicas))
+                kill_when_running(ns, f"{name}-worker-{victims[-1]}", args.kill)
+        end = time.time()
+        time.sleep(15)  # kubectl logs -f delivers the window's last lines late
+        recs = [{"time": s.t, "step": s.step, "quorum": s.quorum or args.replicas} for s in log.steps]
+        kept = kept_samples(recs, start, end, ft=ft, batch=32, replicas=args.replicas, first_step=first)
+        st = job_status(ns, name)
+        return {"case": name.rsplit("-", 1)[0], "victims": victims, "windowS": round(end - start, 1),
+                "keptSamplesPerS": round(kept / (end - start), 1), "attempt": st.get("attempt"),
+                "restarts": st.get("restarts"), "replicaGroups": st.get("replicaGroups")}  # fmt: skip
+    finally:
+        log.close()
+        kubectl("delete", "dtj", name, "-n", ns, "--wait=false", check=False)
+
+
 def wait_for_no_pods(ns: str) -> None:
     """The previous job's pods hold CPU requests until they are gone: the next job waits for them
     (its gang is placed only when every pod fits)."""
@@ -336,9 +433,14 @@ def main() -> None:
     p.add_argument("--ckpt-every", type=int, default=50)
     p.add_argument("--kill", choices=("sigkill", "delete"), default="sigkill")
     p.add_argument("--rejoin-timeout", type=float, default=180.0)
+    p.add_argument("--window", type=float, default=0.0,
+                   help="seconds: measure throughput under a kill every --kill-every s instead of one kill's cost")
+    p.add_argument("--kill-every", type=float, default=120.0)
     p.add_argument("--seed", type=int, default=43)
     p.add_argument("--json", type=Path)
     args = p.parse_args()
+    if args.window:
+        args.steps = max(args.steps, 10**6)  # the job runs until the window ends
     rng = random.Random(args.seed)
     ns = f"ftbench-{uuid.uuid4().hex[:5]}"
     print(f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}, load average before: "
@@ -350,7 +452,12 @@ def main() -> None:
     try:
         with operator(ns) as log:
             print(f"namespace {ns}, operator log {log}", flush=True)
-            for ft in (True, False):
+            for ft in (True, False) if args.window else ():
+                for kills in (False, True):
+                    wait_for_no_pods(ns)
+                    rows.append(window_case(ns, ft=ft, kills=kills, rng=rng, args=args))
+                    print(json.dumps(rows[-1]), flush=True)
+            for ft in (True, False) if not args.window else ():
                 kill_at, victim = rng.randrange(*KILL_STEPS), rng.randrange(1, args.replicas)
                 print(f"{'fault tolerant' if ft else 'gang restart'}: kill replica {victim} ({args.kill}) "
                       f"at step {kill_at} (seed {args.seed})", flush=True)  # fmt: skip
@@ -360,7 +467,13 @@ def main() -> None:
     finally:
         kubectl("delete", "namespace", ns, "--wait=false", check=False)
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    print(table(rows, args.replicas))
+    if args.window:
+        by = {r["case"]: r["keptSamplesPerS"] for r in rows}
+        rows.append({"case": "fractions", "faultTolerant": round(by["ft-kills"] / by["ft-steady"], 3),
+                     "gangRestart": round(by["gang-kills"] / by["gang-steady"], 3)})  # fmt: skip
+        print(json.dumps(rows[-1]))
+    else:
+        print(table(rows, args.replicas))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
 
