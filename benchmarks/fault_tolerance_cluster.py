@@ -328,17 +328,16 @@ class StepLog:
 
 def kill_when_running(ns: str, name: str, how: str, timeout: float = 120) -> float:
     """kill_replica once the pod runs its trainer (it may still be coming back from the last kill)."""
-    end = time.monotonic() + timeout
-    while True:
+
+    def attempt() -> float | None:
+        if not running_uid(ns, name):
+            return None
         try:
-            if running_uid(ns, name):
-                return kill_replica(ns, name, how)
+            return kill_replica(ns, name, how)
         except RuntimeError:  # between the pod's Running and its trainer's start
-            if time.monotonic() > end:
-                raise
-        if time.monotonic() > end:
-            raise TimeoutError(f"{ns}/{name} did not run again within {timeout:.0f} s")
-        time.sleep(0.5)
+            return None
+
+    return float(wait(f"{ns}/{name} running its trainer again", attempt, timeout))
 
 
 def window_case(ns: str, *, ft: bool, kills: bool, rng: random.Random, args: argparse.Namespace) -> dict[str, Any]:
