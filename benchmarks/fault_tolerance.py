@@ -11,7 +11,8 @@ same jobs run without kills give the reference throughput.
   window   throughput over a window with one kill every --kill-every seconds, as a fraction of
            the same window without kills: samples kept (fault tolerant: the quorum's samples of
            every step; gang restart: net steps, retrained ones not counted) per second
-  correct  no failure: fault-tolerant DP against plain DP (max parameter difference, step cost);
+  correct  no failure: fault-tolerant DP against plain DP (max parameter difference, step cost,
+           CPU per step of all the run's processes);
            one kill and a rejoin: every replica's parameters identical (sha256), final accuracy
            against the uninterrupted run
   diloco   GPT, every-step DDP against DiLoCo (interval H): validation loss at the same samples
@@ -128,6 +129,36 @@ class Local:
     def summary(self) -> dict[str, Any]:
         return json.loads((self.run_dir / "summary.json").read_text())
 
+    def cpu_s(self) -> float:
+        """CPU seconds (user + system, every thread) that the run's live processes have used so far:
+        the launcher, its trainers and the lighthouse."""
+        parent, cpu = {}, {}
+        tick = os.sysconf("SC_CLK_TCK")
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # ended meanwhile
+            pid = int(stat.parent.name)
+            parent[pid] = int(fields[1])
+            cpu[pid] = (int(fields[11]) + int(fields[12])) / tick
+        total = 0.0
+        for pid, used in cpu.items():
+            p = pid
+            while p in parent and p != self.proc.pid:
+                p = parent[p]
+            total += used if p == self.proc.pid else 0.0
+        return total
+
+    def cpu_per_step(self, first: int, last: int) -> float:
+        """CPU milliseconds of all the run's processes per training step, between steps `first` and
+        `last` (steady state: no start-up imports, no end)."""
+        self.wait_step(first)
+        s0, c0 = self.step(), self.cpu_s()
+        self.wait_step(last)
+        s1, c1 = self.step(), self.cpu_s()
+        return 1000 * (c1 - c0) / max(1, s1 - s0)
+
 
 def first_step_after(recs: list[dict[str, Any]], t: float) -> dict[str, Any] | None:
     return next((r for r in recs if r["time"] > t), None)
@@ -225,19 +256,21 @@ def correct(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
 
     out = []
     steps = args.steps
-    exports, rates = {}, {}
+    exports, rates, cpu = {}, {}, {}
     for name, ft in (("plain", False), ("ft", True)):
         run = Local(work, name, manifest(name, model=args.model, replicas=args.replicas, steps=steps, ft=ft,
                                          ckpt_every=steps, log_every=10, procs=args.procs, mlp=args.mlp))  # fmt: skip
+        cpu[name] = run.cpu_per_step(steps // 4, 3 * steps // 4)
         run.finish()
         exports[name] = load_file(run.run_dir / "checkpoints" / name / "export" / "model.safetensors")
         recs = run.records()[2:]  # steady state
         rates[name] = sum(r["samples_per_s"] * r["steps"] for r in recs) / max(1, sum(r["steps"] for r in recs))
         out.append({"case": name, "testAccuracy": run.summary().get("testAccuracy"), "valLoss": run.summary().get("valLoss"),
-                    "samplesPerSPerRank": rates[name]})  # fmt: skip
+                    "samplesPerSPerRank": rates[name], "cpuMsPerStep": round(cpu[name], 2)})  # fmt: skip
         print(json.dumps(out[-1]), flush=True)
     diff = max(float((exports["ft"][k] - exports["plain"][k]).abs().max()) for k in exports["ft"])
-    out.append({"case": "ft vs plain", "maxParamDiff": diff, "stepCostRatio": rates["ft"] / rates["plain"]})
+    out.append({"case": "ft vs plain", "maxParamDiff": diff, "stepCostRatio": rates["ft"] / rates["plain"],
+                "cpuPerStepRatio": cpu["ft"] / cpu["plain"]})  # fmt: skip
     print(json.dumps(out[-1]), flush=True)
     name = "ft-kill"
     run = Local(work, name, manifest(name, model=args.model, replicas=args.replicas, steps=steps, ft=True,

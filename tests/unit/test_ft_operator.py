@@ -66,6 +66,11 @@ def test_replicas_are_worlds_of_one_and_the_job_owns_a_lighthouse() -> None:
     env = env_of(tmpl)
     assert env[C.ENV_ROLE] == C.ROLE_LIGHTHOUSE and env[C.ENV_FT_LIGHTHOUSE] == lighthouse
     assert tmpl["spec"]["containers"][0]["resources"]["limits"] == {"cpu": "250m", "memory": "512Mi"}
+    # It holds no model: the checkpoints are read-only to it, as to every pod that does not write them.
+    mounts = {m["name"]: m for m in tmpl["spec"]["containers"][0]["volumeMounts"]}
+    assert mounts["checkpoints"].get("readOnly") is True
+    assert all(mounts["checkpoints"].get("readOnly") is None for mounts in
+               ({m["name"]: m for m in p["spec"]["containers"][0]["volumeMounts"]} for p in children.pods))
     svc = next(s for s in children.services if s["metadata"]["name"] == "j-lighthouse")
     assert svc["spec"]["ports"][0]["port"] == C.DEFAULT_LIGHTHOUSE_PORT
     assert svc["spec"]["selector"] == {C.LABEL_JOB: "j", C.LABEL_ROLE: C.ROLE_LIGHTHOUSE}

@@ -101,7 +101,7 @@ def test_cross_field_rules_apply(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("mode", "role", "node_rank", "writes"), [
     ("data", "", 1, True), ("federated", C.ROLE_AGGREGATOR, 0, True), ("federated", C.ROLE_CLIENT, 0, False),
     ("paramserver", C.ROLE_SERVER, 1, True), ("paramserver", C.ROLE_WORKER, 0, True),
-    ("paramserver", C.ROLE_WORKER, 1, False),
+    ("paramserver", C.ROLE_WORKER, 1, False), ("data", C.ROLE_LIGHTHOUSE, 0, False),
 ])  # fmt: skip
 def test_only_the_pods_that_write_checkpoints_attach_the_bucket(tmp_path: Path, mode: str, role: str, node_rank: int,
                                                                 writes: bool) -> None:  # fmt: skip

@@ -160,7 +160,9 @@ def train_step(
     total: torch.Tensor | None = None
     samples = 0
     for i, (x, y) in enumerate(micro_batches):
-        sync = i == n - 1 or not isinstance(model, DDP)
+        # DDP and the fault-tolerant FTDataParallel defer their all-reduce with no_sync; FSDP2 and a
+        # plain module have none.
+        sync = i == n - 1 or not hasattr(model, "no_sync")
         with contextlib.nullcontext() if sync else model.no_sync():  # type: ignore[operator]
             if fp32:
                 loss = loss_fn(model(x), y)

@@ -1,35 +1,55 @@
-"""Fault-tolerant data parallel across replica groups: DDP whose gradient all-reduce is torchft's
-(the Manager's all-reduce over the replicas of the current quorum), timed like every mode's.
+"""Fault-tolerant data parallel across replica groups: the gradients are all-reduced over the
+replicas of the current quorum (torchft's Manager) at the end of every backward, bucketed exactly
+as plain DistributedDataParallel buckets them, and timed like every mode's communication.
 
-torchft 0.2.0's own `torchft.DistributedDataParallel` is not used: its comm hook asserts
-(`assert fut._fut`, ddp.py:76) when the all-reduce fails synchronously, which gloo does when a
-peer dies mid-step ("Connection reset by peer") - the survivors would crash on exactly the failure
+Why not DDP with a comm hook. torchft 0.2.0's own `torchft.DistributedDataParallel` asserts in its
+hook (`assert fut._fut`, ddp.py:76) when the all-reduce fails synchronously, which gloo does when a
+peer dies mid-step ("Connection reset by peer"): the survivors would crash on exactly the failure
 they must survive (reproduced with SIGKILL of a replica mid-step; still so on torchft main,
-7eb7087: meta-pytorch/torchft#287 made `_ManagedWork.wait` catch the error and return False, but
-the future the hook then asserts on is set only after a successful wait). Here the hook waits for the Manager's work (which records a failure in the Manager:
-the step is then not committed) and hands DDP the bucket back either way.
+7eb7087: meta-pytorch/torchft#287 made `_ManagedWork.wait` catch the error and return False, but the
+future the hook then asserts on is set only after a successful wait). And DDP with a hook of ours
+lays its buckets out by a rule no joining replica can follow: DDP rebuilds them after its first
+iteration, so a replica that joins later would sum its first step's gradients against peers laid
+out differently (element i of one replica's buffer added to element j of another's); keeping DDP's
+first layout for ever (find_unused_parameters) avoids that but sums every element in another order
+than plain DDP does, which gloo's ring turns into rounding differences that training amplifies.
 
-The wait inside the hook blocks backward, so the all-reduce is exposed communication (busy =
-exposed); the quorum and the commit vote are communication with the other replicas too and are
-timed beside it (`FTComm`).
+Here the layout is the run's state (`BucketLayout`): DDP's first-iteration layout (every parameter
+in one bucket, in module order) until the first committed step, then DDP's rebuilt one (the order
+the gradients became ready in that step, cut at bucketCapMB). It travels with the healed state and
+the checkpoint, so every replica of a quorum lays out the same step the same way; without a failure
+the parameters are bitwise those of plain DDP. The order is deterministic for the same code, but a
+model whose backward order varies would give replicas different layouts: the first one is agreed
+over the quorum (an all-reduce of its fingerprint), and where the replicas disagree they keep the
+module-order layout for the rest of the run.
+
+The all-reduce blocks the end of backward, so it is exposed communication (busy = exposed); the
+quorum and the commit vote are communication with the other replicas too and are timed beside it
+(`FTComm`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import hashlib
+import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .ddp import CommTimes
 
+MIB = 1024 * 1024  # DDP's bucket_cap_mb unit
+
 
 class FTComm:
-    """Seconds and bytes of one step's communication with the other replicas: the all-reduce
-    inside backward (`hook`), the quorum before the step and the commit vote after it."""
+    """Seconds and bytes of one step's communication with the other replicas: the gradient
+    all-reduce, the quorum before the step and the commit vote after it."""
 
     def __init__(self, manager: Any) -> None:
         self.manager = manager
@@ -51,42 +71,140 @@ class FTComm:
         return b
 
 
-def _hook(state: FTComm, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    buf = bucket.buffer()
-    start = time.perf_counter()
-    # The mean over the quorum's replicas, divided before the sum as DDP's own all-reduce does (the
-    # same rounding: without a failure the parameters equal plain DDP's). After an error the Manager
-    # returns a no-op work and the step is not committed (should_commit is False).
-    buf.div_(max(1, state.manager.num_participants()))
-    work = state.manager.allreduce(buf, reduce_op=dist.ReduceOp.SUM)
-    work.wait()
-    state.allreduce_s += time.perf_counter() - start
-    state.bytes += buf.numel() * buf.element_size()
-    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    fut.set_result(buf)
-    return fut
+Buckets = list[list[int]]  # indices into the trainable parameters, bucket by bucket, in buffer order
 
 
-# DDP checks the hook's annotations, which `from __future__ import annotations` turned into strings.
-_hook.__annotations__ = {"state": FTComm, "bucket": dist.GradBucket, "return": torch.futures.Future[torch.Tensor]}
+def first_iteration_buckets(params: list[torch.Tensor]) -> Buckets:
+    """DDP's layout before its first rebuild (find_unused_parameters=False): one bucket per dtype
+    and device, each parameter in module order (DDP's own assignment call, then its reversal)."""
+    indices, _ = dist._compute_bucket_assignment_by_size(params, [sys.maxsize], [False] * len(params))
+    return [list(b) for b in reversed(indices)]
 
 
-def wrap_ft_ddp(model: nn.Module, manager: Any, *, device: torch.device, bucket_cap_mb: float) -> tuple[DDP, FTComm]:
-    """`model` under DDP whose only collective is the Manager's all-reduce (returned with its clock).
+def rebuilt_buckets(params: list[torch.Tensor], ready: list[int], cap_bytes: int) -> Buckets:
+    """DDP's layout after its first iteration: the parameters in the order their gradients became
+    ready, cut into buckets of cap_bytes (with bucketCapMB given, DDP's first bucket has the same
+    cap). Parameters whose gradient never came follow, last first."""
+    seen = set(ready)
+    order = list(ready) + [i for i in reversed(range(len(params))) if i not in seen]
+    indices, _ = dist._compute_bucket_assignment_by_size([params[i] for i in order], [cap_bytes, cap_bytes],
+                                                         [False] * len(order), order)  # fmt: skip
+    return [list(b) for b in indices]
 
-    DDP gets a one-rank dummy group (it has no other to speak to: the replicas change with every
-    quorum) and never rebuilds its buckets (find_unused_parameters): a replica that joins later
-    must lay its buckets out exactly as the others did, which a rebuild after the first step would not."""
-    from torchft.process_group import ProcessGroupDummy  # noqa: PLC0415 - torchft (only fault-tolerant runs)
 
-    model = model.to(device)
-    ddp = DDP(
-        model,
-        device_ids=[device.index] if device.type == "cuda" else None,
-        process_group=ProcessGroupDummy(0, 1),
-        find_unused_parameters=True,
-        bucket_cap_mb=bucket_cap_mb,
-    )
-    comm = FTComm(manager)
-    ddp.register_comm_hook(comm, _hook)
-    return ddp, comm
+def _fingerprint(buckets: Buckets) -> int:
+    """48 bits of the layout's sha256: exact in a float64, so an all-reduce MAX of (f, -f) tells
+    whether every replica holds the same layout."""
+    return int(hashlib.sha256(repr(buckets).encode()).hexdigest()[:12], 16)
+
+
+class BucketLayout:
+    """The run's gradient layout: None until the first committed step (DDP's first-iteration
+    layout), then the agreed rebuilt one. Part of the healed state and the checkpoint."""
+
+    def __init__(self) -> None:
+        self.buckets: Buckets | None = None
+        self.pending: Buckets | None = None  # decided in this step's backward, kept if it commits
+
+    def state_dict(self) -> Buckets | None:
+        return self.buckets
+
+    def load_state_dict(self, buckets: Buckets | None) -> None:
+        self.buckets = [list(map(int, b)) for b in buckets] if buckets is not None else None
+        self.pending = None
+
+    def settle(self, committed: bool) -> None:
+        """After the commit vote: a layout decided in a committed step becomes the run's (the vote
+        is unanimous, so every replica of the quorum takes it at the same step)."""
+        if committed and self.pending is not None:
+            self.buckets = self.pending
+        self.pending = None
+
+
+class FTDataParallel(nn.Module):
+    """`module` whose gradients are averaged over the quorum's replicas at the end of each backward
+    outside `no_sync` (`comm` holds the time and bytes)."""
+
+    def __init__(self, module: nn.Module, manager: Any, *, layout: BucketLayout, bucket_cap_mb: float) -> None:
+        super().__init__()
+        self.module = module
+        self.manager = manager
+        self.layout = layout
+        self.comm = FTComm(manager)
+        self._params = [p for p in module.parameters() if p.requires_grad]
+        self._first = first_iteration_buckets(self._params)
+        self._cap = int(bucket_cap_mb * MIB)
+        self._sync = True
+        self._queued = False
+        self._ready: list[int] = []  # this backward's order, while the layout is still the first one
+        for i, p in enumerate(self._params):
+            p.register_post_accumulate_grad_hook(functools.partial(self._on_ready, i))
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Gradient-accumulation micro-steps: gradients accumulate locally, nothing is all-reduced."""
+        before, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = before
+
+    def _on_ready(self, index: int, _param: torch.Tensor) -> None:
+        if not self._sync:
+            return
+        if self.layout.buckets is None:
+            self._ready.append(index)
+        if not self._queued:  # once per backward: the all-reduce runs when the whole graph is done
+            self._queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._all_reduce)
+
+    def _all_reduce(self) -> None:
+        self._queued = False
+        start = time.perf_counter()
+        buckets = self.layout.buckets or self._first
+        # The mean over the quorum's replicas, divided before the sum as DDP's own all-reduce does.
+        # After an error the Manager returns a no-op work and the step is not committed.
+        n = max(1, self.manager.num_participants())
+        flats = [self._flat(b).div_(n) for b in buckets]
+        works = [self.manager.allreduce(f, reduce_op=dist.ReduceOp.SUM) for f in flats]
+        for bucket, flat, work in zip(buckets, flats, works, strict=True):
+            work.wait()
+            self._scatter(bucket, flat)
+            self.comm.bytes += flat.numel() * flat.element_size()
+        if self.layout.buckets is None:
+            self.layout.pending = self._agree(rebuilt_buckets(self._params, self._ready, self._cap))
+        self._ready = []
+        self.comm.allreduce_s += time.perf_counter() - start
+
+    def _flat(self, bucket: list[int]) -> torch.Tensor:
+        grads = []
+        for i in bucket:
+            p = self._params[i]
+            grads.append((p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1))  # unused: zeros, as DDP
+        return torch.cat(grads)
+
+    def _scatter(self, bucket: list[int], flat: torch.Tensor) -> None:
+        offset = 0
+        for i in bucket:
+            p = self._params[i]
+            part = flat[offset : offset + p.numel()].view_as(p)
+            offset += p.numel()
+            if p.grad is None:
+                p.grad = part.clone()
+            else:
+                p.grad.copy_(part)
+
+    def _agree(self, buckets: Buckets) -> Buckets:
+        """`buckets` if every replica of the quorum derived the same, else the first layout (each
+        replica sees the same MAX, so all of them decide alike)."""
+        f = float(_fingerprint(buckets))
+        both = torch.tensor([f, -f], dtype=torch.float64, device=self._params[0].device)
+        self.manager.allreduce(both, reduce_op=dist.ReduceOp.MAX).wait()
+        if float(both[0]) == -float(both[1]):
+            return buckets
+        print("disttrain-trainer: the replicas' gradients became ready in different orders; they keep the "
+              "module-order bucket layout", flush=True)  # fmt: skip
+        return [list(b) for b in self._first]

@@ -5,7 +5,7 @@ each process runs this loop, its group's processes in step with each other.
 
 Per step: a quorum from the job's lighthouse (a replica that joins receives the weights, optimizer
 state, sampler and step of a live peer here, before its first forward), the batch, forward and
-backward with the gradients all-reduced over the quorum (parallel/ft_ddp.py), then a commit vote:
+backward with the gradients all-reduced over the quorum at its end (parallel/ft_ddp.py), then a commit vote:
 a step whose all-reduce failed (a peer died mid-step) is not applied, and is trained again with the
 same batch at the next quorum, without the dead peer. With training.sync localsgd / diloco the
 replicas step alone and the quorum, all-reduce and vote happen once per sync (parallel/sync.py).
@@ -48,7 +48,7 @@ from ...collective_rank import collective_rank
 from ...data import GlobalBatchSampler, next_batch
 from ...optim import build_optimizer, build_scheduler
 from ...parallel import ddp, fsdp, ft_hsdp
-from ...parallel.ft_ddp import FTComm, wrap_ft_ddp
+from ...parallel.ft_ddp import FTComm, FTDataParallel
 from ...parallel.sync import ManagerAverager, OuterSync
 from ...process import stop_request
 from ...process.config import TrainerConfig
@@ -112,8 +112,8 @@ def run(cfg: TrainerConfig) -> Summary | None:
             elif r.sharded:  # the group's reduce-scatter is FSDP2's; across groups, ft_hsdp's all-reduce
                 comm = FTComm(r.manager)
             else:
-                r.model, comm = wrap_ft_ddp(inner, r.manager, device=ctx.device,
-                                            bucket_cap_mb=spec.training.bucket_cap_mb)  # fmt: skip
+                r.model = FTDataParallel(inner, r.manager, layout=r.buckets, bucket_cap_mb=spec.training.bucket_cap_mb)
+                comm = r.model.comm
             remove = stop_request.on_request(ft_quorum.leave_if_waiting)
             try:
                 with stop_request.deferred():
@@ -156,6 +156,7 @@ class _CommitGate:
         start = time.perf_counter()
         self.committed = bool(self.r.manager.should_commit())
         self.comm.add_coordination(time.perf_counter() - start)
+        self.r.buckets.settle(self.committed)
         if not self.committed:
             return
         for g, lr in zip(self.r.optimizer.param_groups, self.r.scheduler.get_last_lr(), strict=True):

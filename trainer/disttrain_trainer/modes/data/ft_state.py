@@ -2,11 +2,11 @@
 periodic checkpoint holds, and the rule that scales the learning rate to the quorum.
 
 The healed state and the checkpoint carry the same parts (model, optimizer, scheduler, scaler,
-sampler, step and the LocalSGD/DiLoCo anchor); the checkpoint is shaped like the data mode's own
-(run_state.Run.state), so a job that turns fault tolerance off resumes from it, and back. An HSDP
-replica group (a model sharded over its processes) heals shard by shard from the same group rank of
-a live group (parallel/ft_hsdp.py), and checkpoints whole: its processes gather the full tensors,
-group rank 0 writes them.
+sampler, step, the gradient bucket layout and the LocalSGD/DiLoCo anchor); the checkpoint is shaped
+like the data mode's own (run_state.Run.state), so a job that turns fault tolerance off resumes from
+it, and back. An HSDP replica group (a model sharded over its processes) heals shard by shard from
+the same group rank of a live group (parallel/ft_hsdp.py), and checkpoints whole: its processes
+gather the full tensors, group rank 0 writes them.
 
 Global batch and learning rate at a smaller quorum (README "Fault tolerance"): every replica keeps
 its own batch (data.batchSize / workers.replicas), so the global batch of a step is quorum x that,
@@ -34,6 +34,7 @@ from ...checkpoints import rank_state
 from ...checkpoints import sharded as sharded_ckpt
 from ...data import Dataset, GlobalBatchSampler
 from ...parallel import ft_hsdp
+from ...parallel.ft_ddp import BucketLayout
 from ...parallel.hybrid import is_sharded
 from ...parallel.sync import OuterSync
 from ...process.config import TrainerConfig
@@ -67,7 +68,7 @@ class ReplicaRun:
     replica: ReplicaSettings
     ctx: DistContext
     ds: Dataset
-    model: nn.Module  # what the loop calls: DDP over the Manager's all-reduce, or the plain module (sync kinds)
+    model: nn.Module  # what the loop calls: FTDataParallel (ddp), or the module itself (HSDP, sync kinds)
     inner: nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
@@ -85,6 +86,9 @@ class ReplicaRun:
     recoveries: int = 0  # times this replica received a live peer's state
     recovery_s: float = 0.0  # the last one's duration
     healed: bool = False  # set by `load_healed` inside a quorum; the loop clears it
+    # How FTDataParallel lays the gradients out: the same on every replica of a quorum, so it is
+    # healed and checkpointed with the rest (a replacement may join at the step it restored).
+    buckets: BucketLayout = field(default_factory=BucketLayout)
 
     @functools.cached_property
     def sharded(self) -> bool:
@@ -108,6 +112,7 @@ class ReplicaRun:
             "scaler": self.amp.scaler.state_dict() if self.amp.scaler is not None else None,
             "sampler": self.sampler.state_dict(),
             "sync": self.outer.state_dict() if self.outer is not None else None,
+            "gradBuckets": self.buckets.state_dict(),
         }
 
     def load_healed(self, state: dict[str, Any]) -> None:
@@ -125,6 +130,7 @@ class ReplicaRun:
         if self.amp.scaler is not None and state.get("scaler"):
             self.amp.scaler.load_state_dict(state["scaler"])
         self.sampler.load_state_dict(state["sampler"])
+        self.buckets.load_state_dict(state.get("gradBuckets"))  # none in the data mode's checkpoint
         if self.outer is not None:
             if state.get("sync") is not None:
                 self.outer.load_state_dict(state["sync"])
