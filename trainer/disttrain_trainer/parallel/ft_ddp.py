@@ -42,17 +42,22 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .comm_profile import ProfiledComm
 from .ddp import CommTimes
 
 MIB = 1024 * 1024  # DDP's bucket_cap_mb unit
 
 
 class FTComm:
-    """Seconds and bytes of one step's communication with the other replicas: the gradient
-    all-reduce, the quorum before the step and the commit vote after it."""
+    """Seconds and bytes of one step's communication: the gradient all-reduce over the replicas, the
+    quorum before the step and the commit vote after it; for an HSDP group (`profiled`), also the
+    FSDP collectives among its own processes, which have no hook to time them: its steps run under
+    the profiler as plain FSDP's do (comm_profile.py, one step in SAMPLE_EVERY), whose collectives
+    include the all-reduce over the replicas (gloo records it like any other)."""
 
-    def __init__(self, manager: Any) -> None:
+    def __init__(self, manager: Any, profiled: ProfiledComm | None = None) -> None:
         self.manager = manager
+        self.profiled = profiled
         self.allreduce_s = 0.0
         self.coordination_s = 0.0  # quorum + should_commit
         self.bytes = 0
@@ -60,11 +65,19 @@ class FTComm:
     def add_coordination(self, seconds: float) -> None:
         self.coordination_s += seconds
 
+    def step(self) -> contextlib.AbstractContextManager[None]:
+        """Around the step's forward, backward and optimizer step."""
+        return self.profiled.step() if self.profiled is not None else contextlib.nullcontext()
+
     def take(self) -> CommTimes:
-        """This step's communication, then reset. All of it blocked the step: busy = exposed."""
-        total = self.allreduce_s + self.coordination_s
+        """This step's communication, then reset. The all-reduce and the coordination blocked the
+        step (busy = exposed); the group's collectives are what the profiler measured."""
+        coordination, allreduce = self.coordination_s, self.allreduce_s
         self.allreduce_s = self.coordination_s = 0.0
-        return CommTimes(busy_s=total, exposed_s=total)
+        if self.profiled is not None:
+            group = self.profiled.take()
+            return CommTimes(busy_s=group.busy_s + coordination, exposed_s=group.exposed_s + coordination)
+        return CommTimes(busy_s=allreduce + coordination, exposed_s=allreduce + coordination)
 
     def take_bytes(self) -> int:
         b, self.bytes = self.bytes, 0

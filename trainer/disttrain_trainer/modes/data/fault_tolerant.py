@@ -11,9 +11,11 @@ same batch at the next quorum, without the dead peer. With training.sync localsg
 replicas step alone and the quorum, all-reduce and vote happen once per sync (parallel/sync.py).
 
 Time categories as every mode (telemetry/step_metrics.py): data; communication = the quorum, the
-all-reduce inside backward and the vote (all exposed: each blocks the step); idle = the quorum's
-wait after a step at which the quorum's rank 0 checkpointed or evaluated alone (and that rank's own
-checkpoint or evaluation); compute = the rest. Discarded attempts count with their time and no samples.
+all-reduce at the end of backward and the vote (all exposed: each blocks the step), and in an HSDP
+group FSDP's collectives among its processes (busy and exposed as the profiler measures them);
+idle = the quorum's wait after a step at which the quorum's rank 0 checkpointed or evaluated alone
+(and that rank's own checkpoint or evaluation); compute = the rest. Discarded attempts count with
+their time and no samples.
 
 The periodic checkpoint, written by the quorum's rank 0 (ft_checkpoints.py), is the fallback when
 the gang restarts (fewer than minReplicas left); every replica starts from it, and is then brought
@@ -29,6 +31,7 @@ next step, the quorum's rank 0 saving it first.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -48,6 +51,7 @@ from ...collective_rank import collective_rank
 from ...data import GlobalBatchSampler, next_batch
 from ...optim import build_optimizer, build_scheduler
 from ...parallel import ddp, fsdp, ft_hsdp
+from ...parallel.comm_profile import ProfiledComm
 from ...parallel.ft_ddp import FTComm, FTDataParallel
 from ...parallel.sync import ManagerAverager, OuterSync
 from ...process import stop_request
@@ -110,7 +114,7 @@ def run(cfg: TrainerConfig) -> Summary | None:
             if r.outer is not None:
                 r.outer.averager = ManagerAverager(r.manager)
             elif r.sharded:  # the group's reduce-scatter is FSDP2's; across groups, ft_hsdp's all-reduce
-                comm = FTComm(r.manager)
+                comm = FTComm(r.manager, profiled=ProfiledComm())
             else:
                 r.model = FTDataParallel(inner, r.manager, layout=r.buckets, bucket_cap_mb=spec.training.bucket_cap_mb)
                 comm = r.model.comm
@@ -207,8 +211,9 @@ def _train(r: ReplicaRun, comm: FTComm | None) -> Summary:
         data_s = time.perf_counter() - td
         optimizer = gate if gate is not None else r.optimizer
         scheduler = _GatedScheduler(r, gate) if gate is not None else r.scheduler
-        res = ddp.train_step(r.model, micro, loss_fn=loss_fn, optimizer=optimizer,  # type: ignore[arg-type]
-                             scheduler=scheduler, amp=r.amp)  # type: ignore[arg-type]  # fmt: skip
+        with comm.step() if comm is not None else contextlib.nullcontext():
+            res = ddp.train_step(r.model, micro, loss_fn=loss_fn, optimizer=optimizer,  # type: ignore[arg-type]
+                                 scheduler=scheduler, amp=r.amp)  # type: ignore[arg-type]  # fmt: skip
         if gate is not None and not gate.committed:
             r.sampler.load_state_dict(before)  # the same rows again, at the next quorum
             r.discarded += 1
