@@ -128,7 +128,7 @@ def test_buckets_are_laid_out_as_plain_ddp_lays_them_out(world_of_one: None, mak
             p.grad = None
 
 
-def test_the_mean_over_the_quorum_is_divided_before_the_sum() -> None:
+def test_the_mean_over_the_quorum_is_scaled_before_the_sum() -> None:
     model = _mlp(16, 1)
     local = copy.deepcopy(model)
     _loss(local, torch.ones(2, 64)).backward()

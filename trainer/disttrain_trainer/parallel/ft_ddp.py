@@ -136,7 +136,12 @@ class BucketLayout:
 
 class FTDataParallel(nn.Module):
     """`module` whose gradients are averaged over the quorum's replicas at the end of each backward
-    outside `no_sync` (`comm` holds the time and bytes)."""
+    outside `no_sync` (`comm` holds the time and bytes).
+
+    Each bucket is one flat tensor, and after a synchronising backward every gradient is a view of
+    its bucket (DDP's gradient_as_bucket_view): as a gradient is accumulated, its hook writes it
+    scaled by 1 / quorum size into its place in the bucket (one pass, where concatenating after
+    backward, scaling and copying back takes three), and the all-reduce leaves the mean in place."""
 
     def __init__(self, module: nn.Module, manager: Any, *, layout: BucketLayout, bucket_cap_mb: float) -> None:
         super().__init__()
@@ -150,6 +155,11 @@ class FTDataParallel(nn.Module):
         self._sync = True
         self._queued = False
         self._ready: list[int] = []  # this backward's order, while the layout is still the first one
+        self._placed: list[bool] = []  # which gradients this backward has written into their bucket
+        self._scale = 1.0
+        self._built_for: Buckets | None = None  # the layout the flat buckets below are cut for
+        self._flats: list[torch.Tensor] = []
+        self._views: list[torch.Tensor] = []  # parameter i's place in its bucket
         for i, p in enumerate(self._params):
             p.register_post_accumulate_grad_hook(functools.partial(self._on_ready, i))
 
@@ -165,50 +175,66 @@ class FTDataParallel(nn.Module):
         finally:
             self._sync = before
 
-    def _on_ready(self, index: int, _param: torch.Tensor) -> None:
+    def _buckets(self) -> Buckets:
+        """The layout of this step, its flat buckets (re)cut when it changed."""
+        buckets = self.layout.buckets or self._first
+        if buckets is not self._built_for:
+            self._flats, views = [], [torch.empty(0)] * len(self._params)
+            for bucket in buckets:
+                first = self._params[bucket[0]]
+                flat = torch.empty(sum(self._params[i].numel() for i in bucket), dtype=first.dtype, device=first.device)
+                offset = 0
+                for i in bucket:
+                    p = self._params[i]
+                    views[i] = flat[offset : offset + p.numel()].view_as(p)
+                    offset += p.numel()
+                self._flats.append(flat)
+            self._views, self._built_for = views, buckets
+        return buckets
+
+    def _on_ready(self, index: int, param: torch.Tensor) -> None:
         if not self._sync:
             return
+        if not self._queued:  # the first gradient of this backward: the all-reduce runs when it is all done
+            self._queued = True
+            self._buckets()
+            self._scale = 1.0 / max(1, self.manager.num_participants())
+            self._placed = [False] * len(self._params)
+            torch.autograd.Variable._execution_engine.queue_callback(self._all_reduce)
         if self.layout.buckets is None:
             self._ready.append(index)
-        if not self._queued:  # once per backward: the all-reduce runs when the whole graph is done
-            self._queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._all_reduce)
+        self._place(index, param)
+
+    def _place(self, index: int, param: torch.Tensor) -> None:
+        """Parameter `index`'s gradient times 1 / quorum size into its place in its bucket, which
+        becomes the gradient: scaled before the sum, and by the reciprocal, as DDP's reducer does
+        (x * (1/3) and x / 3 round differently)."""
+        view, grad = self._views[index], param.grad
+        if grad is view:  # accumulated in place (zero_grad without set_to_none, or no_sync micro-steps)
+            view.mul_(self._scale)
+        elif grad is None:  # no gradient this step: zeros, as DDP sends for an unused parameter
+            view.zero_()
+            param.grad = view
+        else:
+            torch.mul(grad, self._scale, out=view)
+            param.grad = view
+        self._placed[index] = True
 
     def _all_reduce(self) -> None:
         self._queued = False
+        for i, placed in enumerate(self._placed):
+            if not placed:  # unused in this backward (its hook never ran)
+                self._place(i, self._params[i])
         start = time.perf_counter()
-        buckets = self.layout.buckets or self._first
-        # The mean over the quorum's replicas, divided before the sum as DDP's own all-reduce does.
         # After an error the Manager returns a no-op work and the step is not committed.
-        n = max(1, self.manager.num_participants())
-        flats = [self._flat(b).div_(n) for b in buckets]
-        works = [self.manager.allreduce(f, reduce_op=dist.ReduceOp.SUM) for f in flats]
-        for bucket, flat, work in zip(buckets, flats, works, strict=True):
+        works = [self.manager.allreduce(flat, reduce_op=dist.ReduceOp.SUM) for flat in self._flats]
+        for flat, work in zip(self._flats, works, strict=True):
             work.wait()
-            self._scatter(bucket, flat)
             self.comm.bytes += flat.numel() * flat.element_size()
         if self.layout.buckets is None:
             self.layout.pending = self._agree(rebuilt_buckets(self._params, self._ready, self._cap))
         self._ready = []
         self.comm.allreduce_s += time.perf_counter() - start
-
-    def _flat(self, bucket: list[int]) -> torch.Tensor:
-        grads = []
-        for i in bucket:
-            p = self._params[i]
-            grads.append((p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1))  # unused: zeros, as DDP
-        return torch.cat(grads)
-
-    def _scatter(self, bucket: list[int], flat: torch.Tensor) -> None:
-        offset = 0
-        for i in bucket:
-            p = self._params[i]
-            part = flat[offset : offset + p.numel()].view_as(p)
-            offset += p.numel()
-            if p.grad is None:
-                p.grad = part.clone()
-            else:
-                p.grad.copy_(part)
 
     def _agree(self, buckets: Buckets) -> Buckets:
         """`buckets` if every replica of the quorum derived the same, else the first layout (each
