@@ -195,3 +195,29 @@ def test_replicas_that_derive_different_layouts_keep_the_module_order_one() -> N
     other = BucketLayout()
     other.load_state_dict(ft.layout.state_dict())
     assert other.buckets == ft._first
+
+
+def test_gradients_are_views_of_their_bucket_and_accumulate_in_place() -> None:
+    # zero_grad(set_to_none=False) keeps the views: the next backward accumulates into the bucket
+    # itself, and the scaling then applies to the accumulated gradient only once.
+    def two_identical_replicas(t: torch.Tensor, _op: object) -> bool:
+        t.mul_(2)
+        return True
+
+    model = _mlp(16, 1)
+    local = copy.deepcopy(model)
+    ft = FTDataParallel(model, _Manager(participants=2, others=two_identical_replicas), layout=BucketLayout(),
+                        bucket_cap_mb=25)  # fmt: skip
+    x1, x2 = torch.randn(2, 64), torch.randn(2, 64)
+    _loss(ft, x1).backward()
+    ft.layout.settle(committed=True)  # the rebuilt layout: new buckets from the next backward on
+    _loss(ft, x1).backward()
+    (flat,) = ft._flats
+    grads = [p.grad for p in model.parameters()]
+    assert all(g is not None and g.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr() for g in grads)
+    for g in grads:
+        g.zero_()  # zero_grad(set_to_none=False)
+    _loss(ft, x2).backward()
+    _loss(local, x2).backward()
+    for a, b in zip(model.parameters(), local.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad)
