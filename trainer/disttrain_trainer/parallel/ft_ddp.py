@@ -25,7 +25,11 @@ module-order layout for the rest of the run.
 
 The all-reduce blocks the end of backward, so it is exposed communication (busy = exposed); the
 quorum and the commit vote are communication with the other replicas too and are timed beside it
-(`FTComm`).
+(`FTComm`). It is queued on the autograd engine by the first gradient of a backward: a nested
+backward (a model's own reentrant activation checkpointing, which plain DDP refuses without
+static_graph) gets one of its own, so its gradients are all-reduced at its end and again with the
+rest, the same mean (every replica holds it after the first) at twice the traffic. The trainer's
+own activation checkpointing is not reentrant.
 """
 
 from __future__ import annotations
