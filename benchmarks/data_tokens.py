@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 import yaml
+from proc_stats import cpu_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
 ROUNDS = 3
@@ -63,12 +64,6 @@ def write_corpus(folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     ids[:split].tofile(folder / "train.bin")
     ids[split:].tofile(folder / "val.bin")
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds a process has used so far (/proc/<pid>/stat)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @contextlib.contextmanager

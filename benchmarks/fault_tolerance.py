@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from disttrain_api import constants as C
+from proc_stats import tree_cpu_seconds
 
 HEARTBEAT_S = 3
 
@@ -129,34 +130,14 @@ class Local:
     def summary(self) -> dict[str, Any]:
         return json.loads((self.run_dir / "summary.json").read_text())
 
-    def cpu_s(self) -> float:
-        """CPU seconds (user + system, every thread) that the run's live processes have used so far:
-        the launcher, its trainers and the lighthouse."""
-        parent, cpu = {}, {}
-        tick = os.sysconf("SC_CLK_TCK")
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                fields = stat.read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue  # ended meanwhile
-            pid = int(stat.parent.name)
-            parent[pid] = int(fields[1])
-            cpu[pid] = (int(fields[11]) + int(fields[12])) / tick
-        total = 0.0
-        for pid, used in cpu.items():
-            p = pid
-            while p in parent and p != self.proc.pid:
-                p = parent[p]
-            total += used if p == self.proc.pid else 0.0
-        return total
-
     def cpu_per_step(self, first: int, last: int) -> float:
-        """CPU milliseconds of all the run's processes per training step, between steps `first` and
-        `last` (steady state: no start-up imports, no end)."""
+        """CPU milliseconds of all the run's processes (the launcher, its trainers and the lighthouse;
+        user + system, every thread) per training step, between steps `first` and `last` (steady
+        state: no start-up imports, no end)."""
         self.wait_step(first)
-        s0, c0 = self.step(), self.cpu_s()
+        s0, c0 = self.step(), tree_cpu_seconds(self.proc.pid)
         self.wait_step(last)
-        s1, c1 = self.step(), self.cpu_s()
+        s1, c1 = self.step(), tree_cpu_seconds(self.proc.pid)
         return 1000 * (c1 - c0) / max(1, s1 - s0)
 
 

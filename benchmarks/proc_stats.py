@@ -28,3 +28,25 @@ def children(pid: int) -> list[int]:
         return [int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     except FileNotFoundError:
         return []
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (its children, theirs, ...), as far as they are still running."""
+    out, todo = [], children(pid)
+    while todo:
+        child = todo.pop()
+        out.append(child)
+        todo.extend(children(child))
+    return out
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """cpu_seconds of `pid` and its running descendants together; a process that ended meanwhile
+    counts 0 (its CPU is gone from /proc with it)."""
+    total = 0.0
+    for p in (pid, *descendants(pid)):
+        try:
+            total += cpu_seconds(p)
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    return total
