@@ -110,9 +110,18 @@ def rebuilt_buckets(params: list[torch.Tensor], ready: list[int], cap_bytes: int
 
 
 def _fingerprint(buckets: Buckets) -> int:
-    """48 bits of the layout's sha256: exact in a float64, so an all-reduce MAX of (f, -f) tells
+    """48 bits of the layout's sha256: exact in a float64, so its spread over the quorum tells
     whether every replica holds the same layout."""
     return int(hashlib.sha256(repr(buckets).encode()).hexdigest()[:12], 16)
+
+
+def spread_over_quorum(manager: Any, t: torch.Tensor) -> torch.Tensor:
+    """max - min of each element of `t` over the quorum's replicas (one all-reduce MAX of t and -t):
+    0 where they all hold the same value. Meaningless unless the step then commits."""
+    flat = t.reshape(-1)
+    both = torch.cat([flat, -flat])
+    manager.allreduce(both, reduce_op=dist.ReduceOp.MAX).wait()
+    return both[: flat.numel()] + both[flat.numel() :]
 
 
 class BucketLayout:
@@ -179,8 +188,8 @@ class FTDataParallel(nn.Module):
         finally:
             self._sync = before
 
-    def _buckets(self) -> Buckets:
-        """The layout of this step, its flat buckets (re)cut when it changed."""
+    def _cut_buckets(self) -> None:
+        """The flat buckets of this step's layout, cut again when the layout changed."""
         buckets = self.layout.buckets or self._first
         if buckets is not self._built_for:
             self._flats, views = [], [torch.empty(0)] * len(self._params)
@@ -194,14 +203,13 @@ class FTDataParallel(nn.Module):
                     offset += p.numel()
                 self._flats.append(flat)
             self._views, self._built_for = views, buckets
-        return buckets
 
     def _on_ready(self, index: int, param: torch.Tensor) -> None:
         if not self._sync:
             return
         if not self._queued:  # the first gradient of this backward: the all-reduce runs when it is all done
             self._queued = True
-            self._buckets()
+            self._cut_buckets()
             self._scale = 1.0 / max(1, self.manager.num_participants())
             self._placed = [False] * len(self._params)
             torch.autograd.Variable._execution_engine.queue_callback(self._all_reduce)
@@ -243,10 +251,8 @@ class FTDataParallel(nn.Module):
     def _agree(self, buckets: Buckets) -> Buckets:
         """`buckets` if every replica of the quorum derived the same, else the first layout (each
         replica sees the same MAX, so all of them decide alike)."""
-        f = float(_fingerprint(buckets))
-        both = torch.tensor([f, -f], dtype=torch.float64, device=self._params[0].device)
-        self.manager.allreduce(both, reduce_op=dist.ReduceOp.MAX).wait()
-        if float(both[0]) == -float(both[1]):
+        f = torch.tensor([float(_fingerprint(buckets))], dtype=torch.float64, device=self._params[0].device)
+        if float(spread_over_quorum(self.manager, f)[0]) == 0.0:
             return buckets
         print("disttrain-trainer: the replicas' gradients became ready in different orders; they keep the "
               "module-order bucket layout", flush=True)  # fmt: skip

@@ -52,7 +52,7 @@ from ...data import GlobalBatchSampler, next_batch
 from ...optim import build_optimizer, build_scheduler
 from ...parallel import ddp, fsdp, ft_hsdp
 from ...parallel.comm_profile import ProfiledComm
-from ...parallel.ft_ddp import FTComm, FTDataParallel
+from ...parallel.ft_ddp import FTComm, FTDataParallel, spread_over_quorum
 from ...parallel.sync import ManagerAverager, OuterSync
 from ...process import stop_request
 from ...process.config import TrainerConfig
@@ -402,20 +402,18 @@ def _group_digest(r: ReplicaRun) -> str:
 
 
 def _divergence(r: ReplicaRun) -> float | None:
-    """max |p_i - p_j| over the last quorum's replicas (one quorum: an all-reduce of max and of -min)."""
+    """max |p_i - p_j| over the last quorum's replicas (one quorum, one all-reduce)."""
     flat = torch.cat([p.float().reshape(-1) for p in ft_hsdp.local_params(r.inner)])
-    both = torch.cat([flat, -flat])
     try:
         r.manager.start_quorum()
-        r.manager.allreduce(both, reduce_op=dist.ReduceOp.MAX).wait()
+        spread = spread_over_quorum(r.manager, flat)
         if not r.manager.should_commit():
             return None
     except Exception as e:  # noqa: BLE001 - the figure is a check, the run itself is complete
         print(f"disttrain-trainer: replica {r.replica.replica}: no last quorum ({e}); divergence not measured",
               flush=True)  # fmt: skip
         return None
-    n = flat.numel()
-    return float((both[:n] + both[n:]).max())
+    return float(spread.max())
 
 
 def _finished_already(r: ReplicaRun) -> Summary:
