@@ -54,8 +54,8 @@ def decide(obs: Observed) -> Plan:
     orphan, another owner's pod) is a NameConflict only when it holds the name of a pod
     the gang needs; one that merely copies the job's labels is ignored (anyone who can
     create pods in the namespace could otherwise keep the job from starting). Only a pod
-    of an earlier job that its node cannot confirm deleted (Terminating for too long) is
-    force-deleted, as ours are."""
+    of an earlier job that is Terminating and stopped, or that its node cannot confirm deleted
+    (Terminating for too long), is force-deleted, as ours are."""
     ours = [p for p in obs.pods if p.owner_uid == obs.uid]
     foreign = [p for p in obs.pods if p.owner_uid != obs.uid]
     plan = _decide(dataclasses.replace(obs, pods=ours), foreign)

@@ -1,7 +1,7 @@
 """What the reconciler's decision reads (Observed: the job and the pods that exist) and writes
 (Plan: the next status and what to create or delete), the builder of that status with its
-conditions and Events, and the two actions every phase may take: force-deleting pods stuck
-Terminating and restarting the gang.
+conditions and Events, and the two actions every phase may take: force-deleting Terminating
+pods that run nothing or that their node cannot confirm deleted, and restarting the gang.
 """
 
 from __future__ import annotations
@@ -138,8 +138,13 @@ class StatusBuilder:
 
 
 def stuck(pods: list[PodView], obs: Observed) -> list[str]:
-    """Pods Terminating for too long (their node is gone and cannot confirm): force-delete."""
-    return [p.name for p in pods if p.deleting and p.deleting_for_s >= obs.force_delete_after_s]
+    """Terminating pods to force-delete: those whose containers have all stopped, and those
+    Terminating for too long (their node is gone and cannot confirm).
+
+    A stopped pod runs nothing, but its API object stays until its kubelet has removed its
+    sandbox; a 1.20 kubelet sometimes leaves that to its container garbage collector, which runs
+    once a minute, and the next gang, which reuses the pods' names, would wait for it."""
+    return [p.name for p in pods if p.deleting and (p.stopped or p.deleting_for_s >= obs.force_delete_after_s)]
 
 
 def restart(

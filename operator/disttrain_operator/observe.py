@@ -25,6 +25,10 @@ class PodView:
     phase: str  # Pending | Running | Succeeded | Failed | Unknown
     deleting: bool = False
     deleting_for_s: float = 0.0
+    # Every container, init containers included, has terminated, as the pod's kubelet reported:
+    # no process of the pod runs any more (what is left of a deleted one is the kubelet's
+    # clean-up of its sandbox, volumes and cgroup).
+    stopped: bool = False
     age_s: float = 0.0
     scheduled: bool = False
     unschedulable_message: str = ""  # scheduler's reason while it cannot place the pod
@@ -131,6 +135,10 @@ def pod_view(pod: dict[str, Any], now: datetime) -> PodView:
     if phase == "Running" and container_running and ready.get("status") == "False":
         since = parse_time(ready.get("lastTransitionTime"))
         not_ready_for = (now - since).total_seconds() if since else 0.0
+    statuses = [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
+    # (A container waiting without an ID may be in the middle of its creation: not stopped.)
+    stopped = bool(status.get("containerStatuses")) and all("terminated" in (cs.get("state") or {})
+                                                            for cs in statuses)
     exit_code: int | None = None
     reason = status.get("reason") or ""
     message = status.get("message") or ""
@@ -156,6 +164,7 @@ def pod_view(pod: dict[str, Any], now: datetime) -> PodView:
         phase=phase,
         deleting=deleted is not None,
         deleting_for_s=(now - deleted).total_seconds() if deleted else 0.0,
+        stopped=stopped,
         age_s=(now - created).total_seconds() if created else 0.0,
         scheduled=sched.get("status") == "True",
         unschedulable_message=unsched,

@@ -109,6 +109,10 @@ def test_restart_waits_for_old_pods_then_recreates() -> None:
     assert not plan.create and not plan.delete_pods and not plan.force_delete_pods
     stuck = [pod(0, deleting=True, deleting_for_s=99)]
     assert decide(obs(st, stuck)).force_delete_pods == ["j-worker-0"]
+    # A pod whose containers have all stopped runs nothing: the next gang does not wait for its
+    # kubelet to remove its sandbox (up to a minute on a 1.20 kubelet).
+    stopped = [pod(0, "Failed", deleting=True, deleting_for_s=2, stopped=True), pod(1, deleting=True, deleting_for_s=2)]
+    assert decide(obs(st, stopped)).force_delete_pods == ["j-worker-0"]
     plan = decide(obs(st, []))
     assert plan.create and plan.status["attempt"] == 1 and plan.status["restarts"] == 1
     assert plan.status["phase"] == "Pending"

@@ -51,6 +51,20 @@ def test_unschedulable_and_node_lost() -> None:
     assert p.not_ready_for_s == 20.0 and p.scheduled and p.ip == "10.244.1.5"
 
 
+def test_a_pod_is_stopped_only_when_every_container_has_terminated() -> None:
+    term = {"terminated": {"exitCode": 137}}
+    assert pod_view(raw("Running", containerStatuses=[{"name": "trainer", "state": term}]), NOW).stopped
+    assert not pod_view(raw("Running"), NOW).stopped  # no status from its kubelet yet
+    assert not pod_view(raw("Running", containerStatuses=[{"name": "trainer", "state": term},
+                                                          {"name": "side", "state": {"running": {}}}]), NOW).stopped
+    # A container waiting without an ID may be in the middle of its creation.
+    creating = {"waiting": {"reason": "ContainerCreating"}}
+    assert not pod_view(raw("Pending", containerStatuses=[{"name": "trainer", "state": creating}]), NOW).stopped
+    init_running = raw("Pending", initContainerStatuses=[{"name": "init", "state": {"running": {}}}],
+                       containerStatuses=[{"name": "trainer", "state": term}])
+    assert not pod_view(init_running, NOW).stopped
+
+
 def test_summary_and_prometheus() -> None:
     assert parse_summary('{"testAccuracy": 0.96}') == {"testAccuracy": 0.96}
     assert parse_summary("Traceback ...") is None and parse_summary("{broken") is None
