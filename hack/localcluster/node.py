@@ -18,7 +18,12 @@ from .proc import ClusterError, alive, cgroup_pids, kill_cgroup, run, spawn, wai
 MNT_ROOT = Path("/run/disttrain/mnt")
 # Host paths every kubelet/containerd writes to; each node gets its own folder mounted over them
 # (two kubelets sharing /var/log/pods delete each other's logs; CRI pod netns files stay private).
-PRIVATE_MOUNTS = {"log-pods": "/var/log/pods", "log-containers": "/var/log/containers", "netns": "/run/netns"}
+# /var/lib/kubelet, whatever --root-dir says: the 1.20 kubelet keeps its device-plugin socket
+# there (two kubelets starting at once each clear the folder and listen on the same
+# kubelet.sock, and one dies: "bind: address already in use") and its self-signed serving
+# certificate (--cert-dir's default: one node served the other's).
+PRIVATE_MOUNTS = {"log-pods": "/var/log/pods", "log-containers": "/var/log/containers", "netns": "/run/netns",
+                  "var-lib-kubelet": "/var/lib/kubelet"}
 
 
 def cgroup_of(node: NodeConfig) -> str:
