@@ -13,6 +13,7 @@ from __future__ import annotations
 import shutil
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,10 @@ from .test_chaos import kill_when_running, wait_for_checkpoint, wait_restarts  #
 from .test_user_image import CORPUS_CLAIM, corpus_claim  # type: ignore[import-not-found]
 
 pytestmark = pytest.mark.timeout(600)
-STEPS, INTERVAL, KILL_AFTER = 600, 20, 40
+# The kill must land before the job ends. The test reads the first gang's logs between the
+# checkpoint of step KILL_AFTER and the kill, which takes seconds to tens of seconds on a busy
+# host, while the 4 pods train about 35 steps/s on an idle one: 600 steps ended first once.
+STEPS, INTERVAL, KILL_AFTER = 1500, 20, 40
 FEATURES = 8
 BUILD = "data cache: building parquet-"
 
@@ -82,9 +86,11 @@ def cache_entries(kubectl: Kubectl, ns: str, job: str) -> set[Path]:
 
 
 def logs(kubectl: Kubectl, ns: str, job: str) -> dict[str, str]:
-    """The trainer log of each pod of the job's current gang."""
-    return {p["metadata"]["name"]: kubectl.run("logs", "-n", ns, p["metadata"]["name"], "-c", "trainer",
-                                               check=False).stdout for p in kubectl.pods(ns, job)}  # fmt: skip
+    """The trainer log of each pod of the job's current gang (read at once: the job trains on)."""
+    names = [p["metadata"]["name"] for p in kubectl.pods(ns, job)]
+    with ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:
+        texts = pool.map(lambda pod: kubectl.run("logs", "-n", ns, pod, "-c", "trainer", check=False).stdout, names)
+        return dict(zip(names, texts, strict=True))
 
 
 def one_builder(gang: dict[str, str]) -> None:
