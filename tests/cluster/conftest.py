@@ -63,6 +63,25 @@ class Kube:
             ),
         )
 
+    @staticmethod
+    def pod_state(pod: client.V1Pod) -> str:
+        """What a pod is doing, in a word: its first container's state, else whether it is scheduled."""
+        for s in pod.status.container_statuses or []:
+            if s.state.running:
+                return "Running"
+            if s.state.terminated:
+                return "Terminated"
+            if s.state.waiting:
+                return s.state.waiting.reason or "Waiting"
+        return "Scheduled" if pod.spec.node_name else "Unscheduled"
+
+    def pods_report(self, ns: str, limit: int = 20) -> str:
+        """A line per pod of `ns` (the first `limit`), for a failure that waited for them to go."""
+        lines = [f"{p.metadata.name} uid={p.metadata.uid} node={p.spec.node_name} phase={p.status.phase} "
+                 f"ip={p.status.pod_ip} deleted={p.metadata.deletion_timestamp} state={self.pod_state(p)}"
+                 for p in self.core.list_namespaced_pod(ns).items]
+        return "\n".join(lines[:limit]) + (f"\n... {len(lines) - limit} more" if len(lines) > limit else "")
+
     def logs(self, ns: str, name: str) -> str:
         try:
             return str(self.core.read_namespaced_pod_log(name, ns))

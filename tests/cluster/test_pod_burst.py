@@ -45,26 +45,8 @@ class Burst:
     gone_s: float  # from the namespace's deletion until it is gone
 
 
-def state(pod: client.V1Pod) -> str:
-    for s in pod.status.container_statuses or []:
-        if s.state.running:
-            return "Running"
-        if s.state.terminated:
-            return "Terminated"
-        if s.state.waiting:
-            return s.state.waiting.reason or "Waiting"
-    return "Scheduled" if pod.spec.node_name else "Unscheduled"
-
-
-def stuck_report(core: client.CoreV1Api, ns: str) -> str:
-    lines = []
-    for p in core.list_namespaced_pod(ns).items:
-        lines.append(f"{p.metadata.name} uid={p.metadata.uid} node={p.spec.node_name} phase={p.status.phase} "
-                     f"ip={p.status.pod_ip} deleted={p.metadata.deletion_timestamp} state={state(p)}")
-    return "\n".join(lines[:20]) + (f"\n... {len(lines) - 20} more" if len(lines) > 20 else "")
-
-
-def burst(core: client.CoreV1Api, image: str) -> Burst:
+def burst(kube: Any) -> Burst:
+    core, image = kube.core, kube.test_image
     ns = f"burst-{uuid.uuid4().hex[:6]}"
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
 
@@ -90,7 +72,7 @@ def burst(core: client.CoreV1Api, image: str) -> Burst:
     created = time.monotonic() - start
     deadline = time.monotonic() + 120
     while True:
-        states = Counter(state(p) for p in core.list_namespaced_pod(ns).items)
+        states = Counter(kube.pod_state(p) for p in core.list_namespaced_pod(ns).items)
         if states["Running"] + states["Terminated"] >= DELETE_AT_RUNNING or time.monotonic() > deadline:
             break
         time.sleep(0.2)
@@ -106,7 +88,7 @@ def burst(core: client.CoreV1Api, image: str) -> Burst:
             raise
         time.sleep(1.0)
     raise AssertionError(f"namespace {ns} ({PODS} pods, deleted when they were {dict(states)}) still there "
-                         f"{BURST_LIMIT_S:.0f}s after its deletion; its pods:\n{stuck_report(core, ns)}")
+                         f"{BURST_LIMIT_S:.0f}s after its deletion; its pods:\n{kube.pods_report(ns)}")
 
 
 def killed_while_starting(logs: list[Path], ns: str) -> dict[str, str]:
@@ -127,7 +109,7 @@ def test_a_burst_of_pods_deleted_while_they_start_is_gone_within_three_minutes(k
     logs = [local_cluster.cfg.logs / f"{name}-kubelet.log" for name in local_cluster.node_names]
     results = []
     for i in range(1, BURSTS + 1):
-        r = burst(kube.core, kube.test_image)
+        r = burst(kube)
         killed = killed_while_starting(logs, r.namespace)
         print(f"burst {i}/{BURSTS}: {PODS} pods created in {r.created_s:.1f}s, namespace deleted when they were "
               f"{r.states_at_delete}, gone after {r.gone_s:.1f}s; pods whose sandbox or container was killed "

@@ -71,7 +71,4 @@ def test_deleting_owner_garbage_collects_pods(kube, namespace):
     try:
         kube.wait(gone, timeout=150, what="the kubelets to stop the deleted pods")
     except AssertionError as e:
-        left = [f"{p.metadata.name} node={p.spec.node_name} phase={p.status.phase} "
-                f"containers={[s.state for s in p.status.container_statuses or []]}"
-                for p in kube.core.list_namespaced_pod(namespace).items]
-        raise AssertionError(f"{e}; still there:\n" + "\n".join(left)) from None
+        raise AssertionError(f"{e}; still there:\n{kube.pods_report(namespace)}") from None
