@@ -46,7 +46,8 @@ HEARTBEAT_S = 3
 
 def manifest(name: str, *, model: str, replicas: int, steps: int, ft: bool, ckpt_every: int, min_replicas: int = 1,
              sync: dict[str, Any] | None = None, log_every: int = 1, eval_every: int = 0, lr: float = 0.002,
-             init: Path | None = None, procs: int = 1, mlp: tuple[int, int] = (128, 2)) -> str:  # fmt: skip
+             init: Path | None = None, procs: int = 1, mlp: tuple[int, int] = (128, 2),
+             quorum_interval: int = 1) -> str:  # fmt: skip
     """procs > 1: HSDP, each replica `procs` processes sharding the model (dataStrategy fsdp); the
     batch per process stays what it is with one (32 digits rows, 8 GPT sequences). `mlp`: the MLP's
     hidden width and layers."""
@@ -68,7 +69,8 @@ def manifest(name: str, *, model: str, replicas: int, steps: int, ft: bool, ckpt
             f"  training: {{{training}}}\n"
             f"  checkpoint: {{intervalSteps: {ckpt_every}, keep: 2}}\n  runPolicy: {{backoffLimit: 50}}\n")  # fmt: skip
     if ft:
-        text += f"  faultTolerance: {{minReplicas: 1, heartbeatTimeoutSeconds: {HEARTBEAT_S}}}\n"
+        text += (f"  faultTolerance: {{minReplicas: 1, heartbeatTimeoutSeconds: {HEARTBEAT_S}, "
+                 f"quorumIntervalSteps: {quorum_interval}}}\n")
     if procs > 1:
         text += "  parallelism: {dataStrategy: fsdp}\n"
     return text
@@ -146,11 +148,11 @@ def first_step_after(recs: list[dict[str, Any]], t: float) -> dict[str, Any] | N
 
 
 def one_kill(work: Path, *, model: str, replicas: int, ft: bool, steps: int, at: int, victim: int,
-             procs: int = 1) -> dict[str, Any]:  # fmt: skip
+             procs: int = 1, quorum_interval: int = 1) -> dict[str, Any]:  # fmt: skip
     """Replica `victim` killed (its first process, SIGKILL) once replica 0 logged step `at`."""
     name = f"{'ft' if ft else 'gang'}-{model}-cost"
     run = Local(work, name, manifest(name, model=model, replicas=replicas, steps=steps, ft=ft, ckpt_every=50,
-                                     procs=procs))  # fmt: skip
+                                     procs=procs, quorum_interval=quorum_interval))  # fmt: skip
     run.wait_step(at)
     killed = run.kill(victim * procs)
     before = run.records()
@@ -185,7 +187,7 @@ def cost(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
         at = rng.randrange(60, 140)
         victim = rng.randrange(1, args.replicas)
         out.append(one_kill(work, model=args.model, replicas=args.replicas, ft=ft, steps=args.steps, at=at,
-                            victim=victim, procs=args.procs))  # fmt: skip
+                            victim=victim, procs=args.procs, quorum_interval=args.quorum_interval))  # fmt: skip
         print(json.dumps(out[-1]), flush=True)
     return out
 
@@ -209,7 +211,7 @@ def window(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
         for kills in (False, True):
             name = f"{'ft' if ft else 'gang'}-{'kills' if kills else 'steady'}"
             run = Local(work, name, manifest(name, model=args.model, replicas=args.replicas, steps=10**6, ft=ft,
-                                             ckpt_every=args.ckpt_every))  # fmt: skip
+                                             ckpt_every=args.ckpt_every, quorum_interval=args.quorum_interval))  # fmt: skip
             run.wait_step(20)  # past start-up, the same point for every case
             start = time.time()
             first = run.step()
@@ -240,7 +242,8 @@ def correct(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
     exports, rates, cpu = {}, {}, {}
     for name, ft in (("plain", False), ("ft", True)):
         run = Local(work, name, manifest(name, model=args.model, replicas=args.replicas, steps=steps, ft=ft,
-                                         ckpt_every=steps, log_every=10, procs=args.procs, mlp=args.mlp))  # fmt: skip
+                                         ckpt_every=steps, log_every=10, procs=args.procs, mlp=args.mlp,
+                                         quorum_interval=args.quorum_interval))  # fmt: skip
         cpu[name] = run.cpu_per_step(steps // 4, 3 * steps // 4)
         run.finish()
         exports[name] = load_file(run.run_dir / "checkpoints" / name / "export" / "model.safetensors")
@@ -255,7 +258,8 @@ def correct(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
     print(json.dumps(out[-1]), flush=True)
     name = "ft-kill"
     run = Local(work, name, manifest(name, model=args.model, replicas=args.replicas, steps=steps, ft=True,
-                                     ckpt_every=steps, log_every=10, procs=args.procs, mlp=args.mlp))  # fmt: skip
+                                     ckpt_every=steps, log_every=10, procs=args.procs, mlp=args.mlp,
+                                         quorum_interval=args.quorum_interval))  # fmt: skip
     run.wait_step(steps // 4)
     run.kill(args.procs)  # replica 1's first process
     run.finish()
@@ -325,6 +329,8 @@ def main() -> None:
     p.add_argument("--pretrain", type=int, default=0, help="diloco: steps of every-step DDP both runs start from")
     p.add_argument("--inner-lr", type=float, default=0.002, help="diloco's inner AdamW lr (every-step: 0.002)")
     p.add_argument("--diloco-only", action="store_true", help="skip the every-step reference (a sweep)")
+    p.add_argument("--quorum-interval", type=int, default=1,
+                   help="spec.faultTolerance.quorumIntervalSteps of the fault-tolerant jobs")
     p.add_argument("--seed", type=int, default=43)
     p.add_argument("--json", type=Path)
     args = p.parse_args()

@@ -16,6 +16,7 @@ from disttrain_api.validation import check_job
 from disttrain_trainer.launcher.env import Slot
 from disttrain_trainer.launcher.gang import Failure
 from disttrain_trainer.launcher.replicas import decide, replica_envs
+from disttrain_trainer.modes.data.ft_quorum import step_quorum_due
 from disttrain_trainer.modes.data.ft_state import quorum_lr_factor
 
 
@@ -42,7 +43,10 @@ def test_the_block_is_the_opt_in_and_round_trips() -> None:
     spec = parse_spec(manifest()["spec"])
     assert spec.fault_tolerant and spec.fault_tolerance is not None
     assert spec.fault_tolerance.min_replicas == 2 and spec.fault_tolerance.heartbeat_timeout_seconds == 5
-    assert to_json(spec)["faultTolerance"] == {"enabled": True, "minReplicas": 2, "heartbeatTimeoutSeconds": 5}
+    assert to_json(spec)["faultTolerance"] == {"enabled": True, "minReplicas": 2, "heartbeatTimeoutSeconds": 5,
+                                               "quorumIntervalSteps": 1}
+    every10 = parse_spec(manifest(faultTolerance={"quorumIntervalSteps": 10})["spec"]).fault_tolerance
+    assert every10 is not None and every10.quorum_interval_steps == 10
     assert not parse_spec(manifest(faultTolerance={"enabled": False})["spec"]).fault_tolerant
     assert not parse_spec({"mode": "data"}).fault_tolerant
     assert errors(manifest()) == []
@@ -58,6 +62,9 @@ def test_the_block_is_the_opt_in_and_round_trips() -> None:
     ({"faultTolerance": {"minReplicas": 4}}, "spec.faultTolerance.minReplicas", "4 must be <= workers.replicas 3"),
     ({"elastic": {"minReplicas": 1, "maxReplicas": 3}}, "spec.elastic", "cannot be combined with faultTolerance"),
     ({"training": {"gradientCompression": "powersgd"}}, "spec.training.gradientCompression", "fault-tolerant one"),
+    ({"faultTolerance": {"quorumIntervalSteps": 0}}, "spec.faultTolerance.quorumIntervalSteps", ">= 1"),
+    ({"faultTolerance": {"quorumIntervalSteps": 10}, "training": {"sync": {"kind": "diloco", "interval": 20}}},
+     "spec.faultTolerance.quorumIntervalSteps", "once per training.sync.interval"),
 ])  # fmt: skip
 def test_what_fault_tolerance_refuses_and_why(change: dict[str, Any], path: str, words: str) -> None:
     found = [e for e in errors(manifest(**change)) if e.startswith(path + ":")]
@@ -75,6 +82,28 @@ def test_sync_rules(sync: dict[str, Any], extra: dict[str, Any], path: str, word
     del obj["spec"]["faultTolerance"]
     found = [e for e in errors(obj) if e.startswith(path + ":")]
     assert found and words in found[0], errors(obj)
+
+
+class _Committed:
+    """What step_quorum_due reads of torchft's Manager: its committed steps and its error."""
+
+    def __init__(self, step: int, error: Exception | None = None) -> None:
+        self.step, self.error = step, error
+
+    def current_step(self) -> int:
+        return self.step
+
+    def errored(self) -> Exception | None:
+        return self.error
+
+
+def test_a_quorum_is_asked_every_k_committed_steps_and_at_once_after_a_failure() -> None:
+    due = [s for s in range(1, 30) if step_quorum_due(_Committed(s), every=7, last_committed=True, after_alone=False)]
+    assert due == [7, 14, 21, 28]  # the step count every member of the quorum shares
+    assert all(step_quorum_due(_Committed(s), every=1, last_committed=True, after_alone=False) for s in range(1, 9))
+    assert step_quorum_due(_Committed(3), every=7, last_committed=False, after_alone=False)  # the step failed
+    assert step_quorum_due(_Committed(3, RuntimeError("peer died")), every=7, last_committed=True, after_alone=False)
+    assert step_quorum_due(_Committed(3), every=7, last_committed=True, after_alone=True)  # rank 0 checkpointed
 
 
 def test_learning_rate_follows_the_quorum() -> None:

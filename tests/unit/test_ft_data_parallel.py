@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from disttrain_trainer.models import GPT
-from disttrain_trainer.parallel.ft_ddp import BucketLayout, FTDataParallel
+from disttrain_trainer.parallel.ft_ddp import BucketLayout, FTComm, FTDataParallel
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -221,3 +221,44 @@ def test_gradients_are_views_of_their_bucket_and_accumulate_in_place() -> None:
     _loss(local, x2).backward()
     for a, b in zip(model.parameters(), local.parameters(), strict=True):
         torch.testing.assert_close(a.grad, b.grad)
+
+
+class _ReplicaManager:
+    """What FTComm.sum_over_quorum asks torchft's Manager when it sums over the group directly."""
+
+    def __init__(self, *, participating: bool = True, error: Exception | None = None) -> None:
+        self.participating, self.error, self.quorum_waits = participating, error, 0
+
+    def errored(self) -> Exception | None:
+        return self.error
+
+    def wait_quorum(self) -> None:
+        self.quorum_waits += 1
+
+    def is_participating(self) -> bool:
+        return self.participating
+
+    def report_error(self, e: Exception) -> None:
+        self.error = e
+
+
+class _DeadPeerGroup:
+    def allreduce(self, tensors: list[torch.Tensor], opts: object) -> object:
+        raise RuntimeError("Connection reset by peer")  # what gloo raises when a peer dies mid-step
+
+
+def test_sums_go_to_the_replica_group_directly_and_a_failure_votes_the_step_down(world_of_one: None) -> None:
+    group = dist.group.WORLD  # a real gloo group (of one: the sum is the tensor itself)
+    manager = _ReplicaManager()
+    t = torch.arange(4.0)
+    FTComm(manager, group=group).sum_over_quorum([t])
+    assert torch.equal(t, torch.arange(4.0)) and manager.quorum_waits == 1 and manager.error is None
+    healing = _ReplicaManager(participating=False)  # a replica still healing adds nothing
+    FTComm(healing, group=group).sum_over_quorum([t])
+    assert torch.equal(t, torch.zeros(4))
+    failed = _ReplicaManager()
+    FTComm(failed, group=_DeadPeerGroup()).sum_over_quorum([torch.ones(2)])  # returns: the survivor goes on
+    assert isinstance(failed.error, RuntimeError)  # the Manager holds it: should_commit is False
+    sent = torch.ones(2)
+    FTComm(failed, group=group).sum_over_quorum([sent])  # after an error nothing more is sent this step
+    assert failed.quorum_waits == 1 and torch.equal(sent, torch.ones(2))

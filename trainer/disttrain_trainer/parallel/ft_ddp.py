@@ -59,12 +59,45 @@ class FTComm:
     the profiler as plain FSDP's do (comm_profile.py, one step in SAMPLE_EVERY), whose collectives
     include the all-reduce over the replicas (gloo records it like any other)."""
 
-    def __init__(self, manager: Any, profiled: ProfiledComm | None = None) -> None:
+    def __init__(self, manager: Any, *, group: Any | None = None, profiled: ProfiledComm | None = None) -> None:
         self.manager = manager
+        self.group = group
         self.profiled = profiled
         self.allreduce_s = 0.0
         self.coordination_s = 0.0  # quorum + should_commit
         self.bytes = 0
+
+    def sum_over_quorum(self, tensors: list[torch.Tensor]) -> None:
+        """Each of `tensors` summed in place over the quorum's replicas. After a failure (a peer died
+        or went silent past the group's timeout) the Manager holds the error, the step is not
+        committed and the tensors hold garbage.
+
+        With `group` (the replica's gloo process group, which the Manager reconfigures at each new
+        quorum) the sums go to it directly. torchft's Manager.allreduce would chain futures onto each
+        and register a timeout on its event-loop thread: about 0.5 ms of CPU per step and replica on
+        the development VM, more than the digits MLP's forward and backward, and redundant, as the
+        group's collectives time out after heartbeatTimeoutSeconds themselves. Without it (NCCL) the
+        Manager's work also keeps the CUDA streams in order, so the sums go through the Manager."""
+        m = self.manager
+        if self.group is None:
+            works = [m.allreduce(t, reduce_op=dist.ReduceOp.SUM) for t in tensors]
+            for work in works:
+                work.wait()
+            return
+        if m.errored() is not None:  # as Manager.allreduce: nothing more this step
+            return
+        m.wait_quorum()
+        if not m.is_participating():  # (a replica still healing adds nothing)
+            for t in tensors:
+                t.zero_()
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.SUM
+        try:
+            works = [self.group.allreduce([t], opts) for t in tensors]
+            for work in works:
+                work.wait()
+        except Exception as e:  # noqa: BLE001 - any failure of the collective votes the step down
+            m.report_error(e)
 
     def add_coordination(self, seconds: float) -> None:
         self.coordination_s += seconds
@@ -156,12 +189,13 @@ class FTDataParallel(nn.Module):
     scaled by 1 / quorum size into its place in the bucket (one pass, where concatenating after
     backward, scaling and copying back takes three), and the all-reduce leaves the mean in place."""
 
-    def __init__(self, module: nn.Module, manager: Any, *, layout: BucketLayout, bucket_cap_mb: float) -> None:
+    def __init__(self, module: nn.Module, manager: Any, *, layout: BucketLayout, bucket_cap_mb: float,
+                 group: Any | None = None) -> None:  # fmt: skip
         super().__init__()
         self.module = module
         self.manager = manager
         self.layout = layout
-        self.comm = FTComm(manager)
+        self.comm = FTComm(manager, group=group)
         self._params = [p for p in module.parameters() if p.requires_grad]
         self._first = first_iteration_buckets(self._params)
         self._cap = int(bucket_cap_mb * MIB)
@@ -238,11 +272,8 @@ class FTDataParallel(nn.Module):
             if not placed:  # unused in this backward (its hook never ran)
                 self._place(i, self._params[i])
         start = time.perf_counter()
-        # After an error the Manager returns a no-op work and the step is not committed.
-        works = [self.manager.allreduce(flat, reduce_op=dist.ReduceOp.SUM) for flat in self._flats]
-        for flat, work in zip(self._flats, works, strict=True):
-            work.wait()
-            self.comm.bytes += flat.numel() * flat.element_size()
+        self.comm.sum_over_quorum(self._flats)
+        self.comm.bytes += sum(flat.numel() * flat.element_size() for flat in self._flats)
         if self.layout.buckets is None:
             self.layout.pending = self._agree(rebuilt_buckets(self._params, self._ready, self._cap))
         self._ready = []

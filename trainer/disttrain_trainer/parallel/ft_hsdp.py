@@ -21,7 +21,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
@@ -39,7 +38,7 @@ def local_params(model: nn.Module) -> Iterator[torch.Tensor]:
 
 
 def allreduce_gradients(model: nn.Module, comm: FTComm) -> None:
-    """Average this process's gradient shards over the quorum (the Manager's all-reduce), timed in
+    """Average this process's gradient shards over the quorum (FTComm.sum_over_quorum), timed in
     `comm`. After a failed all-reduce the gradients hold garbage and the step is not committed
     (the Manager's should_commit is False), as with the DDP hook (ft_ddp.py)."""
     start = time.perf_counter()
@@ -53,7 +52,7 @@ def allreduce_gradients(model: nn.Module, comm: FTComm) -> None:
     flat = torch.cat(parts)
     # The mean, divided before the sum as DDP's all-reduce does.
     flat.div_(max(1, comm.manager.num_participants()))
-    comm.manager.allreduce(flat, reduce_op=dist.ReduceOp.SUM).wait()
+    comm.sum_over_quorum([flat])
     offset = 0
     for g, part in zip(grads, parts, strict=True):
         n = part.numel()

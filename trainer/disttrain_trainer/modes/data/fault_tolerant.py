@@ -107,16 +107,19 @@ def run(cfg: TrainerConfig) -> Summary | None:
             if r.summary is not None and r.step >= spec.training.steps:
                 return _finished_already(r)
             # Heartbeats start here: the others' quorum waits for a replica from now on.
-            r.manager = ft_replica.open_manager(cfg, s, cuda=ctx.device.type == "cuda", state_dict=r.healable,
-                                                load_state_dict=r.load_healed)  # fmt: skip
+            cuda = ctx.device.type == "cuda"
+            pg = ft_replica.replica_process_group(s, cuda=cuda)
+            r.manager = ft_replica.open_manager(cfg, s, pg, state_dict=r.healable, load_state_dict=r.load_healed)
+            group = None if cuda else pg  # the gradients' sums go to it directly (FTComm.sum_over_quorum)
             keep_until_exit(r.manager)
             comm: FTComm | None = None
             if r.outer is not None:
                 r.outer.averager = ManagerAverager(r.manager)
             elif r.sharded:  # the group's reduce-scatter is FSDP2's; across groups, ft_hsdp's all-reduce
-                comm = FTComm(r.manager, profiled=ProfiledComm())
+                comm = FTComm(r.manager, group=group, profiled=ProfiledComm())
             else:
-                r.model = FTDataParallel(inner, r.manager, layout=r.buckets, bucket_cap_mb=spec.training.bucket_cap_mb)
+                r.model = FTDataParallel(inner, r.manager, layout=r.buckets, bucket_cap_mb=spec.training.bucket_cap_mb,
+                                         group=group)  # fmt: skip
                 comm = r.model.comm
             remove = stop_request.on_request(ft_quorum.leave_if_waiting)
             try:
@@ -203,7 +206,9 @@ def _train(r: ReplicaRun, comm: FTComm | None) -> Summary:
         t0 = time.perf_counter()
         quorum_s = 0.0
         if gate is not None:
-            _, quorum_s = ft_quorum.step_quorum(r, series)
+            if ft_quorum.step_quorum_due(r.manager, every=r.replica.quorum_interval, last_committed=gate.committed,
+                                         after_alone=alone_before):  # fmt: skip
+                _, quorum_s = ft_quorum.step_quorum(r, series)
             gate.factor = quorum_lr_factor(spec.optimizer.scale_lr, r.manager.num_participants(), r.replica.replicas)
         before = r.sampler.state_dict()
         td = time.perf_counter()

@@ -1,5 +1,5 @@
 """A fault-tolerant replica's waits for the others: the gang's first quorum (all replicas, or
-START_WAIT_S), the quorum of every step, and a LocalSGD / DiLoCo synchronisation (its quorum
+START_WAIT_S), the quorum of every step (or every quorumIntervalSteps), and a LocalSGD / DiLoCo synchronisation (its quorum
 included). A replica behind the others recovers their state inside the quorum (ft_state.py).
 
 While a replica waits here a stop request (SIGTERM) ends the process at once, as in start-up
@@ -17,6 +17,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 from disttrain_api import exitcodes
 
@@ -71,6 +72,22 @@ def gather(r: ReplicaRun, series: ReplicaSeries) -> None:
         r.manager.report_error(RuntimeError(f"waiting for all {r.replica.replicas} replicas (quorum {n})"))
         r.manager.should_commit()
         time.sleep(GATHER_POLL_S)
+
+
+def step_quorum_due(manager: Any, *, every: int, last_committed: bool, after_alone: bool) -> bool:
+    """Whether this step asks the lighthouse for a quorum (spec.faultTolerance.quorumIntervalSteps).
+
+    Between two quorums a replica trains in the last one: its process group, rank and size stay
+    configured, and torchft's step goes on counting committed steps. A step that did not commit (a
+    peer failed in its all-reduce, the quorum was too small) asks at once, so a failure costs what it
+    does with a quorum every step. Otherwise the quorum is due at torchft's step, which every member
+    of a quorum shares (a replica that recovered took the others'), so all of them ask at the same
+    step: one that asked alone would wait at the lighthouse while the others wait for it in the
+    all-reduce. After a step at which the quorum's rank 0 checkpointed or evaluated alone the quorum
+    is asked too, so that wait is the quorum's (idle), not the all-reduce's (communication). A stop
+    request to an HSDP group waits for the next quorum too (for_peers)."""
+    return (every == 1 or not last_committed or after_alone or manager.errored() is not None
+            or manager.current_step() % every == 0)
 
 
 def step_quorum(r: ReplicaRun, series: ReplicaSeries) -> tuple[None, float]:

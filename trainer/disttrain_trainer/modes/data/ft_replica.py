@@ -26,7 +26,7 @@ from typing import Any
 from disttrain_api import constants as C
 from torchft import Manager
 from torchft.checkpointing.http_transport import HTTPTransport
-from torchft.process_group import ProcessGroupBabyNCCL, ProcessGroupGloo
+from torchft.process_group import ProcessGroup, ProcessGroupBabyNCCL, ProcessGroupGloo
 
 from ...process.config import ConfigError, TrainerConfig
 
@@ -51,6 +51,7 @@ class ReplicaSettings:
     host: str  # the address peers reach this replica at (MASTER_ADDR: its own pod, or 127.0.0.1)
     min_replicas: int
     heartbeat_timeout_s: float
+    quorum_interval: int = 1  # spec.faultTolerance.quorumIntervalSteps
 
     @property
     def replica_id(self) -> str:
@@ -89,7 +90,8 @@ def settings_for(cfg: TrainerConfig, env: Mapping[str, str] | None = None) -> Re
                           "(the operator and `disttrain local` set it)")  # fmt: skip
     return ReplicaSettings(replica=int(raw), replicas=replicas, group_rank=cfg.rank, group_size=procs,
                            lighthouse=lighthouse, host=cfg.master_addr, min_replicas=ft.min_replicas,
-                           heartbeat_timeout_s=float(ft.heartbeat_timeout_seconds))  # fmt: skip
+                           heartbeat_timeout_s=float(ft.heartbeat_timeout_seconds),
+                           quorum_interval=ft.quorum_interval_steps)  # fmt: skip
 
 
 class _AdvertisedHTTPTransport(HTTPTransport):
@@ -106,15 +108,37 @@ class _AdvertisedHTTPTransport(HTTPTransport):
         return f"http://{host}:{port}/checkpoint/"
 
 
-def open_manager(cfg: TrainerConfig, s: ReplicaSettings, *, cuda: bool,
+class _OwnVote:
+    """torchft's ManagerClient of a replica group of one process. The commit vote is a barrier of the
+    group's processes at the group's Manager server, which answers "commit" when none of them voted
+    against (manager.rs, should_commit). With one process the answer is that process's own vote, so
+    it is given here, without the round trip to the server that every step would otherwise make.
+    Everything else (the quorum) goes to torchft's client."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+
+    def should_commit(self, group_rank: int, step: int, should_commit: bool, timeout: timedelta) -> bool:
+        return should_commit
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+def replica_process_group(s: ReplicaSettings, *, cuda: bool) -> ProcessGroup:
+    """The process group across the replicas (torchft's, which its Manager reconfigures at each new
+    quorum): its collectives time out after heartbeatTimeoutSeconds."""
+    timeout = timedelta(seconds=s.heartbeat_timeout_s)
+    return ProcessGroupBabyNCCL(timeout=timeout) if cuda else ProcessGroupGloo(timeout=timeout)
+
+
+def open_manager(cfg: TrainerConfig, s: ReplicaSettings, pg: ProcessGroup, *,
                  state_dict: Callable[[], dict[str, Any]],
                  load_state_dict: Callable[[dict[str, Any]], None]) -> Manager:  # fmt: skip
-    """The Manager of this replica: it starts heartbeating to the lighthouse now, so call it when the
-    replica is ready to train (a replica that heartbeats is waited for by the others' quorum)."""
+    """The Manager of this replica over `pg`: it starts heartbeating to the lighthouse now, so call it
+    when the replica is ready to train (a replica that heartbeats is waited for by the others' quorum)."""
     timeout = timedelta(seconds=MANAGER_TIMEOUT_S)
-    pg_timeout = timedelta(seconds=s.heartbeat_timeout_s)
-    pg = ProcessGroupBabyNCCL(timeout=pg_timeout) if cuda else ProcessGroupGloo(timeout=pg_timeout)
-    return Manager(
+    manager = Manager(
         pg=pg,
         load_state_dict=load_state_dict,
         state_dict=state_dict,
@@ -138,3 +162,6 @@ def open_manager(cfg: TrainerConfig, s: ReplicaSettings, *, cuda: bool,
         init_sync=False,
         quorum_retries=QUORUM_RETRIES,
     )
+    if s.group_size == 1:
+        manager._client = _OwnVote(manager._client)  # noqa: SLF001 - torchft keeps its client private
+    return manager
