@@ -31,6 +31,7 @@ import json
 import os
 import random
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -239,22 +240,33 @@ def correct(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
 
     out = []
     steps = args.steps
-    exports, rates, cpu = {}, {}, {}
-    for name, ft in (("plain", False), ("ft", True)):
-        run = Local(work, name, manifest(name, model=args.model, replicas=args.replicas, steps=steps, ft=ft,
-                                         ckpt_every=steps, log_every=10, procs=args.procs, mlp=args.mlp,
-                                         quorum_interval=args.quorum_interval))  # fmt: skip
-        cpu[name] = run.cpu_per_step(steps // 4, 3 * steps // 4)
-        run.finish()
-        exports[name] = load_file(run.run_dir / "checkpoints" / name / "export" / "model.safetensors")
-        recs = run.records()[2:]  # steady state
-        rates[name] = sum(r["samples_per_s"] * r["steps"] for r in recs) / max(1, sum(r["steps"] for r in recs))
-        out.append({"case": name, "testAccuracy": run.summary().get("testAccuracy"), "valLoss": run.summary().get("valLoss"),
-                    "samplesPerSPerRank": rates[name], "cpuMsPerStep": round(cpu[name], 2)})  # fmt: skip
-        print(json.dumps(out[-1]), flush=True)
+    exports: dict[str, Any] = {}
+    rates: dict[str, list[float]] = {"plain": [], "ft": []}
+    cpu: dict[str, list[float]] = {"plain": [], "ft": []}
+    # Rounds alternate the two jobs, so a change in the host's load (other work on a shared VM) falls
+    # on both; the figures are the medians of the rounds' ratios.
+    for rnd in range(args.rounds):
+        for name, ft in (("plain", False), ("ft", True)):
+            job = f"{name}{rnd}"  # a run folder of its own: the next round's waits must not read this one's steps
+            run = Local(work, job, manifest(job, model=args.model, replicas=args.replicas, steps=steps, ft=ft,
+                                            ckpt_every=steps, log_every=10, procs=args.procs, mlp=args.mlp,
+                                            quorum_interval=args.quorum_interval))  # fmt: skip
+            cpu[name].append(run.cpu_per_step(steps // 4, 3 * steps // 4))
+            run.finish()
+            if rnd == 0:
+                exports[name] = load_file(run.run_dir / "checkpoints" / job / "export" / "model.safetensors")
+            recs = run.records()[2:]  # steady state
+            rates[name].append(sum(r["samples_per_s"] * r["steps"] for r in recs) / max(1, sum(r["steps"] for r in recs)))
+            out.append({"case": name, "round": rnd, "testAccuracy": run.summary().get("testAccuracy"),
+                        "valLoss": run.summary().get("valLoss"), "samplesPerSPerRank": rates[name][-1],
+                        "cpuMsPerStep": round(cpu[name][-1], 2)})  # fmt: skip
+            print(json.dumps(out[-1]), flush=True)
     diff = max(float((exports["ft"][k] - exports["plain"][k]).abs().max()) for k in exports["ft"])
-    out.append({"case": "ft vs plain", "maxParamDiff": diff, "stepCostRatio": rates["ft"] / rates["plain"],
-                "cpuPerStepRatio": cpu["ft"] / cpu["plain"]})  # fmt: skip
+    cost = [f / p for f, p in zip(rates["ft"], rates["plain"], strict=True)]
+    cpu_ratio = [f / p for f, p in zip(cpu["ft"], cpu["plain"], strict=True)]
+    out.append({"case": "ft vs plain", "maxParamDiff": diff, "stepCostRatio": statistics.median(cost),
+                "cpuPerStepRatio": statistics.median(cpu_ratio), "stepCostRatios": [round(c, 3) for c in cost],
+                "cpuMsPerStep": {k: round(statistics.median(v), 2) for k, v in cpu.items()}})  # fmt: skip
     print(json.dumps(out[-1]), flush=True)
     name = "ft-kill"
     run = Local(work, name, manifest(name, model=args.model, replicas=args.replicas, steps=steps, ft=True,
@@ -270,7 +282,7 @@ def correct(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
     if acc is not None:
         row["accuracyPointsBelowUninterrupted"] = round(100 * (out[1]["testAccuracy"] - acc), 2)
     else:
-        row["valLossVsUninterrupted"] = loss / out[1]["valLoss"]
+        row["valLossVsUninterrupted"] = loss / out[1]["valLoss"]  # (out[1]: the first round's ft run)
     out.append(row)
     print(json.dumps(out[-1]), flush=True)
     return out
@@ -329,6 +341,7 @@ def main() -> None:
     p.add_argument("--pretrain", type=int, default=0, help="diloco: steps of every-step DDP both runs start from")
     p.add_argument("--inner-lr", type=float, default=0.002, help="diloco's inner AdamW lr (every-step: 0.002)")
     p.add_argument("--diloco-only", action="store_true", help="skip the every-step reference (a sweep)")
+    p.add_argument("--rounds", type=int, default=1, help="correct: plain and fault-tolerant runs, alternated")
     p.add_argument("--quorum-interval", type=int, default=1,
                    help="spec.faultTolerance.quorumIntervalSteps of the fault-tolerant jobs")
     p.add_argument("--seed", type=int, default=43)

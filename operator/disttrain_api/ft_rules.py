@@ -32,7 +32,7 @@ def fault_tolerance(spec: JobSpec, c: Checker) -> None:
     if c.ok("spec.workers.replicas", "spec.faultTolerance.minReplicas") and ft.min_replicas > spec.workers.replicas:
         c.add("spec.faultTolerance.minReplicas",
               f"{ft.min_replicas} must be <= workers.replicas {spec.workers.replicas}")
-    if (c.ok("spec.faultTolerance.quorumIntervalSteps", "spec.training.sync") and ft.quorum_interval_steps != 1
+    if (c.ok("spec.faultTolerance.quorumIntervalSteps", "spec.training.sync") and ft.quorum_interval_steps is not None
             and spec.training.sync.kind != "every-step"):  # fmt: skip
         c.add("spec.faultTolerance.quorumIntervalSteps",
               f"{ft.quorum_interval_steps} applies to training.sync every-step; with {spec.training.sync.kind} the "

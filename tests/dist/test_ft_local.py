@@ -39,10 +39,12 @@ PACE_S = 0.1
 
 
 def manifest(name: str, *, replicas: int, min_replicas: int, steps: int, ckpt_every: int, ft: bool = True,
-             procs: int = 1, quorum_interval: int = 1) -> str:  # fmt: skip
-    """procs > 1: HSDP, each replica group `procs` processes sharding the model (dataStrategy fsdp)."""
-    block = (f"  faultTolerance: {{minReplicas: {min_replicas}, heartbeatTimeoutSeconds: {HEARTBEAT_S}, "
-             f"quorumIntervalSteps: {quorum_interval}}}\n" if ft else "")  # fmt: skip
+             procs: int = 1, quorum_interval: int | None = None) -> str:  # fmt: skip
+    """procs > 1: HSDP, each replica group `procs` processes sharding the model (dataStrategy fsdp).
+    quorum_interval None: the default (a quorum every 10 committed steps)."""
+    every = f", quorumIntervalSteps: {quorum_interval}" if quorum_interval is not None else ""
+    block = (f"  faultTolerance: {{minReplicas: {min_replicas}, heartbeatTimeoutSeconds: {HEARTBEAT_S}{every}}}\n"
+             if ft else "")  # fmt: skip
     if procs > 1:
         block += "  parallelism: {dataStrategy: fsdp}\n"
     batch = 32 * replicas * procs
@@ -118,12 +120,12 @@ def replicas_agree(run_dir: Path, replicas: int, steps: int) -> list[dict[str, A
     return ends
 
 
-@pytest.mark.parametrize("quorum_interval", [1, 7], ids=["quorum-every-step", "quorum-every-7-steps"])
-def test_a_killed_replica_leaves_a_smaller_quorum_then_rejoins(tmp_path: Path, quorum_interval: int) -> None:
+@pytest.mark.parametrize("quorum_interval", [None, 1], ids=["quorum-every-10-steps", "quorum-every-step"])
+def test_a_killed_replica_leaves_a_smaller_quorum_then_rejoins(tmp_path: Path, quorum_interval: int | None) -> None:
     # 300 paced steps (30 s or more after the kill): a replacement that takes 10 s or more to start
     # on a loaded host still rejoins before the survivors finish (120 steps once did not). With a
-    # quorum every 7 steps the survivors' failed step still asks for one at once (the same bound),
-    # and the replacement joins at the next step that is a multiple of 7.
+    # quorum every 10 steps (the default) the survivors' failed step still asks for one at once (the
+    # same bound), and the replacement joins at the next multiple of 10.
     steps = 300
     proc, run_dir = start(tmp_path, manifest("ftkill", replicas=3, min_replicas=2, steps=steps, ckpt_every=100,
                                              quorum_interval=quorum_interval), "ftkill", pace_s=PACE_S)  # fmt: skip
@@ -165,8 +167,8 @@ def test_below_min_replicas_the_gang_restarts_from_the_checkpoint(tmp_path: Path
     replicas_agree(run_dir, 2, steps)
 
 
-def exported_pair(tmp_path: Path, names: tuple[str, str], *, procs: int, replicas: int = 2, quorum_interval: int = 1
-                  ) -> tuple[dict[str, torch.Tensor], ...]:  # fmt: skip
+def exported_pair(tmp_path: Path, names: tuple[str, str], *, procs: int, replicas: int = 2,
+                  quorum_interval: int | None = None) -> tuple[dict[str, torch.Tensor], ...]:  # fmt: skip
     """The exported parameters of the same job with and without faultTolerance (no failure)."""
     runs = {}
     for name, ft in zip(names, (True, False), strict=True):
@@ -186,8 +188,9 @@ def test_without_a_failure_it_equals_plain_data_parallel(tmp_path: Path) -> None
     # Four replicas: with two, a + b = b + a and any bucket layout gives DDP's sums; with four,
     # gloo's ring adds an element's four parts in an order set by its place in the bucket, so only
     # DDP's own layout (module order in the first step, the rebuilt one after) gives the same bits.
-    # A quorum every 4 steps: the steps between two quorums train in the last one (the same bits).
-    a, b = exported_pair(tmp_path, ("ftsame", "dpsame"), procs=1, replicas=4, quorum_interval=4)
+    # A quorum every step: the steps between two quorums (the default, every 10) train in the last
+    # one, and the HSDP test below keeps the default.
+    a, b = exported_pair(tmp_path, ("ftsame", "dpsame"), procs=1, replicas=4, quorum_interval=1)
     assert all(torch.equal(a[k], b[k]) for k in a), max(float((a[k] - b[k]).abs().max()) for k in a)
 
 

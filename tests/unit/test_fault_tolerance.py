@@ -44,9 +44,10 @@ def test_the_block_is_the_opt_in_and_round_trips() -> None:
     assert spec.fault_tolerant and spec.fault_tolerance is not None
     assert spec.fault_tolerance.min_replicas == 2 and spec.fault_tolerance.heartbeat_timeout_seconds == 5
     assert to_json(spec)["faultTolerance"] == {"enabled": True, "minReplicas": 2, "heartbeatTimeoutSeconds": 5,
-                                               "quorumIntervalSteps": 1}
-    every10 = parse_spec(manifest(faultTolerance={"quorumIntervalSteps": 10})["spec"]).fault_tolerance
-    assert every10 is not None and every10.quorum_interval_steps == 10
+                                               "quorumIntervalSteps": None}
+    assert spec.fault_tolerance.quorum_interval == 10  # the default
+    every = parse_spec(manifest(faultTolerance={"quorumIntervalSteps": 1})["spec"]).fault_tolerance
+    assert every is not None and every.quorum_interval == 1
     assert not parse_spec(manifest(faultTolerance={"enabled": False})["spec"]).fault_tolerant
     assert not parse_spec({"mode": "data"}).fault_tolerant
     assert errors(manifest()) == []

@@ -9,6 +9,10 @@ from typing import Literal
 from ..dataparse import fld
 
 SyncKind = Literal["every-step", "localsgd", "diloco"]
+# Committed steps between two quorums unless quorumIntervalSteps says otherwise: the lighthouse round
+# trip of the other nine is saved (on a step of milliseconds, most of what fault tolerance costs), and
+# a replacement joins at most ten steps later than it would (seconds, beside the minutes a pod takes).
+QUORUM_INTERVAL_STEPS = 10
 OuterOptim = Literal["sgd", "nesterov"]
 
 
@@ -30,14 +34,18 @@ class FaultToleranceSpec:
         desc="A replica whose heartbeat to the job's lighthouse is older than this is dropped from the next "
         "quorum; also how long a collective waits for a silent peer. Survivors step again within about this.",
     )
-    quorum_interval_steps: int = fld(
-        1, minimum=1, maximum=1000,
-        desc="Committed steps between two quorums from the lighthouse while every step commits (sync every-step). "
-        "A step that fails asks for a new quorum at once whatever this is, so survivors go on as fast; a "
-        "replacement joins at the next quorum, up to this many steps later. Above 1 it saves the lighthouse "
-        "round trip of most steps: worth it when a step takes milliseconds.",
+    quorum_interval_steps: int | None = fld(
+        None, minimum=1, maximum=1000,
+        desc=f"Committed steps between two quorums from the lighthouse while every step commits (training.sync "
+        f"every-step; default {QUORUM_INTERVAL_STEPS}). A step that fails asks for a new quorum at once whatever "
+        "this is, so survivors go on as fast; a replacement joins at the next quorum, up to this many steps "
+        "later. 1 asks every step: the quorum is a round trip through the lighthouse, a large share of a step "
+        "that takes milliseconds.",
     )
 
+    @property
+    def quorum_interval(self) -> int:
+        return self.quorum_interval_steps or QUORUM_INTERVAL_STEPS
 
 @dataclass(frozen=True, kw_only=True)
 class OuterOptimizerSpec:

@@ -3,8 +3,9 @@ through torchft, and goes on at a smaller quorum when one of them fails. A group
 (ddp), or procsPerWorker processes that shard the model with FSDP2 (HSDP: parallel/ft_hsdp.py);
 each process runs this loop, its group's processes in step with each other.
 
-Per step: a quorum from the job's lighthouse (a replica that joins receives the weights, optimizer
-state, sampler and step of a live peer here, before its first forward), the batch, forward and
+Per step: a quorum from the job's lighthouse when one is due (ft_quorum.step_quorum_due: every
+quorumIntervalSteps committed steps, and after a step that failed; a replica that joins receives
+the weights, optimizer state, sampler and step of a live peer here, before its first forward), the batch, forward and
 backward with the gradients all-reduced over the quorum at its end (parallel/ft_ddp.py), then a commit vote:
 a step whose all-reduce failed (a peer died mid-step) is not applied, and is trained again with the
 same batch at the next quorum, without the dead peer. With training.sync localsgd / diloco the

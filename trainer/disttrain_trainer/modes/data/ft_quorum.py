@@ -1,5 +1,5 @@
 """A fault-tolerant replica's waits for the others: the gang's first quorum (all replicas, or
-START_WAIT_S), the quorum of every step (or every quorumIntervalSteps), and a LocalSGD / DiLoCo synchronisation (its quorum
+START_WAIT_S), the quorum of a step (every quorumIntervalSteps), and a LocalSGD / DiLoCo synchronisation (its quorum
 included). A replica behind the others recovers their state inside the quorum (ft_state.py).
 
 While a replica waits here a stop request (SIGTERM) ends the process at once, as in start-up

@@ -51,7 +51,7 @@ class ReplicaSettings:
     host: str  # the address peers reach this replica at (MASTER_ADDR: its own pod, or 127.0.0.1)
     min_replicas: int
     heartbeat_timeout_s: float
-    quorum_interval: int = 1  # spec.faultTolerance.quorumIntervalSteps
+    quorum_interval: int = 1  # spec.faultTolerance.quorumIntervalSteps, resolved
 
     @property
     def replica_id(self) -> str:
@@ -91,7 +91,7 @@ def settings_for(cfg: TrainerConfig, env: Mapping[str, str] | None = None) -> Re
     return ReplicaSettings(replica=int(raw), replicas=replicas, group_rank=cfg.rank, group_size=procs,
                            lighthouse=lighthouse, host=cfg.master_addr, min_replicas=ft.min_replicas,
                            heartbeat_timeout_s=float(ft.heartbeat_timeout_seconds),
-                           quorum_interval=ft.quorum_interval_steps)  # fmt: skip
+                           quorum_interval=ft.quorum_interval)  # fmt: skip
 
 
 class _AdvertisedHTTPTransport(HTTPTransport):
