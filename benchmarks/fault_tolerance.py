@@ -48,7 +48,7 @@ HEARTBEAT_S = 3
 def manifest(name: str, *, model: str, replicas: int, steps: int, ft: bool, ckpt_every: int, min_replicas: int = 1,
              sync: dict[str, Any] | None = None, log_every: int = 1, eval_every: int = 0, lr: float = 0.002,
              init: Path | None = None, procs: int = 1, mlp: tuple[int, int] = (128, 2),
-             quorum_interval: int = 1) -> str:  # fmt: skip
+             quorum_interval: int | None = None) -> str:  # fmt: skip
     """procs > 1: HSDP, each replica `procs` processes sharding the model (dataStrategy fsdp); the
     batch per process stays what it is with one (32 digits rows, 8 GPT sequences). `mlp`: the MLP's
     hidden width and layers."""
@@ -70,8 +70,8 @@ def manifest(name: str, *, model: str, replicas: int, steps: int, ft: bool, ckpt
             f"  training: {{{training}}}\n"
             f"  checkpoint: {{intervalSteps: {ckpt_every}, keep: 2}}\n  runPolicy: {{backoffLimit: 50}}\n")  # fmt: skip
     if ft:
-        text += (f"  faultTolerance: {{minReplicas: 1, heartbeatTimeoutSeconds: {HEARTBEAT_S}, "
-                 f"quorumIntervalSteps: {quorum_interval}}}\n")
+        every = f", quorumIntervalSteps: {quorum_interval}" if quorum_interval is not None else ""
+        text += f"  faultTolerance: {{minReplicas: 1, heartbeatTimeoutSeconds: {HEARTBEAT_S}{every}}}\n"
     if procs > 1:
         text += "  parallelism: {dataStrategy: fsdp}\n"
     return text
@@ -149,7 +149,7 @@ def first_step_after(recs: list[dict[str, Any]], t: float) -> dict[str, Any] | N
 
 
 def one_kill(work: Path, *, model: str, replicas: int, ft: bool, steps: int, at: int, victim: int,
-             procs: int = 1, quorum_interval: int = 1) -> dict[str, Any]:  # fmt: skip
+             procs: int = 1, quorum_interval: int | None = None) -> dict[str, Any]:  # fmt: skip
     """Replica `victim` killed (its first process, SIGKILL) once replica 0 logged step `at`."""
     name = f"{'ft' if ft else 'gang'}-{model}-cost"
     run = Local(work, name, manifest(name, model=model, replicas=replicas, steps=steps, ft=ft, ckpt_every=50,
@@ -342,8 +342,8 @@ def main() -> None:
     p.add_argument("--inner-lr", type=float, default=0.002, help="diloco's inner AdamW lr (every-step: 0.002)")
     p.add_argument("--diloco-only", action="store_true", help="skip the every-step reference (a sweep)")
     p.add_argument("--rounds", type=int, default=1, help="correct: plain and fault-tolerant runs, alternated")
-    p.add_argument("--quorum-interval", type=int, default=1,
-                   help="spec.faultTolerance.quorumIntervalSteps of the fault-tolerant jobs")
+    p.add_argument("--quorum-interval", type=int, default=None,
+                   help="spec.faultTolerance.quorumIntervalSteps of the fault-tolerant jobs (default: unset, 10)")
     p.add_argument("--seed", type=int, default=43)
     p.add_argument("--json", type=Path)
     args = p.parse_args()

@@ -4,10 +4,11 @@ process group, the lighthouse it reports to and the transport a joining peer rec
 A replica group is one worker pod: one process (ddp), or procsPerWorker processes that shard the
 model with FSDP2 (HSDP; validation: ft_rules.py). Its own process group (world size procsPerWorker)
 is the ordinary torch.distributed one (dist_env.init_distributed, whose TCPStore the Managers
-share); across replicas only the Managers speak, one per process, each with the processes of the
-same group rank in the other groups: per step a quorum from the lighthouse (torchft forms it per
-replica group), the gradient all-reduce over the quorum's members, and a commit vote the whole
-group takes together.
+share); across replicas each process speaks with the processes of the same group rank in the other
+groups, through its Manager and the fault-tolerant process group the Manager reconfigures: a
+quorum from the lighthouse every quorumIntervalSteps (torchft forms it per replica group), the
+gradient all-reduce over the quorum's members every step (sent to the process group directly:
+parallel/ft_ddp.FTComm), and a commit vote the whole group takes together.
 
 Timeouts (torchft's names): the process group's collectives time out after the job's
 heartbeatTimeoutSeconds, so a silent peer (a partition, a frozen node) fails a step within it as a
