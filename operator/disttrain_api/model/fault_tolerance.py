@@ -9,11 +9,11 @@ from typing import Literal
 from ..dataparse import fld
 
 SyncKind = Literal["every-step", "localsgd", "diloco"]
+OuterOptim = Literal["sgd", "nesterov"]
 # Committed steps between two quorums unless quorumIntervalSteps says otherwise: the lighthouse round
 # trip of the other nine is saved (on a step of milliseconds, most of what fault tolerance costs), and
 # a replacement joins at most ten steps later than it would (seconds, beside the minutes a pod takes).
 QUORUM_INTERVAL_STEPS = 10
-OuterOptim = Literal["sgd", "nesterov"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,6 +46,7 @@ class FaultToleranceSpec:
     @property
     def quorum_interval(self) -> int:
         return self.quorum_interval_steps or QUORUM_INTERVAL_STEPS
+
 
 @dataclass(frozen=True, kw_only=True)
 class OuterOptimizerSpec:

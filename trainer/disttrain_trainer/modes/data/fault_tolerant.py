@@ -5,8 +5,9 @@ each process runs this loop, its group's processes in step with each other.
 
 Per step: a quorum from the job's lighthouse when one is due (ft_quorum.step_quorum_due: every
 quorumIntervalSteps committed steps, and after a step that failed; a replica that joins receives
-the weights, optimizer state, sampler and step of a live peer here, before its first forward), the batch, forward and
-backward with the gradients all-reduced over the quorum at its end (parallel/ft_ddp.py), then a commit vote:
+the weights, optimizer state, sampler and step of a live peer here, before its first forward), the
+batch, forward and backward with the gradients all-reduced over the quorum at its end
+(parallel/ft_ddp.py), then a commit vote:
 a step whose all-reduce failed (a peer died mid-step) is not applied, and is trained again with the
 same batch at the next quorum, without the dead peer. With training.sync localsgd / diloco the
 replicas step alone and the quorum, all-reduce and vote happen once per sync (parallel/sync.py).

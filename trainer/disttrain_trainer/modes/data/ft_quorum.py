@@ -1,6 +1,6 @@
 """A fault-tolerant replica's waits for the others: the gang's first quorum (all replicas, or
-START_WAIT_S), the quorum of a step (every quorumIntervalSteps), and a LocalSGD / DiLoCo synchronisation (its quorum
-included). A replica behind the others recovers their state inside the quorum (ft_state.py).
+START_WAIT_S), the quorum of a step (every quorumIntervalSteps), and a LocalSGD / DiLoCo
+synchronisation (its quorum included). A replica behind the others recovers their state inside the quorum (ft_state.py).
 
 While a replica waits here a stop request (SIGTERM) ends the process at once, as in start-up
 (process/stop_request.py): waiting, it holds nothing the checkpoint or the live peers do not,
