@@ -271,7 +271,7 @@ def correct(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
     name = "ft-kill"
     run = Local(work, name, manifest(name, model=args.model, replicas=args.replicas, steps=steps, ft=True,
                                      ckpt_every=steps, log_every=10, procs=args.procs, mlp=args.mlp,
-                                         quorum_interval=args.quorum_interval))  # fmt: skip
+                                     quorum_interval=args.quorum_interval))  # fmt: skip
     run.wait_step(steps // 4)
     run.kill(args.procs)  # replica 1's first process
     run.finish()

@@ -211,7 +211,9 @@ def _train(r: ReplicaRun, comm: FTComm | None) -> Summary:
             if ft_quorum.step_quorum_due(r.manager, every=r.replica.quorum_interval, last_committed=gate.committed,
                                          after_alone=alone_before):  # fmt: skip
                 _, quorum_s = ft_quorum.step_quorum(r, series)
-            gate.factor = quorum_lr_factor(spec.optimizer.scale_lr, r.manager.num_participants(), r.replica.replicas)
+                # (the quorum's size changes only here; the first step always asks: its gate has not committed)
+                gate.factor = quorum_lr_factor(spec.optimizer.scale_lr, r.manager.num_participants(),
+                                               r.replica.replicas)  # fmt: skip
         before = r.sampler.state_dict()
         td = time.perf_counter()
         micro = _batch(r)

@@ -52,7 +52,7 @@ class ReplicaSettings:
     host: str  # the address peers reach this replica at (MASTER_ADDR: its own pod, or 127.0.0.1)
     min_replicas: int
     heartbeat_timeout_s: float
-    quorum_interval: int = 1  # spec.faultTolerance.quorumIntervalSteps, resolved
+    quorum_interval: int  # spec.faultTolerance.quorumIntervalSteps, or its default
 
     @property
     def replica_id(self) -> str:
