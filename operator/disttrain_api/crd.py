@@ -53,7 +53,7 @@ PRINTER_COLUMNS = [
      "description": "Time left at the recent rate."},
     {"name": "Comm", "type": "number", "jsonPath": ".status.commFraction",
      "description": "Communication seconds / step seconds of rank 0."},
-    {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "description": "Gang restarts."},
+    {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "description": "Failures counted against runPolicy.backoffLimit: gang restarts and pods replaced alone."},
     {"name": "Disruptions", "type": "integer", "jsonPath": ".status.disruptions", "priority": 1,
      "description": "Pods ended by evictions, drains, preemptions (not counted as restarts)."},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},

@@ -98,6 +98,27 @@ def test_a_lost_replica_is_replaced_alone_and_the_job_stays_running() -> None:
     assert starting.status["phase"] == "Running" and not starting.create and not starting.delete_pods
 
 
+def test_replaced_replicas_count_against_backoff_limit_and_the_one_past_it_fails_the_job() -> None:
+    """A replica that crashes again and again must not be replaced for ever: each replacement is a
+    restart, and the failure after backoffLimit of them fails the job as a gang restart would."""
+    spec = api.parse_spec({"mode": "data", "workers": {"replicas": 3}, "data": {"batchSize": 96},
+                           "runPolicy": {"backoffLimit": 2},
+                           "faultTolerance": {"minReplicas": 2, "heartbeatTimeoutSeconds": 3}})  # fmt: skip
+    st: dict[str, Any] = dict(STATUS)
+    for n in (1, 2):  # under the limit: replaced alone, still Running
+        failed = pod(1, "Failed", exit_code=1, message="crash", uid=f"uid-1-{n}")
+        plan = decide(obs([pod(0), failed, pod(2)], spec=spec, status=st))
+        assert plan.delete_pods == ["j-worker-1"] and plan.status["phase"] == "Running"
+        assert plan.status["restarts"] == n and plan.status["attempt"] == 0
+        st = decide(obs([pod(0), pod(2)], spec=spec, status=plan.status)).status  # gone, created again
+    plan = decide(obs([pod(0), pod(1, "Failed", exit_code=1, message="crash", uid="uid-1-3"), pod(2)],
+                      spec=spec, status=st))  # fmt: skip
+    assert plan.status["phase"] == "Failed" and plan.status["restarts"] == 2
+    failed_cond = next(c for c in plan.status["conditions"] if c["type"] == "Failed")
+    assert failed_cond["reason"] == "BackoffLimitExceeded" and "runPolicy.backoffLimit=2" in failed_cond["message"]
+    assert sorted(plan.delete_pods) == ["j-worker-0", "j-worker-2"]  # the replicas still training stop
+
+
 def test_a_deleted_replica_pod_is_a_disruption_replaced_alone() -> None:
     plan = decide(obs([pod(0), pod(1, deleting=True, deleting_for_s=1), pod(2)]))
     assert plan.status["phase"] == "Running" and plan.status["disruptions"] == 1 and plan.status["restarts"] == 0

@@ -10,7 +10,8 @@ from .vocabulary import CleanPodPolicy
 
 @dataclass(frozen=True, kw_only=True)
 class RunPolicy:
-    backoff_limit: int = fld(3, minimum=0, desc="Gang restarts before the job fails.")
+    backoff_limit: int = fld(3, minimum=0, desc="Failures before the job fails: gang restarts, and pods replaced alone "
+                             "(parameter-server workers, federated clients, fault-tolerant replicas).")
     active_deadline_seconds: int | None = fld(None, minimum=1, desc="Fail the job after this long running.")
     ttl_seconds_after_finished: int | None = fld(None, minimum=0, desc="Delete the finished job after this long.")
     clean_pod_policy: CleanPodPolicy = fld("Running", desc="Pods deleted when the job finishes.")

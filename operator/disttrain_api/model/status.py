@@ -110,17 +110,22 @@ class JobStatus:
         desc="With spec.faultTolerance: the replicas (worker pods) that are healthy and those in the quorum "
         "that trains (status.replicas is the gang size).",
     )
-    restarts: int = fld(0, minimum=0, desc="Gang restarts after failures so far.")
+    restarts: int = fld(
+        0, minimum=0,
+        desc="Failures counted against runPolicy.backoffLimit so far: gang restarts, and pods replaced alone "
+        "(parameter-server workers, federated clients, fault-tolerant replicas).",
+    )
     disruptions: int = fld(
         0, minimum=0,
         desc="Pods ended by a disruption (eviction, drain, preemption, deletion by someone other than the "
         "operator, a trainer stopped because its pod was being deleted): the gang restarts (federated, "
-        "paramserver: the pod is replaced) without counting against runPolicy.backoffLimit.",
+        "paramserver, fault-tolerant replicas: the pod is replaced) without counting against "
+        "runPolicy.backoffLimit.",
     )
     counted_pods: Object = fld(
         factory=Object,
-        desc="Live pods whose end is counted already in restarts or disruptions, UID: name (federated and "
-        "paramserver replace pods one by one); the operator's bookkeeping.",
+        desc="Live pods whose end is counted already in restarts or disruptions, UID: name (federated, "
+        "paramserver and fault-tolerant replicas replace pods one by one); the operator's bookkeeping.",
     )
     attempt: int = fld(
         0,
