@@ -5,7 +5,8 @@ pod of a replaced gang, anyone with write access to the volume or the bucket), a
 calls whatever a pickle names. So nothing here unpickles with the standard loader:
 
 - torch files (whole.py's state.pt, sharded.py's extra.pt, DCP's non-tensor items, rank_state's
-  per-rank parts) are read with `torch.load(weights_only=True)`: tensors, dicts, lists, tuples,
+  per-rank parts), and the state a fault-tolerant replica receives from a live peer
+  (`load_stream`), are read with `torch.load(weights_only=True)`: tensors, dicts, lists, tuples,
   str, int, float, bool, None, OrderedDict, torch.Size and dtypes; torch's own allow-list, with
   nothing added (`load`, `loads`).
 - DCP's `.metadata` (a plain pickle of DCP's metadata dataclasses) is read by an Unpickler that
@@ -31,13 +32,15 @@ from typing import IO, Any
 
 import numpy as np
 import torch
+from torch.distributed._serialization import _streaming_load
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint import filesystem as dcp_filesystem
 from torch.distributed.checkpoint import metadata as dcp_metadata
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
-__all__ = ["SafeLoadPlanner", "SafeReader", "UnsafeCheckpoint", "dumps", "load", "load_metadata", "loads", "plain"]
+__all__ = ["SafeLoadPlanner", "SafeReader", "UnsafeCheckpoint", "dumps", "load", "load_metadata", "load_stream", "loads",
+           "plain"]
 
 
 class UnsafeCheckpoint(ValueError):
@@ -47,15 +50,16 @@ class UnsafeCheckpoint(ValueError):
 _GLOBAL = re.compile(r"Unsupported global: (?:GLOBAL )?([\w.]+)")
 
 
-def _refusal(where: object, e: BaseException) -> UnsafeCheckpoint:
+def _refusal(where: object, e: BaseException, *, stored: bool = True) -> UnsafeCheckpoint:
     named = _GLOBAL.search(str(e))
     lines = [line.strip() for line in str(e).splitlines() if line.strip()]
     # torch's own advice (allow-list the global) is not this file's way out: it is not to be trusted.
     detail = f"it names {named.group(1)}" if named else (lines[0] if lines else type(e).__name__)[:200]
+    older = (" Checkpoints of disttrain before safe checkpoints (meta.json format 1, numpy RNG state pickled as "
+             "arrays) read this way too: see the README, 'Checkpoints: what is read back'") if stored else ""
     return UnsafeCheckpoint(
         f"{where} holds Python objects beyond tensors and plain values ({detail}); refused unread: unpickling it "
-        "could run code. Checkpoints of disttrain before safe checkpoints (meta.json format 1, numpy RNG state "
-        "pickled as arrays) read this way too: see the README, 'Checkpoints: what is read back'"
+        f"could run code.{older}"
     )
 
 
@@ -79,6 +83,15 @@ def loads(data: bytes, where: str = "a peer's bytes") -> Any:
         return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         raise _refusal(where, e) from None
+
+
+def load_stream(f: IO[bytes], where: str) -> Any:
+    """What a peer streams in torch's streaming format (torch.distributed's `_streaming_save`: the
+    fault-tolerant replicas' state transfer), read with the weights-only unpickler."""
+    try:
+        return _streaming_load(f, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise _refusal(where, e, stored=False) from None
 
 
 # ------------------------------------------------------------------ saving

@@ -19,6 +19,7 @@ peer) and the wait for a quorum get MANAGER_TIMEOUT_S, long enough to copy a mod
 from __future__ import annotations
 
 import os
+import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -29,6 +30,7 @@ from torchft import Manager
 from torchft.checkpointing.http_transport import HTTPTransport
 from torchft.process_group import ProcessGroup, ProcessGroupBabyNCCL, ProcessGroupGloo
 
+from ...checkpoints import safe_state
 from ...process.config import ConfigError, TrainerConfig
 
 # The commit vote, the state transfer to a joining replica and the wait for a quorum (which waits for
@@ -96,8 +98,17 @@ def settings_for(cfg: TrainerConfig, env: Mapping[str, str] | None = None) -> Re
 
 
 class _AdvertisedHTTPTransport(HTTPTransport):
-    """torchft's HTTP checkpoint server, reachable at the replica's own address: torchft names it by
-    socket.gethostname(), which other pods cannot resolve (a pod's DNS name is host.subdomain)."""
+    """torchft's HTTP checkpoint transport, with two changes.
+
+    - Its server is reachable at the replica's own address: torchft names it by
+      socket.gethostname(), which other pods cannot resolve (a pod's DNS name is host.subdomain).
+    - What a joining replica receives is read with the weights-only unpickler. torchft unpickles it
+      with the standard one (weights_only=False, for schedulers' state), which runs whatever the
+      bytes name: any pod that gets itself chosen as the recovery source (by heartbeating to the
+      lighthouse as a replica with the highest step) would run code in every replica that heals
+      from it. The state sent here holds tensors and plain values only (`plain_state`); anything
+      else is refused unread (safe_state.UnsafeCheckpoint), the step fails like a lost peer's, and
+      the replica asks the next quorum."""
 
     def __init__(self, host: str, timeout: timedelta) -> None:
         self._host = host  # before the base class starts its server: it logs address()
@@ -107,6 +118,17 @@ class _AdvertisedHTTPTransport(HTTPTransport):
         port = self._server.socket.getsockname()[1]
         host = f"[{self._host}]" if ":" in self._host else self._host
         return f"http://{host}:{port}/checkpoint/"
+
+    @classmethod
+    def _load_from_address(cls, address: str, timeout: timedelta) -> object:
+        with urllib.request.urlopen(address, timeout=timeout.total_seconds()) as f:  # noqa: S310 - http:// only
+            return safe_state.load_stream(f, where=f"the state a peer served at {address}")
+
+
+def plain_state(state_dict: Callable[[], dict[str, Any]]) -> Callable[[], dict[str, Any]]:
+    """`state_dict` as the transport sends it: tensors and plain values (safe_state.plain), so that a
+    value the receiver's weights-only loader would refuse fails here, naming its key."""
+    return lambda: safe_state.plain(state_dict(), "the state sent to a joining replica")
 
 
 class _OwnVote:
@@ -142,7 +164,7 @@ def open_manager(cfg: TrainerConfig, s: ReplicaSettings, pg: ProcessGroup, *,
     manager = Manager(
         pg=pg,
         load_state_dict=load_state_dict,
-        state_dict=state_dict,
+        state_dict=plain_state(state_dict),
         min_replica_size=s.min_replicas,
         # Heal before the forward pass: a joining replica trains its first step on the peer's
         # weights (and LocalSGD/DiLoCo need it).
