@@ -26,6 +26,7 @@ import io
 import pathlib
 import pickle
 import re
+import time
 from collections import OrderedDict
 from pathlib import Path
 from typing import IO, Any
@@ -40,13 +41,14 @@ from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
 __all__ = ["SafeLoadPlanner", "SafeReader", "UnsafeCheckpoint", "dumps", "load", "load_metadata", "load_stream", "loads",
-           "plain"]
+           "plain", "tensor_bytes"]
 
 
 class UnsafeCheckpoint(ValueError):
     """A checkpoint file that only a loader able to run code would read: refused, never unpickled."""
 
 
+STREAM_SLICE = 1 << 20  # bytes a peer's stream is read in (load_stream)
 _GLOBAL = re.compile(r"Unsupported global: (?:GLOBAL )?([\w.]+)")
 
 
@@ -85,13 +87,74 @@ def loads(data: bytes, where: str = "a peer's bytes") -> Any:
         raise _refusal(where, e) from None
 
 
-def load_stream(f: IO[bytes], where: str) -> Any:
+class _BoundedStream:
+    """A peer's stream read in slices of at most STREAM_SLICE bytes, refused past `limit` bytes and
+    after `timeout_s`. torch's streaming reader asks for each record by the length the sender wrote,
+    and a file object allocates what it is asked for: a forged length would exhaust the reader's
+    memory, a peer that trickles bytes would hold it for ever."""
+
+    def __init__(self, f: Any, *, where: str, limit: int, timeout_s: float) -> None:
+        self.f, self.where, self.limit, self.timeout_s = f, where, limit, timeout_s
+        self.deadline = time.monotonic() + timeout_s
+        self.done = 0
+
+    def _admit(self, n: int) -> None:
+        if self.done + n > self.limit:
+            raise UnsafeCheckpoint(f"{self.where} is larger than the {self.limit} bytes a replica's state can be "
+                                   f"(asked for {self.done + n}); refused")  # fmt: skip
+        if time.monotonic() > self.deadline:
+            raise TimeoutError(f"{self.where} did not arrive within {self.timeout_s:g} s ({self.done} bytes came)")
+
+    def read(self, n: int | None = -1) -> bytearray:
+        """Writable bytes: torch makes the received tensors' storage of them, and an optimizer that
+        loads its moments keeps those tensors and updates them in place."""
+        whole = n is None or n < 0
+        want = self.limit - self.done + 1 if whole else int(n)  # type: ignore[arg-type]
+        if not whole:
+            self._admit(want)
+        out = bytearray()
+        while want > 0:
+            part = self.f.read1(min(STREAM_SLICE, want))
+            if not part:
+                break
+            self._admit(len(part))
+            self.done += len(part)
+            want -= len(part)
+            out += part
+        return out
+
+    def readline(self, size: int | None = -1) -> bytes:
+        """A byte at a time (the unpickler reads a few short lines: the names of the globals in the
+        stream's header), so that the deadline holds within a line that never ends."""
+        cap = STREAM_SLICE if size is None or size < 0 else size
+        line = bytearray()
+        while len(line) < cap and (c := self.read(1)):
+            line += c
+            if c == b"\n":
+                break
+        return bytes(line)
+
+
+def load_stream(f: IO[bytes], where: str, *, limit: int, timeout_s: float) -> Any:
     """What a peer streams in torch's streaming format (torch.distributed's `_streaming_save`: the
-    fault-tolerant replicas' state transfer), read with the weights-only unpickler."""
+    fault-tolerant replicas' state transfer), read with the weights-only unpickler, at most `limit`
+    bytes within `timeout_s` (`f` has read1, as an HTTP response does)."""
     try:
-        return _streaming_load(f, map_location="cpu", weights_only=True)
+        return _streaming_load(_BoundedStream(f, where=where, limit=limit, timeout_s=timeout_s),  # type: ignore[arg-type]
+                               map_location="cpu", weights_only=True)  # fmt: skip
     except pickle.UnpicklingError as e:
         raise _refusal(where, e, stored=False) from None
+
+
+def tensor_bytes(state: Any) -> int:
+    """Bytes of the tensors in a state tree (dicts, lists, tuples)."""
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, dict):
+        return sum(tensor_bytes(v) for v in state.values())
+    if isinstance(state, list | tuple):
+        return sum(tensor_bytes(v) for v in state)
+    return 0
 
 
 # ------------------------------------------------------------------ saving

@@ -42,6 +42,11 @@ MANAGER_TIMEOUT_S = 120.0
 JOIN_TIMEOUT_S = 60.0
 # A replica retries the quorum this often when the lighthouse is unreachable (its pod restarting).
 QUORUM_RETRIES = 3
+# The most a joining replica reads from a peer: this many times the tensor bytes of its own state,
+# plus the slack. A peer's state is the same model's: weights, optimizer moments (none yet in a
+# fresh replica: Adam's two would make 3x its weights), and with DiLoCo the anchor and outer momentum.
+RECEIVE_LIMIT_FACTOR = 8
+RECEIVE_LIMIT_SLACK = 64 << 20
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -108,10 +113,13 @@ class _AdvertisedHTTPTransport(HTTPTransport):
       lighthouse as a replica with the highest step) would run code in every replica that heals
       from it. The state sent here holds tensors and plain values only (`plain_state`); anything
       else is refused unread (safe_state.UnsafeCheckpoint), the step fails like a lost peer's, and
-      the replica asks the next quorum."""
+      the replica asks the next quorum. So is a stream larger than RECEIVE_LIMIT_FACTOR times this
+      replica's own state (the peer's holds the same model; a fresh replica's optimizer holds no
+      moments yet) and one that does not arrive within the transfer's timeout."""
 
-    def __init__(self, host: str, timeout: timedelta) -> None:
+    def __init__(self, host: str, timeout: timedelta, own_state: Callable[[], dict[str, Any]]) -> None:
         self._host = host  # before the base class starts its server: it logs address()
+        self._own_state = own_state
         super().__init__(timeout=timeout, num_chunks=0)
 
     def address(self) -> str:
@@ -119,10 +127,11 @@ class _AdvertisedHTTPTransport(HTTPTransport):
         host = f"[{self._host}]" if ":" in self._host else self._host
         return f"http://{host}:{port}/checkpoint/"
 
-    @classmethod
-    def _load_from_address(cls, address: str, timeout: timedelta) -> object:
+    def _load_from_address(self, address: str, timeout: timedelta) -> object:  # type: ignore[override]
+        limit = RECEIVE_LIMIT_FACTOR * safe_state.tensor_bytes(self._own_state()) + RECEIVE_LIMIT_SLACK
         with urllib.request.urlopen(address, timeout=timeout.total_seconds()) as f:  # noqa: S310 - http:// only
-            return safe_state.load_stream(f, where=f"the state a peer served at {address}")
+            return safe_state.load_stream(f, f"the state a peer served at {address}", limit=limit,
+                                          timeout_s=timeout.total_seconds())  # fmt: skip
 
 
 def plain_state(state_dict: Callable[[], dict[str, Any]]) -> Callable[[], dict[str, Any]]:
@@ -179,7 +188,7 @@ def open_manager(cfg: TrainerConfig, s: ReplicaSettings, pg: ProcessGroup, *,
         lighthouse_addr=s.lighthouse,
         replica_id=s.replica_id,
         hostname=s.host,
-        checkpoint_transport=_AdvertisedHTTPTransport(s.host, timeout),
+        checkpoint_transport=_AdvertisedHTTPTransport(s.host, timeout, state_dict),
         # Every replica builds the same weights from data.seed (or model.init); one behind the others
         # (a replacement, a stale checkpoint) recovers from them whatever the step.
         init_sync=False,
