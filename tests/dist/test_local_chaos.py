@@ -21,7 +21,10 @@ import torch
 from disttrain_trainer.checkpoints import whole as ckpt
 
 JOB = "chaos"
-STEPS = 100
+# Long enough that the job cannot finish before the poller below sees its last attempt's steps:
+# each attempt resumes a few steps before its kill, so the fifth still has some 970 steps to run
+# (6 s on an idle host; 100 steps once ran out before the poller woke on a busy 2-core one).
+STEPS = 1000
 KILLS = 5
 SEED = 20240611
 MANIFEST = f"""\
@@ -45,22 +48,31 @@ def local_cmd(manifest: Path, run_dir: Path) -> list[str]:
             str(run_dir), "--fresh", "--no-progress", "--metrics-port", "0"]  # fmt: skip
 
 
-def steps_logged(path: Path, since: int) -> list[int]:
-    try:
-        with path.open("rb") as f:
-            f.seek(since)
-            text = f.read().decode()
-    except OSError:
-        return []
-    steps = []
-    for line in text.splitlines():
+class StepTail:
+    """The steps rank 0 logs from byte `offset` of its metrics file on, read incrementally: each poll
+    parses only what was written since the last (a poll that re-read the whole attempt would itself
+    slow down as the file grows, on the same cores as the job)."""
+
+    def __init__(self, path: Path, offset: int) -> None:
+        self.path, self.pos, self.steps = path, offset, []
+
+    def poll(self) -> list[int]:
         try:
-            record = json.loads(line)
-        except ValueError:
-            continue  # a line still being written
-        if "event" not in record:
-            steps.append(int(record["step"]))
-    return steps
+            with self.path.open("rb") as f:
+                f.seek(self.pos)
+                chunk = f.read()
+        except OSError:
+            return self.steps
+        done = chunk.rfind(b"\n") + 1  # complete lines only: the last may still be being written
+        self.pos += done
+        for line in chunk[:done].decode().splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if "event" not in record:
+                self.steps.append(int(record["step"]))
+        return self.steps
 
 
 def wait_for_attempt(proc: subprocess.Popen[str], run_dir: Path, attempt: int) -> dict[str, int]:
@@ -88,10 +100,11 @@ def kill_at_random_steps(proc: subprocess.Popen[str], run_dir: Path) -> list[tup
         # when this poller lags (each attempt resumes from the last checkpoint before its kill).
         rank, after = rng.choice(sorted(pids)), rng.randint(1, 5)
         target = None
+        tail = StepTail(log, offset)
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline:
             assert proc.poll() is None, f"the job ended after {len(kills)} kills: {proc.communicate()}"
-            steps = steps_logged(log, offset)
+            steps = tail.poll()
             if steps and target is None:
                 target = steps[0] + after  # `after` steps past where this attempt resumed
             if target is not None and steps[-1] >= target:
