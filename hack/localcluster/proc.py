@@ -124,9 +124,13 @@ def cgroup_pids(rel: str) -> set[int]:
         d = h / CGROUP_PARENT / rel if rel else h / CGROUP_PARENT
         if "pids" not in controllers(h) or not d.exists():
             continue
-        for procs in d.rglob("cgroup.procs"):
+        # os.walk, not Path.rglob: the kubelet removes a container's cgroup while we walk (the
+        # processes we kill end), and rglob raises on a directory that went; os.walk skips it.
+        for root, _dirs, files in os.walk(d):
+            if "cgroup.procs" not in files:
+                continue
             try:
-                pids.update(int(x) for x in procs.read_text().split())
+                pids.update(int(x) for x in Path(root, "cgroup.procs").read_text().split())
             except OSError:
                 pass
     return {p for p in pids if alive(p)}
