@@ -48,14 +48,14 @@ HEARTBEAT_S = 3
 def manifest(name: str, *, model: str, replicas: int, steps: int, ft: bool, ckpt_every: int, min_replicas: int = 1,
              sync: dict[str, Any] | None = None, log_every: int = 1, eval_every: int = 0, lr: float = 0.002,
              init: Path | None = None, procs: int = 1, mlp: tuple[int, int] = (128, 2),
-             quorum_interval: int | None = None) -> str:  # fmt: skip
+             quorum_interval: int | None = None, gpt_batch: int = 8, gpt: tuple[int, int] = (64, 2)) -> str:  # fmt: skip
     """procs > 1: HSDP, each replica `procs` processes sharding the model (dataStrategy fsdp); the
-    batch per process stays what it is with one (32 digits rows, 8 GPT sequences). `mlp`: the MLP's
-    hidden width and layers."""
+    batch per process stays what it is with one (32 digits rows, `gpt_batch` GPT sequences). `mlp`:
+    the MLP's hidden width and layers; `gpt`: the GPT's."""
     if model == "gpt":
         start = f", init: {json.dumps(str(init))}" if init else ""
-        body = (f"  model: {{name: gpt, hidden: 64, layers: 2, heads: 4, blockSize: 64{start}}}\n"
-                f"  data: {{name: pytext, batchSize: {8 * replicas * procs}, seed: 0}}\n"
+        body = (f"  model: {{name: gpt, hidden: {gpt[0]}, layers: {gpt[1]}, heads: 4, blockSize: 64{start}}}\n"
+                f"  data: {{name: pytext, batchSize: {gpt_batch * replicas * procs}, seed: 0}}\n"
                 f"  optimizer: {{name: adamw, lr: {lr}, scaleLR: none, warmupSteps: 20, decay: cosine, minLRRatio: 0.1}}\n")  # fmt: skip
     else:
         body = (f"  model: {{name: mlp, hidden: {mlp[0]}, layers: {mlp[1]}}}\n"
@@ -206,13 +206,14 @@ def kept_samples(recs: list[dict[str, Any]], start: float, end: float, *, ft: bo
 
 def window(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
     rng = random.Random(args.seed)
-    per_replica = 8 if args.model == "gpt" else 32
+    per_replica = args.gpt_batch if args.model == "gpt" else 32
     out = []
     for ft in (True, False):
         for kills in (False, True):
             name = f"{'ft' if ft else 'gang'}-{'kills' if kills else 'steady'}"
             run = Local(work, name, manifest(name, model=args.model, replicas=args.replicas, steps=10**6, ft=ft,
-                                             ckpt_every=args.ckpt_every, quorum_interval=args.quorum_interval))  # fmt: skip
+                                             ckpt_every=args.ckpt_every, quorum_interval=args.quorum_interval,
+                                             gpt_batch=args.gpt_batch))  # fmt: skip
             run.wait_step(20)  # past start-up, the same point for every case
             start = time.time()
             first = run.step()
@@ -294,7 +295,8 @@ def diloco(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
     init = None
     if args.pretrain:  # the DiLoCo paper's setting: both continue from the same pretrained weights
         pre = Local(work, "pretrain", manifest("pretrain", model="gpt", replicas=args.replicas, steps=args.pretrain,
-                                               ft=False, ckpt_every=args.pretrain, log_every=args.interval))  # fmt: skip
+                                               ft=False, ckpt_every=args.pretrain, log_every=args.interval,
+                                               gpt_batch=args.gpt_batch, gpt=args.gpt))  # fmt: skip
         pre.finish()
         init = pre.run_dir / "checkpoints" / "pretrain" / "export"
         out.append({"case": "pretrain", "steps": args.pretrain, "valLoss": pre.summary().get("valLoss")})
@@ -304,7 +306,8 @@ def diloco(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
     for name, sync in cases:
         run = Local(work, name, manifest(name, model="gpt", replicas=args.replicas, steps=args.steps, ft=False,
                                          ckpt_every=args.steps, sync=sync, log_every=args.interval,
-                                         lr=args.inner_lr if sync else 0.002, init=init))  # fmt: skip
+                                         lr=args.inner_lr if sync else 0.002, init=init, gpt_batch=args.gpt_batch,
+                                         gpt=args.gpt))  # fmt: skip
         run.finish()
         s = run.summary()
         moved = sum(r["gradient_bytes"] * r["steps"] for r in run.records())
@@ -329,6 +332,10 @@ def main() -> None:
     p.add_argument("--mlp", type=lambda v: tuple(int(x) for x in v.split("x")), default=(128, 2),
                    help="correct: the MLP's width x layers (default 128x2, the digits example's)")
     p.add_argument("--replicas", type=int, default=4)
+    p.add_argument("--gpt", type=lambda v: tuple(int(x) for x in v.split("x")), default=(64, 2),
+                   help="diloco: the GPT's width x layers (default 64x2, gpt-tokens.yaml's; 128x4 is the pipeline, "
+                        "tensor and hybrid examples')")
+    p.add_argument("--gpt-batch", type=int, default=8, help="GPT sequences per replica and step (window, diloco)")
     p.add_argument("--procs", type=int, default=1, help="processes per replica: > 1 is HSDP (dataStrategy fsdp)")
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--window", type=float, default=600.0)
