@@ -56,22 +56,33 @@ class RendezvousError(RuntimeError):
     """The gang could not meet in time; transient (a peer pod may still be Pending), so retried."""
 
 
-def wait_for_master(addr: str, timeout_s: float) -> None:
-    """Block until `addr` resolves: a peer pod's DNS record appears only once the pod runs."""
+def retry_until(timeout_s: float, attempt: Callable[[float], None], *,
+                errors: type[OSError] | tuple[type[OSError], ...], gave_up: Callable[[OSError], str],
+                waiting: Callable[[OSError], None] | None = None) -> None:  # fmt: skip
+    """Call `attempt(seconds left)` until it returns, after each of `errors` again with a backoff of
+    0.2 s doubling to 2 s, for up to `timeout_s`; then RendezvousError(gave_up(the last error)).
+    `waiting` hears the first failure (to say what the process waits for)."""
     deadline = time.monotonic() + timeout_s
     delay = 0.2
     while True:
         try:
-            socket.getaddrinfo(addr, None)
+            attempt(deadline - time.monotonic())
             return
-        except socket.gaierror as e:
-            if time.monotonic() > deadline:
-                raise RendezvousError(
-                    f"{C.ENV_MASTER_ADDR}={addr!r} did not resolve within {timeout_s:.0f}s ({e}); "
-                    "rank 0's pod may still be Pending, or its headless service is missing"
-                ) from None
-            time.sleep(delay)
+        except errors as e:
+            if time.monotonic() >= deadline:
+                raise RendezvousError(gave_up(e)) from None
+            if waiting is not None:
+                waiting(e)
+                waiting = None
+            time.sleep(max(0.0, min(delay, deadline - time.monotonic())))
             delay = min(delay * 2, 2.0)
+
+
+def wait_for_master(addr: str, timeout_s: float) -> None:
+    """Block until `addr` resolves: a peer pod's DNS record appears only once the pod runs."""
+    retry_until(timeout_s, lambda _left: socket.getaddrinfo(addr, None), errors=socket.gaierror,
+                gave_up=lambda e: (f"{C.ENV_MASTER_ADDR}={addr!r} did not resolve within {timeout_s:.0f}s ({e}); "
+                                   "rank 0's pod may still be Pending, or its headless service is missing"))  # fmt: skip
 
 
 def pick_device(cfg: TrainerConfig) -> torch.device:

@@ -108,8 +108,8 @@ def run(cfg: TrainerConfig) -> Summary | None:
                     print(f"disttrain-trainer: replica {s.replica} starts from checkpoint step {r.step}", flush=True)
             if r.summary is not None and r.step >= spec.training.steps:
                 return _finished_already(r)
-            # Heartbeats start here: the others' quorum waits for a replica from now on.
             ft_replica.wait_for_lighthouse(s.lighthouse, cfg.rendezvous_timeout_s)
+            # Heartbeats start here: the others' quorum waits for a replica from now on.
             cuda = ctx.device.type == "cuda"
             pg = ft_replica.replica_process_group(s, cuda=cuda)
             r.manager = ft_replica.open_manager(cfg, s, pg, state_dict=r.healable, load_state_dict=r.load_healed)

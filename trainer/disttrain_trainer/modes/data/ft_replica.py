@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import socket
-import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
@@ -35,7 +34,7 @@ from torchft.process_group import ProcessGroup, ProcessGroupBabyNCCL, ProcessGro
 
 from ...checkpoints import safe_state
 from ...process.config import ConfigError, TrainerConfig
-from ...process.dist_env import RendezvousError
+from ...process.dist_env import retry_until
 
 # The commit vote, the state transfer to a joining replica and the wait for a quorum (which waits for
 # the lighthouse to drop a dead peer, or for one that is rank 0 of the quorum to finish a checkpoint).
@@ -169,23 +168,17 @@ def wait_for_lighthouse(url: str, timeout_s: float) -> None:
     healing replica waits for a dead peer."""
     parts = urllib.parse.urlsplit(url)
     host, port = parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
-    deadline = time.monotonic() + timeout_s
-    delay, said = 0.2, False
-    while True:
-        left = deadline - time.monotonic()
-        try:
-            with socket.create_connection((host, port), timeout=max(0.1, min(5.0, left))):
-                return
-        except OSError as e:  # not resolvable yet (its Service), refused (no ready pod), timed out
-            if left <= 0:
-                raise RendezvousError(f"the job's lighthouse at {url} did not accept a connection within "
-                                      f"{timeout_s:.0f}s ({e}); on a cluster its pod is the Deployment "
-                                      "<job>-lighthouse: see `kubectl describe deployment`") from None  # fmt: skip
-            if not said:
-                print(f"disttrain-trainer: waiting for the job's lighthouse at {url} ({e})", flush=True)
-                said = True
-            time.sleep(max(0.0, min(delay, deadline - time.monotonic())))
-            delay = min(delay * 2, 2.0)
+
+    def connect(left: float) -> None:
+        socket.create_connection((host, port), timeout=max(0.1, min(5.0, left))).close()
+
+    # OSError: not resolvable yet (its Service), refused (no ready pod), timed out
+    retry_until(timeout_s, connect, errors=OSError,
+                gave_up=lambda e: (f"the job's lighthouse at {url} did not accept a connection within "
+                                   f"{timeout_s:.0f}s ({e}); on a cluster its pod is the Deployment "
+                                   "<job>-lighthouse: see `kubectl describe deployment`"),
+                waiting=lambda e: print(f"disttrain-trainer: waiting for the job's lighthouse at {url} ({e})",
+                                        flush=True))  # fmt: skip
 
 
 def replica_process_group(s: ReplicaSettings, *, cuda: bool) -> ProcessGroup:
