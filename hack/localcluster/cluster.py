@@ -19,6 +19,7 @@ from .config import APISERVER_PORT, BRIDGE_IP, CHECKPOINT_DIR, REPO_ROOT, Cluste
 from .proc import (
     ClusterError,
     ensure_cgroup,
+    join_cpu_cgroup,
     kill_cgroup,
     locked,
     remove_cgroups,
@@ -84,7 +85,10 @@ class LocalCluster:
         """Reuse a running cluster (bringing its images up to date) or start one; True if started."""
         with self.lock():
             if self.is_up():
-                ensure_cgroup("")  # a cluster started by an older version keeps its CPU weight up to date
+                # A cluster started by an older version gets the CPU weights of this one.
+                ensure_cgroup("")
+                for rel in (controlplane.CGROUP, *(node.system_cgroup(n) for n in self.cfg.nodes)):
+                    join_cpu_cgroup(rel)
                 self.ensure_volumes()
                 self.ensure_kubelets()
                 self.refresh_images()

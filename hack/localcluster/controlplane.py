@@ -100,9 +100,11 @@ def start_controller_manager(cfg: ClusterConfig, bin_dir: Path) -> None:
            f"--cluster-cidr={POD_CIDR}", "--allocate-node-cidrs=false",
            f"--service-cluster-ip-range={SERVICE_CIDR}",
            "--controllers=*,-nodeipam,-cloud-node-lifecycle,-route,-service,-bootstrapsigner,-tokencleaner",
-           # Node loss in seconds: NotReady 10 s after the last heartbeat, then the 5 s
-           # toleration set on the apiserver evicts its pods.
-           "--node-monitor-period=2s", "--node-monitor-grace-period=10s",
+           # Node loss in seconds: NotReady 20 s after the last heartbeat, then the 5 s
+           # toleration set on the apiserver evicts its pods. (10 s was too short for a busy
+           # 2-core CI host: lease renewals answered seconds late made a node NotReady for a
+           # moment, and its training pods were evicted.)
+           "--node-monitor-period=2s", "--node-monitor-grace-period=20s",
            "--pod-eviction-timeout=5s", "--terminated-pod-gc-threshold=200",
            # A claim created with its pre-bound volume (one apply) usually reaches the volume
            # controller before the volume's own informer event and waits for the next resync:

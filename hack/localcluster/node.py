@@ -30,6 +30,11 @@ def cgroup_of(node: NodeConfig) -> str:
     return node.name
 
 
+def system_cgroup(node: NodeConfig) -> str:
+    """The cgroup of the node's daemons (containerd and its shims, kubelet, kube-proxy)."""
+    return f"{cgroup_of(node)}/system"
+
+
 def write_configs(cfg: ClusterConfig, node: NodeConfig, bin_dir: Path) -> None:
     d = cfg.node_dir(node)
     for sub in ("cni", "ipam", "kubelet", "volume-plugins", *PRIVATE_MOUNTS):
@@ -170,7 +175,7 @@ def start_containerd(cfg: ClusterConfig, node: NodeConfig, *, fresh: bool = True
         shutil.rmtree(cfg.node_state(node) / "state", ignore_errors=True)
     cfg.node_socket(node).unlink(missing_ok=True)
     pid = spawn([*_enter(cfg, node), "containerd", "--config", d / "containerd.toml"],
-                log=log, cgroup=f"{cgroup_of(node)}/system")
+                log=log, cgroup=system_cgroup(node))
     wait_for(f"containerd of {node.name}",
              lambda: run(ctr(cfg, node, "version"), step="containerd", check=False).returncode == 0,
              timeout=30, step=f"containerd: {node.name}", log=log, pid=pid)
@@ -193,7 +198,7 @@ def start_runtime(cfg: ClusterConfig, node: NodeConfig) -> None:
 
 def start_kubelet_and_proxy(cfg: ClusterConfig, node: NodeConfig, bin_dir: Path) -> None:
     d = cfg.node_dir(node)
-    cg = f"{cgroup_of(node)}/system"
+    cg = system_cgroup(node)
     sock = f"unix://{cfg.node_socket(node)}"
     spawn([*_enter(cfg, node), bin_dir / "kubelet",
            f"--config={d / 'kubelet.yaml'}",
@@ -213,7 +218,7 @@ def start_kubelet_and_proxy(cfg: ClusterConfig, node: NodeConfig, bin_dir: Path)
 
 def kubelet_binary(node: NodeConfig) -> Path | None:
     """The binary the node's running kubelet was started from (None when none runs)."""
-    for pid in cgroup_pids(f"{cgroup_of(node)}/system"):
+    for pid in cgroup_pids(system_cgroup(node)):
         try:
             exe = Path(os.readlink(f"/proc/{pid}/exe"))
         except OSError:
@@ -226,7 +231,7 @@ def kubelet_binary(node: NodeConfig) -> Path | None:
 def restart_containerd(cfg: ClusterConfig, node: NodeConfig) -> None:
     """Restart only the containerd daemon (shims and containers keep running): its CRI image
     cache otherwise keeps serving the old image behind a re-imported name."""
-    for pid in cgroup_pids(f"{cgroup_of(node)}/system"):
+    for pid in cgroup_pids(system_cgroup(node)):
         try:
             exe = os.readlink(f"/proc/{pid}/exe")
         except OSError:

@@ -15,9 +15,10 @@ from pathlib import Path
 from .config import CGROUP_PARENT
 
 CGROUP_FS = Path("/sys/fs/cgroup")
-# Hierarchies a daemon joins before exec, so that stopping a node can find every process of it
-# (daemons, containerd shims, containers) by reading cgroup.procs of the node's pids cgroup.
-JOIN_HIERARCHIES = ("pids", "freezer", "systemd")
+# Hierarchies a daemon joins before exec: pids, so that stopping a node can find every process
+# of it (daemons, containerd shims, containers) by reading cgroup.procs of the node's pids
+# cgroup; cpu, so that the weights below apply to the daemons too.
+JOIN_HIERARCHIES = ("pids", "freezer", "systemd", "cpu", "cpuacct")
 # cpu.shares of the cluster's parent cgroup. In cgroup v1 a process of the root cgroup weighs
 # as much as a whole child cgroup (1024 each), so with the default the entire cluster (API
 # server, kubelets, every pod) got the CPU of one host process: a test suite running six busy
@@ -25,6 +26,14 @@ JOIN_HIERARCHIES = ("pids", "freezer", "systemd")
 # on an idle machine missed their tests' minutes-long deadlines. Eight processes' worth keeps
 # the cluster responsive beside a busy host; the pods' own CPU limits still bound what it takes.
 CLUSTER_CPU_SHARES = 8 * 1024
+# cpu.shares of a cgroup daemons run in (the control plane's, a node's `system`) beside its
+# siblings: each node's cgroup (1024) for the control plane, the node's pods (`kubepods`, which
+# the kubelet weighs at its CPU capacity) for the kubelet and containerd. With the defaults the
+# API server ran in the host's root cgroup at one process's weight, beside pods weighing eight:
+# under a CI run's load it answered the kubelets' lease renewals seconds late, both nodes
+# turned NotReady and the taint manager evicted a training job's pods. The daemons use little
+# CPU; the weight only decides who waits when the machine is full.
+DAEMON_CPU_SHARES = 8 * 1024
 
 
 class ClusterError(RuntimeError):
@@ -102,9 +111,10 @@ def cgroup_dirs(rel: str) -> list[Path]:
     return [h / CGROUP_PARENT / rel if rel else h / CGROUP_PARENT for h in hierarchies()]
 
 
-def ensure_cgroup(rel: str) -> None:
-    """Create `rel` in every v1 hierarchy (kubelet needs its cgroupRoot everywhere);
-    cpuset children start empty, so copy cpus/mems down or nothing can join them."""
+def ensure_cgroup(rel: str, *, daemons: bool = False) -> None:
+    """Create `rel` in every v1 hierarchy (kubelet needs its cgroupRoot everywhere), the
+    cluster's parent at CLUSTER_CPU_SHARES and, for a cgroup that `daemons` run in, `rel` at
+    DAEMON_CPU_SHARES; cpuset children start empty, so copy cpus/mems down or nothing can join them."""
     for h in hierarchies():
         cur = h
         for part in Path(CGROUP_PARENT, rel).parts:
@@ -112,10 +122,27 @@ def ensure_cgroup(rel: str) -> None:
             cur.mkdir(exist_ok=True)
             if "cpu" in controllers(h) and cur.parent == h:
                 (cur / "cpu.shares").write_text(str(CLUSTER_CPU_SHARES))
+        if "cpu" in controllers(h) and daemons and rel:
+            (cur / "cpu.shares").write_text(str(DAEMON_CPU_SHARES))
             if "cpuset" in controllers(h):
                 for f in ("cpuset.cpus", "cpuset.mems"):
                     if not (cur / f).read_text().strip():
                         (cur / f).write_text((cur.parent / f).read_text())
+
+
+def join_cpu_cgroup(rel: str) -> None:
+    """Move the processes of our cgroup `rel` (as the pids hierarchy lists them) into `rel` of
+    the cpu hierarchies: daemons a cluster started before they joined those stay where they
+    were until then, at one host process's weight."""
+    ensure_cgroup(rel, daemons=True)
+    for h in hierarchies():
+        if not controllers(h) & {"cpu", "cpuacct"}:
+            continue
+        for pid in cgroup_pids(rel):
+            try:
+                (h / CGROUP_PARENT / rel / "cgroup.procs").write_text(str(pid))
+            except OSError:  # exited since the listing
+                pass
 
 
 def cgroup_pids(rel: str) -> set[int]:
@@ -177,7 +204,7 @@ def spawn(
     env: dict[str, str] | None = None,
 ) -> int:
     """Start a daemon in its own session (it outlives `make cluster-up`), in cgroup `cgroup`."""
-    ensure_cgroup(cgroup)
+    ensure_cgroup(cgroup, daemons=True)
     targets = [
         h / CGROUP_PARENT / cgroup / "cgroup.procs"
         for h in hierarchies()

@@ -1,4 +1,4 @@
-"""Extended resources: nvidia.com/gpu requests are really scheduled."""
+"""Extended resources: nvidia.com/gpu requests are really scheduled; the cluster's CPU weights."""
 
 from __future__ import annotations
 
@@ -42,3 +42,25 @@ def test_the_cluster_weighs_more_than_one_busy_host_process_for_cpu(local_cluste
     shares = Path("/sys/fs/cgroup/cpu") / CGROUP_PARENT / "cpu.shares"
     assert shares.exists(), "the local cluster runs under cgroup v1's cpu controller"
     assert int(shares.read_text()) == CLUSTER_CPU_SHARES > 1024
+
+
+def test_the_control_plane_and_each_nodes_daemons_outweigh_the_pods_for_cpu(local_cluster):
+    """Every daemon of the cluster runs in its cgroup of the cpu hierarchy at DAEMON_CPU_SHARES
+    (more than a node's pods weigh): in the host's root cgroup the API server weighed as one
+    process beside pods weighing eight, and a busy host answered the kubelets' lease renewals
+    too late, so nodes turned NotReady and their pods were evicted."""
+    from localcluster import controlplane, node
+    from localcluster.config import CGROUP_PARENT
+    from localcluster.proc import DAEMON_CPU_SHARES, cgroup_pids
+
+    cpu = Path("/sys/fs/cgroup/cpu") / CGROUP_PARENT
+    groups = [controlplane.CGROUP, *(node.system_cgroup(n) for n in local_cluster.cfg.nodes)]
+    for rel in groups:
+        pids = cgroup_pids(rel)
+        assert pids, f"no daemon runs in cgroup {rel}"
+        inside = {int(x) for x in (cpu / rel / "cgroup.procs").read_text().split()}
+        assert pids <= inside, f"{rel}: processes {sorted(pids - inside)} are not in its cpu cgroup"
+        assert int((cpu / rel / "cpu.shares").read_text()) == DAEMON_CPU_SHARES
+    for n in local_cluster.cfg.nodes:  # the kubelet weighs its pods at the node's CPU capacity
+        pods = int((cpu / node.cgroup_of(n) / "kubepods" / "cpu.shares").read_text())
+        assert DAEMON_CPU_SHARES > pods, (n.name, pods)
