@@ -106,11 +106,16 @@ def serve(list_pods: Callable[[], list[dict[str, Any]]], host: str = "127.0.0.1"
             except (subprocess.SubprocessError, OSError, ValueError, KeyError) as e:
                 # Prometheus keeps the last good targets when the SD endpoint fails.
                 body, code = str(e).encode(), 500
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            try:
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            except (BrokenPipeError, ConnectionResetError):
+                # Prometheus gave up on this answer (its refresh timed out while the pods were
+                # listed on a busy host) and asks again at the next refresh.
+                self.close_connection = True
 
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet
             return

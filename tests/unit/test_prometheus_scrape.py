@@ -61,6 +61,33 @@ def worker_pods(port: int) -> list[dict[str, Any]]:
     return pods
 
 
+def test_a_client_that_hangs_up_before_the_answer_costs_no_traceback(capfd: pytest.CaptureFixture[str]) -> None:
+    """Prometheus closes an SD request its refresh timeout ended (pods listed slowly on a busy host):
+    the endpoint drops that answer quietly and serves the next request."""
+    listed = threading.Event()
+
+    def slow_pods() -> list[dict[str, Any]]:
+        time.sleep(0.5)
+        listed.set()
+        return worker_pods(free_port())
+
+    sd = k8s_http_sd.serve(slow_pods)
+    try:
+        for _ in range(3):
+            listed.clear()
+            with socket.create_connection(sd.server_address[:2], timeout=5) as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                s.sendall(b"GET / HTTP/1.1\r\nHost: sd\r\n\r\n")
+            assert listed.wait(5)  # (the socket is closed with a reset before the answer)
+        time.sleep(0.5)
+        with urllib.request.urlopen(f"http://127.0.0.1:{sd.server_address[1]}/", timeout=10) as r:
+            assert r.status == 200 and json.loads(r.read())
+    finally:
+        sd.shutdown()
+    err = capfd.readouterr().err
+    assert "Traceback" not in err, err
+
+
 def test_targets_carry_the_pod_roles_meta_labels() -> None:
     pods = worker_pods(9400)
     groups = k8s_http_sd.pod_targets(pods)
