@@ -122,12 +122,12 @@ def ensure_cgroup(rel: str, *, daemons: bool = False) -> None:
             cur.mkdir(exist_ok=True)
             if "cpu" in controllers(h) and cur.parent == h:
                 (cur / "cpu.shares").write_text(str(CLUSTER_CPU_SHARES))
-        if "cpu" in controllers(h) and daemons and rel:
-            (cur / "cpu.shares").write_text(str(DAEMON_CPU_SHARES))
             if "cpuset" in controllers(h):
                 for f in ("cpuset.cpus", "cpuset.mems"):
                     if not (cur / f).read_text().strip():
                         (cur / f).write_text((cur.parent / f).read_text())
+        if "cpu" in controllers(h) and daemons and rel:
+            (cur / "cpu.shares").write_text(str(DAEMON_CPU_SHARES))
 
 
 def join_cpu_cgroup(rel: str) -> None:
