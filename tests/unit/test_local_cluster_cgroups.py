@@ -65,3 +65,24 @@ def test_the_walk_skips_cgroups_removed_under_it_and_still_finds_the_live_proces
                 except OSError:
                     pass
         top.rmdir()
+
+
+def test_a_daemons_cgroup_has_cpus_at_every_level_and_the_daemon_weight() -> None:
+    """Every level of a new cgroup gets its parent's cpus and mems (a v1 cpuset child starts
+    empty, and no process can join it then), and a cgroup daemons run in gets DAEMON_CPU_SHARES."""
+    from localcluster.proc import DAEMON_CPU_SHARES, ensure_cgroup, remove_cgroups
+
+    top = f"unit-ensure-{uuid.uuid4().hex[:8]}"
+    rel = f"{top}/system"
+    try:
+        ensure_cgroup(rel, daemons=True)
+        for h in hierarchies():
+            if "cpuset" in controllers(h):
+                for level in (h / CGROUP_PARENT / top, h / CGROUP_PARENT / rel):
+                    assert (level / "cpuset.cpus").read_text().strip(), level
+                    assert (level / "cpuset.mems").read_text().strip(), level
+            if "cpu" in controllers(h):
+                assert int((h / CGROUP_PARENT / rel / "cpu.shares").read_text()) == DAEMON_CPU_SHARES
+                assert int((h / CGROUP_PARENT / top / "cpu.shares").read_text()) == 1024  # not a daemons' cgroup
+    finally:
+        remove_cgroups(top)
