@@ -135,10 +135,11 @@ def join_cpu_cgroup(rel: str) -> None:
     the cpu hierarchies: daemons a cluster started before they joined those stay where they
     were until then, at one host process's weight."""
     ensure_cgroup(rel, daemons=True)
+    pids = cgroup_pids(rel)
     for h in hierarchies():
         if not controllers(h) & {"cpu", "cpuacct"}:
             continue
-        for pid in cgroup_pids(rel):
+        for pid in pids:
             try:
                 (h / CGROUP_PARENT / rel / "cgroup.procs").write_text(str(pid))
             except OSError:  # exited since the listing

@@ -206,8 +206,7 @@ class OperatorProcess:
     def start(self) -> None:
         # The local cluster evicts a lost node's pods 5 s after it turns NotReady (controlplane.py),
         # not Kubernetes' 300 s: the operator is told about as much (15 s), so node-loss tests take
-        # seconds. Progress is
-        # written every 2 s, not 10: tests that act at a step see it sooner.
+        # seconds. Progress is written every 2 s, not 10: tests that act at a step see it sooner.
         args = [str(DISTTRAIN), "operator", "--metrics-port", str(self.metrics_port), "--poll-interval", "2",
                 "--progress-interval", "2",
                 "--liveness", self.liveness_url, "--node-lost-after", str(NODE_LOST_AFTER_S)]
