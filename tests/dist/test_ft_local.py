@@ -31,6 +31,7 @@ import pytest
 import torch
 from disttrain_api import constants as C
 from safetensors.torch import load_file
+from subprocs import output_after_kill  # tests/dist/subprocs.py: conftest.py puts this folder on sys.path
 
 pytestmark = pytest.mark.dist
 
@@ -229,12 +230,13 @@ def test_a_killed_hsdp_process_takes_its_group_out_which_rejoins_from_its_peers_
 
 def test_a_stopped_hsdp_job_leaves_promptly_every_process_at_the_quorum(tmp_path: Path) -> None:
     # SIGTERM reaches every process of a group between two steps or inside one; each leaves at its
-    # next wait for the quorum, none hangs in a collective a group peer already left.
+    # next wait for the quorum, or, a moment behind a group peer that left there, at the failed
+    # collective with it: none fails, none hangs in a collective a group peer already left.
     proc, run_dir = start(tmp_path, manifest("fthsdpstop", replicas=2, min_replicas=1, steps=2000, ckpt_every=1000,
                                              procs=2), "fthsdpstop", pace_s=0.02)  # fmt: skip
     deadline = time.monotonic() + 240
     while step_of(run_dir) < 20:
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
+        assert proc.poll() is None and time.monotonic() < deadline, output_after_kill(proc)[0][-3000:]
         time.sleep(0.05)
     pids = [int(pid) for pid in json.loads((run_dir / "pids.json").read_text())["pids"].values()]
     stopped = time.monotonic()
@@ -248,7 +250,9 @@ def test_a_stopped_hsdp_job_leaves_promptly_every_process_at_the_quorum(tmp_path
     assert "stopped by the user" in out, out[-3000:]
     for rank in range(4):
         log = (run_dir / "logs" / f"rank{rank}.log").read_text()
-        assert "stopped on request while waiting for a quorum" in log, log[-2000:]
+        assert ("stopped on request while waiting for a quorum" in log
+                or "stopped on request (a process of this replica group left first" in log), log[-2000:]
+        assert "Traceback" not in log, log[-3000:]
     assert took < 20, f"the processes took {took:.0f} s to leave (a collective waited on a departed peer)"
 
 

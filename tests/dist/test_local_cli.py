@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from subprocs import output_after_kill  # tests/dist/subprocs.py: conftest.py puts this folder on sys.path
 
 MANIFEST = """\
 apiVersion: disttrain.dev/v1alpha1
@@ -143,19 +144,20 @@ def _proc_state(pid: int) -> str:
     return next((line for line in status.splitlines() if line.startswith("State:")), "?")
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(480)
 def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
     path = manifest(tmp_path, "interrupt-me", steps=1_000_000)
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(cmd(path, run_dir, "--metrics-port", "0"), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, preexec_fn=_as_in_a_terminal)  # fmt: skip
     try:
-        deadline = time.monotonic() + 180
+        # The first step took 235 s to come once, beside the cluster tier's training pods on a 2-core host.
+        deadline = time.monotonic() + 360
         while (
             not (run_dir / "metrics-rank0.jsonl").is_file()
             or not (run_dir / "metrics-rank0.jsonl").stat().st_size
         ):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            assert proc.poll() is None and time.monotonic() < deadline, output_after_kill(proc)
             time.sleep(0.1)
         pids = [int(p) for p in json.loads((run_dir / "pids.json").read_text())["pids"].values()]
         proc.send_signal(signal.SIGINT)

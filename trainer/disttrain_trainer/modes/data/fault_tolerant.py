@@ -27,8 +27,9 @@ Inside an HSDP group every decision that leads to a collective of the group (gat
 tensors for a checkpoint, evaluating) is the same on all its processes: the quorum and the commit
 vote are the group's, and what a process reads from the checkpoint directory is group rank 0's
 answer (`_agreed`). A stop request ends a group's processes at their next wait for the quorum
-(ft_quorum.for_peers), between the same two steps; a one-process replica stops at the top of its
-next step, the quorum's rank 0 saving it first.
+(ft_quorum.for_peers), between the same two steps (one a moment behind the peer that left finds
+its collective failed, and stops too: ft_quorum.group_left_on_request); a one-process replica
+stops at the top of its next step, the quorum's rank 0 saving it first.
 """
 
 from __future__ import annotations
@@ -126,7 +127,7 @@ def run(cfg: TrainerConfig) -> Summary | None:
                 comm = r.model.comm
             remove = stop_request.on_request(ft_quorum.leave_if_waiting)
             try:
-                with stop_request.deferred():
+                with stop_request.deferred(), ft_quorum.group_left_on_request(s.group_size):
                     summary = _train(r, comm)
                     summary["wallS"] = time.perf_counter() - wall0
                     return _finish(r, summary)

@@ -5,9 +5,11 @@ synchronisation (its quorum included). A replica behind the others recovers thei
 While a replica waits here a stop request (SIGTERM) ends the process at once, as in start-up
 (process/stop_request.py): waiting, it holds nothing the checkpoint or the live peers do not,
 and the quorum it waits for may never come (fewer than minReplicas left). A request that came
-before the wait began ends it on entry: the processes of an HSDP group all reach the quorum
-between the same two steps, so every one of them leaves there, none inside a collective of the
-group a peer already left.
+before the wait began ends it on entry: the processes of an HSDP group reach the quorum between
+the same two steps, so they leave there. They do not leave it at the same instant, though: one
+whose request came while it waited leaves at once, while a group peer whose request came a moment
+later may already have its answer and be in the step's first collective with it. That peer's
+collective then fails, and it too stops on request (`group_left_on_request`), not as a failure.
 """
 
 from __future__ import annotations
@@ -28,6 +30,10 @@ from .ft_telemetry import ReplicaSeries
 
 START_WAIT_S = 60.0
 GATHER_POLL_S = 0.5
+# How long a process whose group collective failed waits for its own SIGTERM: a pod's launcher
+# (and `disttrain local`) sends it to every process of the group at once, the peer that left first
+# was simply quicker.
+PEER_REQUEST_WAIT_S = 2.0
 # Set while this replica waits for the others.
 _waiting = threading.Event()
 
@@ -36,6 +42,22 @@ def leave_if_waiting() -> None:
     if _waiting.is_set():
         os.write(2, b"disttrain-trainer: stopped on request while waiting for a quorum\n")
         os._exit(exitcodes.STOPPED)
+
+
+@contextlib.contextmanager
+def group_left_on_request(group_size: int) -> Iterator[None]:
+    """Inside: an error of a process of an HSDP group that was asked to stop is the stop (a group
+    peer left at the quorum while this one was past it, in a collective with it). It then leaves
+    with STOPPED like the peer, holding nothing the checkpoint or the live replicas do not (the
+    step was not committed). An error without a request (a peer was killed) stays a failure."""
+    try:
+        yield
+    except Exception as e:
+        if group_size > 1 and stop_request.event.wait(PEER_REQUEST_WAIT_S):
+            raise stop_request.StopRequested(
+                f"a process of this replica group left first; this one's collective with it failed: "
+                f"{type(e).__name__}") from e
+        raise
 
 
 @contextlib.contextmanager
