@@ -3,15 +3,21 @@
 Picked at random below the kernel's ephemeral range and checked free: a port from the ephemeral
 range (what binding port 0 gives) can be taken between this check and the rank's own bind by any
 outgoing connection of the other tests running beside it (EADDRINUSE at rendezvous, seen on a
-2-core CI host); one below it only by another test that drew the same number.
+2-core CI host); one below it only by another test that drew the same number. So each pytest-xdist
+worker draws from its own slice of that range and never hands out a port twice: the check is
+seconds before the bind (a rank imports torch first), and two workers that drew the same port in
+that window once put a rank of one test's gang into the other's rendezvous.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 
+LOW = 10000
 _DRAW = random.SystemRandom()
+_given: set[int] = set()
 
 
 def _ephemeral_low() -> int:
@@ -22,14 +28,29 @@ def _ephemeral_low() -> int:
         return 32768
 
 
+def worker_slice(worker: str | None, workers: str | None, high: int) -> range:
+    """The ports pytest-xdist worker `worker` ("gw<N>", of `workers`) draws from; all of LOW..high
+    outside xdist."""
+    try:
+        index, count = int((worker or "").removeprefix("gw")), int(workers or "")
+    except ValueError:
+        return range(LOW, high)
+    width = (high - LOW) // max(count, 1)
+    return range(LOW + index * width, LOW + (index + 1) * width)
+
+
 def free_port() -> int:
-    high = _ephemeral_low()
+    ports = worker_slice(os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT"),
+                         _ephemeral_low())  # fmt: skip
     for _ in range(100):
-        port = _DRAW.randrange(10000, high)
+        port = _DRAW.randrange(ports.start, ports.stop)
+        if port in _given:
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
-            return port
-    raise RuntimeError(f"no free port in 10000-{high}")
+        _given.add(port)
+        return port
+    raise RuntimeError(f"no free port in {ports.start}-{ports.stop - 1}")

@@ -101,6 +101,21 @@ def step_of(run_dir: Path, rank: int = 0) -> int:
     return steps[-1] if steps else 0
 
 
+def survivor_steps(run_dir: Path, rank: int, steps: int) -> list[dict[str, Any]]:
+    """A survivor's step records, checked: none trained twice, the last one `steps`. A survivor may
+    skip steps only by recovering them from a live peer: on a loaded host its heartbeat or its
+    all-reduce can miss the 2 s timeout once (a replacement healing from it for 17 s did), the
+    lighthouse then forms a quorum without it, and it catches up from that quorum's replicas."""
+    seen = records(run_dir, rank)
+    numbers = [r["step"] for r in seen if "event" not in r]
+    assert numbers and numbers == sorted(set(numbers)) and numbers[-1] == steps, \
+        f"survivor {rank} trained a step twice, or did not end at step {steps}: {numbers}"
+    recovered = {r["step"] for r in seen if r.get("event") == "recovered"}
+    skips = [(a, b) for a, b in zip([0, *numbers], numbers) if b != a + 1]
+    assert all(b - 1 in recovered for _, b in skips), f"survivor {rank} skipped steps it did not recover: {skips}"
+    return [r for r in seen if "event" not in r]
+
+
 def kill_at(proc: subprocess.Popen[str], run_dir: Path, *, rank: int, step: int) -> float:
     """SIGKILL the replica `rank` once replica 0 logged `step`; returns when (time.time())."""
     deadline = time.monotonic() + 240
@@ -141,9 +156,7 @@ def test_a_killed_replica_leaves_a_smaller_quorum_then_rejoins(tmp_path: Path, q
     assert "replica 1 lost" in out and "the other 2 go on at a smaller quorum" in out, out[-3000:]
     assert "replica 1 rejoined" in out, out[-3000:]
     for survivor in (0, 2):
-        steps_seen = [r for r in records(run_dir, survivor) if "event" not in r]
-        numbers = [r["step"] for r in steps_seen]
-        assert numbers == list(range(1, steps + 1)), "a survivor trained a step twice, or skipped one"
+        steps_seen = survivor_steps(run_dir, survivor, steps)
         smaller = [r for r in steps_seen if r["time"] > killed and r["quorum"] == 2]
         assert smaller, "the survivors never trained at the smaller quorum"
         # heartbeatTimeoutSeconds + 2 s, plus what the host's load adds: ten of the survivor's own steps
@@ -217,8 +230,7 @@ def test_a_killed_hsdp_process_takes_its_group_out_which_rejoins_from_its_peers_
     assert "replica 1 lost" in out and "the other 1 go on at a smaller quorum" in out, out[-3000:]
     assert "replica 1 rejoined" in out, out[-3000:]
     for survivor in (0, 1):  # replica 0's two processes
-        steps_seen = [r for r in records(run_dir, survivor) if "event" not in r]
-        assert [r["step"] for r in steps_seen] == list(range(1, steps + 1)), "a survivor trained a step twice"
+        steps_seen = survivor_steps(run_dir, survivor, steps)
         alone = [r for r in steps_seen if r["time"] > killed and r["quorum"] == 1]
         assert alone, "the surviving group never trained alone"
         assert any(r["time"] > alone[0]["time"] and r["quorum"] == 2 for r in steps_seen), "the group never rejoined"
