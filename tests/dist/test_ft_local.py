@@ -107,13 +107,14 @@ def survivor_steps(run_dir: Path, rank: int, steps: int) -> list[dict[str, Any]]
     all-reduce can miss the 2 s timeout once (a replacement healing from it for 17 s did), the
     lighthouse then forms a quorum without it, and it catches up from that quorum's replicas."""
     seen = records(run_dir, rank)
-    numbers = [r["step"] for r in seen if "event" not in r]
+    trained = [r for r in seen if "event" not in r]
+    numbers = [r["step"] for r in trained]
     assert numbers and numbers == sorted(set(numbers)) and numbers[-1] == steps, \
         f"survivor {rank} trained a step twice, or did not end at step {steps}: {numbers}"
     recovered = {r["step"] for r in seen if r.get("event") == "recovered"}
     skips = [(a, b) for a, b in zip([0, *numbers], numbers) if b != a + 1]
     assert all(b - 1 in recovered for _, b in skips), f"survivor {rank} skipped steps it did not recover: {skips}"
-    return [r for r in seen if "event" not in r]
+    return trained
 
 
 def kill_at(proc: subprocess.Popen[str], run_dir: Path, *, rank: int, step: int) -> float:
