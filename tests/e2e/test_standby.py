@@ -150,9 +150,10 @@ def test_a_stalled_leader_stops_before_the_standby_takes_over_and_never_writes_b
         kubectl.apply(job_manifest(fresh, ns, sleep=600, workers=SMALL))
         kubectl.wait_for("the stalled replica to stop", lambda: first.proc.poll() is not None,  # type: ignore[union-attr]
                          timeout=HANDOVER_S, interval=0.2)
-        still = holder(kubectl, ns)
         assert first.proc.returncode == exitcodes.LEASE_LOST, first.tail()  # type: ignore[union-attr]
-        assert still == first_id, f"the standby took the lease ({still}) before the stalled replica stopped"
+        # Whether the standby took the lease only after that stop is read from both replicas' logs
+        # below, to the millisecond: the holder read here may already be the standby, which takes
+        # over at the lease's expiry, possibly between the stop and this test's poll seeing it.
         new_id = kubectl.wait_for("the standby to take the lease",
                                   lambda: (h := holder(kubectl, ns)) and h != first_id and h,
                                   timeout=60, interval=0.5)
