@@ -113,7 +113,7 @@ def test_gpus_without_cuda_fall_back_to_cpu_and_a_run_dir_resumes_unless_fresh(
         local["plot"] == str(run_dir.resolve() / "training.png") and Path(local["plot"]).is_file()
     )
     assert json.loads((run_dir / "termination-log").read_text())["steps"] == 40
-    assert {p.name for p in (run_dir / "logs").iterdir()} == {"rank0.log", "rank1.log"}
+    assert {p.name for p in (run_dir / "logs").iterdir()} == {"rank0.log", "rank1.log", "forkserver.log"}
 
     # Same run dir, more steps: resumes from the step-40 checkpoint.
     longer = manifest(tmp_path, "cpu-fallback", replicas=1, procs=2, gpus=2, steps=60)

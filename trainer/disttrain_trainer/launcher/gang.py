@@ -3,6 +3,8 @@
 Each child gets its own session (so Ctrl-C reaches only the launcher, which
 then stops the gang in order) and, on Linux, a parent-death signal (so a
 launcher killed with SIGKILL does not leave trainers blocked in a collective).
+A trainer rank is forked from the launcher's forkserver where that starts it
+as an exec would (forked_ranks.py), else exec'd.
 """
 
 from __future__ import annotations
@@ -21,13 +23,14 @@ from pathlib import Path
 from disttrain_api import exitcodes
 
 from disttrain_trainer.launcher.env import Slot
+from disttrain_trainer.launcher.forked_ranks import ForkedRank, RankForker
 
 PIDS_FILE = "pids.json"
 LOGS_DIR = "logs"
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def _die_with_parent() -> None:  # runs in the child between fork and exec (or in a forked rank)
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -87,21 +90,25 @@ class Failure:
 @dataclass
 class _Member:
     slot: Slot
-    proc: subprocess.Popen[bytes]
+    proc: subprocess.Popen[bytes] | ForkedRank
     log: Path
     log_offset: int  # where this attempt's output starts in the (appended) log
     command: Sequence[str] = ()
     env: dict[str, str] | None = None
     cwd: Path | None = None
     replacements: int = 0
+    forker: RankForker | None = None
 
 
-def _spawn(command: Sequence[str], env: dict[str, str], cwd: Path | None, path: Path,
-           banner: str) -> tuple[subprocess.Popen[bytes], int]:  # fmt: skip
+def _spawn(command: Sequence[str], env: dict[str, str], cwd: Path | None, path: Path, banner: str,
+           forker: RankForker | None) -> tuple[subprocess.Popen[bytes] | ForkedRank, int]:  # fmt: skip
     with path.open("ab") as log:
         log.write(f"=== disttrain local: {banner} ===\n".encode())
         log.flush()
         offset = log.tell()
+        forked = forker.start(command, env, cwd, path, _die_with_parent) if forker is not None else None
+        if forked is not None:
+            return forked, offset
         proc = subprocess.Popen(
             list(command),
             env=env,
@@ -134,15 +141,16 @@ class Gang:
         run_dir: Path,
         attempt: int,
         cwd: Path | None = None,
+        forker: RankForker | None = None,
     ) -> Gang:
         (run_dir / LOGS_DIR).mkdir(parents=True, exist_ok=True)
         members: list[_Member] = []
         try:
             for slot, env in envs:
                 path = log_path(run_dir, slot.rank)
-                proc, offset = _spawn(command, env, cwd, path, f"attempt {attempt}, rank {slot.rank}")
+                proc, offset = _spawn(command, env, cwd, path, f"attempt {attempt}, rank {slot.rank}", forker)
                 members.append(_Member(slot=slot, proc=proc, log=path, log_offset=offset,
-                                       command=tuple(command), env=env, cwd=cwd))  # fmt: skip
+                                       command=tuple(command), env=env, cwd=cwd, forker=forker))  # fmt: skip
         except BaseException:
             Gang(members, attempt).stop(grace_s=0)
             raise
@@ -162,7 +170,7 @@ class Gang:
             m.env = {**m.env, **env}
         m.replacements += 1
         m.proc, m.log_offset = _spawn(m.command, m.env, m.cwd, m.log,
-                                      f"attempt {self.attempt}, rank {rank}, replacement {m.replacements}")  # fmt: skip
+                                      f"attempt {self.attempt}, rank {rank}, replacement {m.replacements}", m.forker)  # fmt: skip
         if self.run_dir is not None:
             self._write_pids(self.run_dir)
         return m.proc.pid

@@ -34,6 +34,7 @@ from disttrain_api.scaling.hint import scaling_hint
 
 from disttrain_trainer.launcher import env as envmod
 from disttrain_trainer.launcher import identity, replicas, report
+from disttrain_trainer.launcher.forked_ranks import FORKSERVER_LOG, RankForker
 from disttrain_trainer.launcher.gang import LOGS_DIR, PIDS_FILE, Failure, Gang
 from disttrain_trainer.launcher.progress import (
     PROGRESS_FILE,
@@ -43,6 +44,7 @@ from disttrain_trainer.launcher.progress import (
     metrics_path,
     read_jsonl,
 )
+from disttrain_trainer.modes import preload
 from disttrain_trainer.process.config import FINISHED_FILE, finished_path
 
 CONFIG_FILE = "config.json"
@@ -159,6 +161,8 @@ def run_local(job: api.DistTrainJob, options: LocalOptions) -> LocalResult:
             file=out,
         )
 
+    # First, while the launcher has no thread of its own: the forkserver imports torch meanwhile.
+    forker = RankForker(preload=preload(spec), log=run_dir / LOGS_DIR / FORKSERVER_LOG)
     config_path = run_dir / CONFIG_FILE
     config_path.write_text(json.dumps(api.to_json(spec), indent=2) + "\n")
     base_env = dict(os.environ)
@@ -249,6 +253,7 @@ def run_local(job: api.DistTrainJob, options: LocalOptions) -> LocalResult:
                 envs=envs,
                 run_dir=run_dir,
                 attempt=attempt,
+                forker=forker,
             )
             outcome: Failure | bool = False
             ft_set = replicas.ReplicaSet(spec, gang, run_dir) if ft else None
