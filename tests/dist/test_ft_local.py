@@ -129,6 +129,26 @@ def kill_at(proc: subprocess.Popen[str], run_dir: Path, *, rank: int, step: int)
     return time.time()
 
 
+def hold_replacement(proc: subprocess.Popen[str], run_dir: Path, *, rank: int, killed: float) -> None:
+    """Keep the replacement of the killed `rank` stopped (SIGSTOP) until the survivors have stepped
+    at a smaller quorum, then let it go on (SIGCONT). A local replacement is forked from the
+    launcher's forkserver and can be back within the heartbeat timeout, before any survivor steps
+    without it; a replacement pod takes far longer. This is that slow start, for real."""
+    pids = json.loads((run_dir / "pids.json").read_text())["pids"]
+    dead = int(pids[str(rank)])
+    deadline = time.monotonic() + 120
+    while (pid := int(json.loads((run_dir / "pids.json").read_text())["pids"][str(rank)])) == dead:
+        assert proc.poll() is None and time.monotonic() < deadline, "the killed replica was never replaced"
+        time.sleep(0.02)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        while not [r for r in records(run_dir, 0) if "step" in r and r["time"] > killed and r.get("quorum") == 2]:
+            assert proc.poll() is None and time.monotonic() < deadline, "the survivors never stepped without it"
+            time.sleep(0.05)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
 def finish(proc: subprocess.Popen[str]) -> str:
     out, _ = proc.communicate(timeout=600)  # (pytest's own timeout: 900 s)
     assert proc.returncode == 0, out[-4000:]
@@ -153,6 +173,7 @@ def test_a_killed_replica_leaves_a_smaller_quorum_then_rejoins(tmp_path: Path, q
     proc, run_dir = start(tmp_path, manifest("ftkill", replicas=3, min_replicas=2, steps=steps, ckpt_every=100,
                                              quorum_interval=quorum_interval), "ftkill", pace_s=PACE_S)  # fmt: skip
     killed = kill_at(proc, run_dir, rank=1, step=15)
+    hold_replacement(proc, run_dir, rank=1, killed=killed)
     out = finish(proc)
     assert "replica 1 lost" in out and "the other 2 go on at a smaller quorum" in out, out[-3000:]
     assert "replica 1 rejoined" in out, out[-3000:]

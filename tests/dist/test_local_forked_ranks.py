@@ -14,9 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from subprocs import (
-    output_after_kill,  # tests/dist/subprocs.py: conftest.py puts this folder on sys.path
-)
+from subprocs import output_after_kill  # tests/dist/subprocs.py: conftest.py puts this folder on sys.path
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]
 
