@@ -3,8 +3,8 @@
 `python -m disttrain_trainer` spends seconds of CPU before its first step: importing torch and the
 mode's loop, then (when DDP is built) torch._dynamo; about 7-10 s per process on a 2-core machine.
 Every rank of a local gang imports the same modules, and every gang restart or replaced rank
-imports them again. Here one forkserver per launcher imports them once, and each rank is a fork of
-it: the first rank still waits for the imports, the others and every restart start at once.
+imports them again. Here one forkserver per launcher imports most of them once (PRELOAD), and each
+rank is a fork of it: the first rank still waits for the imports, the others and every restart start at once.
 
 A rank is forked only when an exec would start it the same way: the command is this Python running
 `-m disttrain_trainer`, and its environment differs from the launcher's only in variables that are
@@ -35,6 +35,10 @@ from disttrain_api import constants as C
 
 TRAINER_MODULE = "disttrain_trainer"
 FORKSERVER_LOG = "forkserver.log"  # in the run's logs folder
+# What every rank imports before its first step, whatever its mode: torch, the trainer's entry, and
+# torch._dynamo, which DDP's constructor imports (over a second). A mode's own loop is imported by
+# the rank: a shared service names no mode.
+PRELOAD = ("torch", "torch._dynamo", f"{TRAINER_MODULE}.__main__")
 # Variables a trainer reads only once it runs: they may differ between ranks and the forkserver.
 READ_AT_RUN = frozenset({
     C.ENV_MASTER_ADDR, C.ENV_MASTER_PORT, C.ENV_WORLD_SIZE, C.ENV_RANK, C.ENV_LOCAL_RANK, C.ENV_NODE_RANK,
@@ -130,20 +134,19 @@ class ForkedRank:
 
 
 class RankForker:
-    """The launcher's forkserver, started now: `preload` names the modules it imports once
-    (modes.preload) while the launcher goes on; its own output (an import that failed) goes to
-    `log`. Create it before the launcher starts a thread: the forkserver and multiprocessing's
+    """The launcher's forkserver, started now: it imports PRELOAD once while the launcher goes on;
+    its own output (an import that failed) goes to `log`. Create it before the launcher starts a thread: the forkserver and multiprocessing's
     resource tracker inherit stdout and stderr as they start, pointed at `log` for that moment, so
     that neither holds the launcher's own (a caller reading the launcher's output to its end would
     wait for them too: the forkserver ends seconds after the launcher, torch's teardown)."""
 
-    def __init__(self, preload: Sequence[str], log: Path) -> None:
+    def __init__(self, log: Path) -> None:
         global _server_env  # noqa: PLW0603 - one forkserver per process, as multiprocessing keeps it
         self._context: multiprocessing.context.BaseContext | None = None
         if "forkserver" not in multiprocessing.get_all_start_methods():
             return
         self._context = multiprocessing.get_context("forkserver")
-        self._context.set_forkserver_preload([__name__, "torch", *preload])
+        self._context.set_forkserver_preload([__name__, *PRELOAD])
         from multiprocessing import forkserver  # noqa: PLC0415 - with the context above
 
         if _server_env is None:

@@ -44,7 +44,6 @@ from disttrain_trainer.launcher.progress import (
     metrics_path,
     read_jsonl,
 )
-from disttrain_trainer.modes import preload
 from disttrain_trainer.process.config import FINISHED_FILE, finished_path
 
 CONFIG_FILE = "config.json"
@@ -162,7 +161,7 @@ def run_local(job: api.DistTrainJob, options: LocalOptions) -> LocalResult:
         )
 
     # First, while the launcher has no thread of its own: the forkserver imports torch meanwhile.
-    forker = RankForker(preload=preload(spec), log=run_dir / LOGS_DIR / FORKSERVER_LOG)
+    forker = RankForker(log=run_dir / LOGS_DIR / FORKSERVER_LOG)
     config_path = run_dir / CONFIG_FILE
     config_path.write_text(json.dumps(api.to_json(spec), indent=2) + "\n")
     base_env = dict(os.environ)

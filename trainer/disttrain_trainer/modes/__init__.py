@@ -53,18 +53,7 @@ def loop_of(spec: JobSpec) -> str:
     return LOOPS[spec.mode]
 
 
-def entry_module(spec: JobSpec) -> str:
-    """The module of the entry of the mode that runs `spec`."""
-    return f"{__name__}.{ENTRIES[loop_of(spec)].split(':')[0]}"
-
-
-def preload(spec: JobSpec) -> list[str]:
-    """What a process that runs `spec` imports before its first step, for a local launcher's
-    forkserver to import once for all its ranks (launcher/forked_ranks.py): the mode's entry and,
-    for the loops that build DDP, torch._dynamo (DDP's constructor imports it: over a second)."""
-    return [entry_module(spec), *(["torch._dynamo"] if loop_of(spec) in ("data", "pipeline") else [])]
-
-
 def entry_for(spec: JobSpec) -> ModeEntry:
     """The entry of the mode that runs `spec`, its package imported now."""
-    return getattr(importlib.import_module(entry_module(spec)), ENTRIES[loop_of(spec)].split(":")[1])
+    module, func = ENTRIES[loop_of(spec)].split(":")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), func)
