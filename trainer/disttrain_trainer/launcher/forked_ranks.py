@@ -4,7 +4,8 @@
 mode's loop, then (when DDP is built) torch._dynamo; about 7-10 s per process on a 2-core machine.
 Every rank of a local gang imports the same modules, and every gang restart or replaced rank
 imports them again. Here one forkserver per launcher imports most of them once (PRELOAD), and each
-rank is a fork of it: the first rank still waits for the imports, the others and every restart start at once.
+rank is a fork of it: the first rank still waits for the imports, the others and every restart
+start at once.
 
 A rank is forked only when an exec would start it the same way: the command is this Python running
 `-m disttrain_trainer`, and its environment differs from the launcher's only in variables that are
@@ -33,6 +34,8 @@ from pathlib import Path
 
 from disttrain_api import constants as C
 
+from disttrain_trainer.launcher.env import trainer_command
+
 TRAINER_MODULE = "disttrain_trainer"
 FORKSERVER_LOG = "forkserver.log"  # in the run's logs folder
 # What every rank imports before its first step, whatever its mode: torch, the trainer's entry, and
@@ -54,7 +57,7 @@ _server_env: dict[str, str] | None = None
 
 def forkable(command: Sequence[str], env: Mapping[str, str], launcher_env: Mapping[str, str]) -> bool:
     """Whether a fork of the forkserver starts `command` with `env` as an exec would."""
-    if list(command) != [sys.executable, "-m", TRAINER_MODULE]:
+    if list(command) != trainer_command(sys.executable):
         return False
     keys = set(env) | set(launcher_env)
     return all(env.get(k) == launcher_env.get(k) for k in keys
@@ -135,9 +138,9 @@ class ForkedRank:
 
 class RankForker:
     """The launcher's forkserver, started now: it imports PRELOAD once while the launcher goes on;
-    its own output (an import that failed) goes to `log`. Create it before the launcher starts a thread: the forkserver and multiprocessing's
-    resource tracker inherit stdout and stderr as they start, pointed at `log` for that moment, so
-    that neither holds the launcher's own (a caller reading the launcher's output to its end would
+    its own output (an import that failed) goes to `log`. Create it before the launcher starts a
+    thread: the forkserver and multiprocessing's resource tracker inherit stdout and stderr as they
+    start, pointed at `log` for that moment, so that neither holds the launcher's own (a caller reading the launcher's output to its end would
     wait for them too: the forkserver ends seconds after the launcher, torch's teardown)."""
 
     def __init__(self, log: Path) -> None:
