@@ -89,7 +89,8 @@ class Local:
                                       str(self.run_dir), "--fresh", "--no-progress", "--metrics-port", "0"],
                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
 
-    def records(self, rank: int = 0) -> list[dict[str, Any]]:
+    def records(self, rank: int = 0, *, events: bool = False) -> list[dict[str, Any]]:
+        """Replica `rank`'s step records (and its events: quorum, recovered, ..., with `events`)."""
         try:
             lines = (self.run_dir / f"metrics-rank{rank}.jsonl").read_text().splitlines()
         except OSError:
@@ -100,7 +101,7 @@ class Local:
                 out.append(json.loads(line))
             except ValueError:
                 continue
-        return [r for r in out if "event" not in r]
+        return out if events else [r for r in out if "event" not in r]
 
     def step(self) -> int:
         recs = self.records()
@@ -165,10 +166,12 @@ def one_kill(work: Path, *, model: str, replicas: int, ft: bool, steps: int, at:
         resumed_at = time.time()
     run.finish()
     recs = run.records()
-    if ft:  # the survivors' first step at the smaller quorum, or at the full one if the replacement
-        # started heartbeating before the lighthouse dropped the dead replica (it then waits for it to join)
-        after = [r for r in recs if r["time"] > killed]
-        nxt = next((r for r in after if int(r.get("quorum", replicas)) < replicas), after[0] if after else None)
+    if ft:  # the survivors' first step in a quorum formed after the kill: at the smaller quorum, or at
+        # the full one if the replacement joined it. (A step logged just after the kill whose all-reduce
+        # had the killed replica's part is not one: at most one such step, trained before the kill.)
+        quorum = next((r["time"] for r in run.records(events=True)
+                       if r.get("event") == "quorum" and r["time"] > killed), killed)  # fmt: skip
+        nxt = first_step_after(recs, quorum)
     else:
         nxt = first_step_after(recs, resumed_at)
     assert nxt is not None, recs[-5:]

@@ -119,9 +119,7 @@ def decide_running(b: StatusBuilder, finish: Callable[..., Plan], plan: dict[str
             if isinstance(result.get("commFraction"), int | float):
                 st["commFraction"] = round(float(result["commFraction"]), 4)
         if (hint := scaling.scaling_hint(result, world_size=replicas * spec.workers.procs_per_worker)) is not None:
-            if hint != st.get("hint"):
-                b.event("Normal", HINT_REASON, hint)
-            st["hint"] = hint
+            _set_hint(b, hint)
         basis = job_progress.basis_for(spec)
         st["progress"] = job_progress.finished(st.get("progress"), completed=basis.total, basis=basis, now=obs.now,
                                                result=result)  # fmt: skip
@@ -190,8 +188,7 @@ def decide_running(b: StatusBuilder, finish: Callable[..., Plan], plan: dict[str
 
 
 def _running_hint(b: StatusBuilder, reading: dict[str, Any], *, world_size: int) -> None:
-    """status.hint from rank 0's latest reading (disttrain_api/scaling/hint.py decides); one Event
-    when a new text appears, none while it stays or when it goes."""
+    """status.hint from rank 0's latest reading (disttrain_api/scaling/hint.py decides)."""
     st = b.status
     prev = st.get("hint") if isinstance(st.get("hint"), str) else None
     hint = scaling.running_hint(prev, exposed=reading.get(names.COMM_EXPOSED_FRACTION),
@@ -202,8 +199,19 @@ def _running_hint(b: StatusBuilder, reading: dict[str, Any], *, world_size: int)
     if hint is None:
         st.pop("hint", None)
         return
+    _set_hint(b, hint)
+
+
+def _set_hint(b: StatusBuilder, hint: str) -> None:
+    """status.hint = `hint`, with an Event only when it proposes another change than the last Event
+    did (status.hintAnnounced): a hint that comes and goes with a job's swinging figures, or the
+    finished job's hint naming the change its running hint named, is no news."""
+    st = b.status
     st["hint"] = hint
-    b.event("Normal", HINT_REASON, hint)
+    change = scaling.change_of(hint)
+    if change != st.get("hintAnnounced"):
+        b.event("Normal", HINT_REASON, hint)
+        st["hintAnnounced"] = change
 
 
 def failure(p: PodView, node_lost_after_s: float) -> str:

@@ -1,9 +1,17 @@
-"""Fixtures for multi-process trainer tests: real `python -m disttrain_trainer` processes on gloo."""
+"""Fixtures for multi-process trainer tests: real trainer processes on gloo.
+
+A rank is what `disttrain local` starts: a fork of a forkserver that imported torch once (one per
+pytest worker, `RankForker`), or `python -m disttrain_trainer` exec'd where a fork would start it
+differently (a test's env sets a variable read at start-up). Forking spares each rank seconds of
+CPU on imports, which on a 2-core machine is most of what these tests cost.
+"""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -13,6 +21,9 @@ from typing import Any
 import pytest
 from disttrain_api import constants as C
 from disttrain_api.model import parse_spec, to_json
+from disttrain_trainer.launcher.env import trainer_command
+from disttrain_trainer.launcher.forked_ranks import FORKSERVER_LOG, ForkedRank, RankForker
+from disttrain_trainer.launcher.gang import start_rank
 
 # This folder's helper modules (ports.py, the workers) for the tests here: pytest imports test
 # modules with --import-mode=importlib, which puts no test folder on sys.path.
@@ -20,6 +31,51 @@ sys.path.insert(0, str(Path(__file__).parent))
 from ports import free_port  # noqa: E402
 
 RANK_TIMEOUT_S = 240
+RANK_THREADS = 1
+# Set by pytest for each test phase: not the trainer's business, and it would make every rank's
+# environment differ from the forkserver's (an exec instead of a fork).
+PYTEST_ENV = "PYTEST_CURRENT_TEST"
+_forker: RankForker | None = None
+_log_names = itertools.count()
+
+
+def rank_forker(folder: Path) -> RankForker:
+    """This pytest worker's forkserver, started on first use (it imports torch while the test goes on)."""
+    global _forker  # noqa: PLW0603 - one forkserver per process, as multiprocessing keeps it
+    if _forker is None:
+        current = os.environ.pop(PYTEST_ENV, None)
+        try:
+            _forker = RankForker(log=folder / FORKSERVER_LOG, threads=RANK_THREADS)
+        finally:
+            if current is not None:
+                os.environ[PYTEST_ENV] = current
+    return _forker
+
+
+class Rank:
+    """One trainer process as a test drives it, forked or exec'd: pid, poll, kill, wait, and its
+    output (stdout and stderr together) from its log once it has exited."""
+
+    def __init__(self, process: ForkedRank | subprocess.Popen[bytes], log: Path) -> None:
+        self._process = process
+        self.pid = process.pid
+        self.log = log
+
+    def poll(self) -> int | None:
+        return self._process.poll()
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass  # exited since the poll
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self._process.wait(timeout)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="backslashreplace")
 
 
 @dataclass
@@ -72,11 +128,14 @@ class TrainerLauncher:
         each rank's own additions (e.g. a checkpoint folder per rank, as on pods of their own)."""
         config = self.spec_file(spec, job)
         run_dir = Path((env or {}).get(C.ENV_RUN_DIR) or self.tmp / "runs" / job)
+        logs = self.tmp / "rank-logs"
+        logs.mkdir(exist_ok=True)
+        forker = rank_forker(self.tmp.parent)
         port = free_port()
         procs = []
         for rank in range(world):
             e = {
-                **os.environ,
+                **{k: v for k, v in os.environ.items() if k != PYTEST_ENV},
                 C.ENV_CONFIG: str(config),
                 C.ENV_WORLD_SIZE: str(world),
                 C.ENV_RANK: str(rank),
@@ -91,40 +150,33 @@ class TrainerLauncher:
                 C.ENV_METRICS_PORT: "0",
                 C.ENV_TERMINATION_LOG: str(self.tmp / f"termination-{job}-{rank}.log"),
                 C.ENV_DATA_CACHE: str(self.data_cache),
-                "OMP_NUM_THREADS": "1",
+                "OMP_NUM_THREADS": str(RANK_THREADS),
                 **(env or {}),
                 **(rank_env[rank] if rank_env else {}),
             }
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "disttrain_trainer"],
-                    env=e,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    text=True,
-                )
-            )
+            log = logs / f"{job}-rank{rank}-{next(_log_names)}.log"
+            process, _ = start_rank(trainer_command(sys.executable), e, None, log, f"{job}, rank {rank}", forker)
+            procs.append(Rank(process, log))
         return Started(procs=procs, run_dir=run_dir, checkpoint_dir=self.ckpt_root / job)
 
 
 @dataclass
 class Started:
-    procs: list[subprocess.Popen[str]]
+    procs: list[Rank]
     run_dir: Path
     checkpoint_dir: Path
 
     def wait(self, *, expect_ok: bool = True, timeout: float = RANK_TIMEOUT_S) -> RunResult:
-        outputs = []
+        codes = []
         try:
             for p in self.procs:
-                out, _ = p.communicate(timeout=timeout)
-                outputs.append(out)
+                codes.append(p.wait(timeout=timeout))
         finally:
             for p in self.procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-        result = RunResult(self.run_dir, self.checkpoint_dir, [p.returncode for p in self.procs], outputs)
+                p.kill()
+                p.wait()
+        outputs = [p.output() for p in self.procs]
+        result = RunResult(self.run_dir, self.checkpoint_dir, codes, outputs)
         if expect_ok:
             assert result.returncodes == [0] * len(self.procs), "\n".join(outputs)[-4000:]
         return result

@@ -129,24 +129,48 @@ def kill_at(proc: subprocess.Popen[str], run_dir: Path, *, rank: int, step: int)
     return time.time()
 
 
-def hold_replacement(proc: subprocess.Popen[str], run_dir: Path, *, rank: int, killed: float) -> None:
-    """Keep the replacement of the killed `rank` stopped (SIGSTOP) until the survivors have stepped
-    at a smaller quorum, then let it go on (SIGCONT). A local replacement is forked from the
-    launcher's forkserver and can be back within the heartbeat timeout, before any survivor steps
-    without it; a replacement pod takes far longer. This is that slow start, for real."""
+def stop_replacements(proc: subprocess.Popen[str], run_dir: Path, *, ranks: tuple[int, ...],
+                      deadline: float) -> dict[int, int]:  # fmt: skip
+    """SIGSTOP the replacements of the killed processes `ranks` as soon as the launcher started them
+    (their pids in pids.json differ from the dead ones'); returns {rank: pid}. A local replacement
+    is forked from the launcher's forkserver and can be back within the heartbeat timeout, before
+    any survivor steps without it; a replacement pod takes far longer. This is that slow start,
+    for real (SIGCONT ends it)."""
     pids = json.loads((run_dir / "pids.json").read_text())["pids"]
-    dead = int(pids[str(rank)])
-    deadline = time.monotonic() + 120
-    while (pid := int(json.loads((run_dir / "pids.json").read_text())["pids"][str(rank)])) == dead:
-        assert proc.poll() is None and time.monotonic() < deadline, "the killed replica was never replaced"
-        time.sleep(0.02)
-    os.kill(pid, signal.SIGSTOP)
+    dead = {rank: int(pids[str(rank)]) for rank in ranks}
+    held: dict[int, int] = {}
     try:
-        while not [r for r in records(run_dir, 0) if "step" in r and r["time"] > killed and r.get("quorum") == 2]:
-            assert proc.poll() is None and time.monotonic() < deadline, "the survivors never stepped without it"
-            time.sleep(0.05)
+        for rank in ranks:
+            while (pid := int(json.loads((run_dir / "pids.json").read_text())["pids"][str(rank)])) == dead[rank]:
+                assert proc.poll() is None and time.monotonic() < deadline, f"rank {rank} was never replaced"
+                time.sleep(0.02)
+            os.kill(pid, signal.SIGSTOP)
+            held[rank] = pid
+    except BaseException:
+        for pid in held.values():
+            os.kill(pid, signal.SIGCONT)
+        raise
+    return held
+
+
+def wait_for_quorum(proc: subprocess.Popen[str], run_dir: Path, *, after: float, quorum: int, deadline: float) -> None:
+    """Until replica 0 logged a step trained at `quorum` after time `after` (not only the quorum's event)."""
+    while not [r for r in records(run_dir, 0) if "event" not in r and r["time"] > after and r.get("quorum") == quorum]:
+        assert proc.poll() is None and time.monotonic() < deadline, f"replica 0 never stepped at quorum {quorum}"
+        time.sleep(0.05)
+
+
+def hold_replacement(proc: subprocess.Popen[str], run_dir: Path, *, ranks: tuple[int, ...], killed: float,
+                     quorum: int) -> None:  # fmt: skip
+    """Keep the replacements of the killed processes `ranks` stopped until replica 0 has stepped at
+    quorum `quorum` (without them), then let them go on."""
+    deadline = time.monotonic() + 120
+    held = stop_replacements(proc, run_dir, ranks=ranks, deadline=deadline)
+    try:
+        wait_for_quorum(proc, run_dir, after=killed, quorum=quorum, deadline=deadline)
     finally:
-        os.kill(pid, signal.SIGCONT)
+        for pid in held.values():
+            os.kill(pid, signal.SIGCONT)
 
 
 def finish(proc: subprocess.Popen[str]) -> str:
@@ -163,17 +187,16 @@ def replicas_agree(run_dir: Path, replicas: int, steps: int) -> list[dict[str, A
     return ends
 
 
-@pytest.mark.parametrize("quorum_interval", [None, 1], ids=["quorum-every-10-steps", "quorum-every-step"])
-def test_a_killed_replica_leaves_a_smaller_quorum_then_rejoins(tmp_path: Path, quorum_interval: int | None) -> None:
+def test_a_killed_replica_leaves_a_smaller_quorum_then_rejoins(tmp_path: Path) -> None:
     # REJOIN_STEPS paced steps: a replacement that is slow to start on a loaded host still rejoins
     # before the survivors finish. With a quorum every 10 steps (the default) the survivors' failed
     # step still asks for one at once (the same bound), and the replacement joins at the next
     # multiple of 10.
     steps = REJOIN_STEPS
-    proc, run_dir = start(tmp_path, manifest("ftkill", replicas=3, min_replicas=2, steps=steps, ckpt_every=100,
-                                             quorum_interval=quorum_interval), "ftkill", pace_s=PACE_S)  # fmt: skip
+    proc, run_dir = start(tmp_path, manifest("ftkill", replicas=3, min_replicas=2, steps=steps, ckpt_every=100),
+                          "ftkill", pace_s=PACE_S)  # fmt: skip
     killed = kill_at(proc, run_dir, rank=1, step=15)
-    hold_replacement(proc, run_dir, rank=1, killed=killed)
+    hold_replacement(proc, run_dir, ranks=(1,), killed=killed, quorum=2)
     out = finish(proc)
     assert "replica 1 lost" in out and "the other 2 go on at a smaller quorum" in out, out[-3000:]
     assert "replica 1 rejoined" in out, out[-3000:]
@@ -193,6 +216,43 @@ def test_a_killed_replica_leaves_a_smaller_quorum_then_rejoins(tmp_path: Path, q
     assert ends[1]["recoveries"] >= 1  # from a live peer, not from the checkpoint
     local = json.loads((run_dir / "local-summary.json").read_text())
     assert local["restarts"] == 1 and local["status"] == "Succeeded"
+
+
+def test_two_killed_replicas_rejoin_one_by_one_and_the_first_trains_in_the_quorum_it_joined(tmp_path: Path) -> None:
+    # Four replicas, a quorum every step: replicas 1 and 2 killed together, the survivors go on at 2;
+    # replica 1's replacement comes back first and completes no quorum (3 of 4). It recovers in the
+    # survivors' step quorum and must train that step with them: had it asked the lighthouse again,
+    # the survivors would wait for it in the step's all-reduce until heartbeatTimeoutSeconds voted
+    # the step down (one discarded step at the rejoin, in their records). Then replica 2 comes back.
+    steps = REJOIN_STEPS
+    proc, run_dir = start(tmp_path, manifest("ftkill2", replicas=4, min_replicas=2, steps=steps, ckpt_every=100,
+                                             quorum_interval=1), "ftkill2", pace_s=PACE_S)  # fmt: skip
+    killed = kill_at(proc, run_dir, rank=1, step=15)
+    pid2 = int(json.loads((run_dir / "pids.json").read_text())["pids"]["2"])
+    os.kill(pid2, signal.SIGKILL)
+    deadline = time.monotonic() + 180
+    held = stop_replacements(proc, run_dir, ranks=(1, 2), deadline=deadline)
+    try:
+        wait_for_quorum(proc, run_dir, after=killed, quorum=2, deadline=deadline)
+        os.kill(held.pop(1), signal.SIGCONT)
+        wait_for_quorum(proc, run_dir, after=killed, quorum=3, deadline=deadline)
+    finally:
+        for pid in held.values():
+            os.kill(pid, signal.SIGCONT)
+    out = finish(proc)
+    assert "replica 1 rejoined" in out and "replica 2 rejoined" in out, out[-3000:]
+    for survivor in (0, 3):
+        steps_seen = [r for r in survivor_steps(run_dir, survivor, steps) if r["time"] > killed]
+        quorums = [r["quorum"] for r in steps_seen]
+        assert 2 in quorums and 3 in quorums and quorums[-1] == 4, quorums
+        i = quorums.index(3)  # the first step with replica 1 back
+        before, at = steps_seen[i - 1], steps_seen[i]
+        assert before["quorum"] == 2 and at["discarded"] == before["discarded"], \
+            f"survivor {survivor} discarded a step when replica 1 rejoined: {before} -> {at}"
+    ends = replicas_agree(run_dir, 4, steps)
+    assert ends[1]["recoveries"] >= 1 and ends[2]["recoveries"] >= 1
+    local = json.loads((run_dir / "local-summary.json").read_text())
+    assert local["restarts"] == 2 and local["status"] == "Succeeded"
 
 
 @pytest.mark.parametrize("procs", [1, 2], ids=["ddp", "hsdp"])
@@ -248,6 +308,7 @@ def test_a_killed_hsdp_process_takes_its_group_out_which_rejoins_from_its_peers_
     proc, run_dir = start(tmp_path, manifest("fthsdpkill", replicas=2, min_replicas=1, steps=steps, ckpt_every=100,
                                              procs=procs), "fthsdpkill", pace_s=PACE_S)  # fmt: skip
     killed = kill_at(proc, run_dir, rank=3, step=15)  # replica 1's second process
+    hold_replacement(proc, run_dir, ranks=(2, 3), killed=killed, quorum=1)  # the launcher replaces both
     out = finish(proc)
     assert "replica 1 lost" in out and "the other 1 go on at a smaller quorum" in out, out[-3000:]
     assert "replica 1 rejoined" in out, out[-3000:]

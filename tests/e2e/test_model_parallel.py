@@ -25,7 +25,7 @@ pytestmark = pytest.mark.timeout(900)
 # pipeline.yaml (one per stage): the schedule is the trainer's affair, and
 # tests/dist/test_pipeline_local.py runs every schedule through `disttrain local`.
 EXAMPLES = {"tensor": "tensor", "hybrid": "hybrid"}
-# About a second a step for the GPT examples on 500m pods: the operator path, a checkpoint and
+# Under a second a step for the GPT examples on 500m pods in fp32: the operator path, a checkpoint and
 # the result are what is checked here (tests/dist checks what the examples learn).
 EXAMPLE_STEPS = 12
 
@@ -40,6 +40,9 @@ def example(stem: str, name: str, ns: str, *, steps: int, checkpoint_every: int)
     training["steps"] = steps
     training["logIntervalSteps"] = 5
     training["evalIntervalSteps"] = steps
+    # bf16 matmuls are emulated on CPUs without bf16 instructions (about 9x slower than fp32 here);
+    # tests/dist/test_tensor_examples.py trains the examples at their own precision.
+    training["precision"] = "fp32"
     spec["optimizer"]["warmupSteps"] = min(int(spec["optimizer"].get("warmupSteps", 0)), steps // 4)
     spec["checkpoint"]["intervalSteps"] = checkpoint_every
     return obj
@@ -102,7 +105,6 @@ def test_pipeline_by_tensor_hybrid_succeeds_through_the_operator(
     spec["parallelism"] = {"tensor": 2, "pipeline": 2, "schedule": "1F1B", "microbatches": 2, "dataStrategy": "ddp"}
     spec["model"] = {"name": "gpt", "hidden": 32, "layers": 2, "heads": 2, "blockSize": 16, "dropout": 0.1}
     spec["data"]["batchSize"] = 8
-    spec["training"]["precision"] = "fp32"
     kubectl.apply(obj)
     job = kubectl.wait_phase(namespace, name, ("Succeeded", "Failed"), timeout=600)
     status = job["status"]

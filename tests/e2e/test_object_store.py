@@ -27,7 +27,9 @@ from .test_user_image import user_job, write_corpus  # type: ignore[import-not-f
 
 pytestmark = pytest.mark.timeout(900)  # moto serves every ranged read single-threaded: 253 s on a loaded 2-core machine
 SECRET = "s3-credentials"
-STEPS, INTERVAL, KILL_AFTER = 300, 20, 40
+# The kill follows the commit of step KILL_AFTER within seconds; STEPS leaves the killed gang over
+# a hundred steps to go then; the test fails, saying so, should the kill ever come after the last.
+STEPS, INTERVAL, KILL_AFTER = 160, 20, 40
 MARKER = re.compile(r"/step-(\d{8,})\.claim-(\d+)\.committed$")  # the commit marker of the writer's claim
 
 

@@ -119,31 +119,62 @@ def logged_at(log: Path, text: str) -> float:
     return next(t for t, msg in log_lines(log) if text in msg)
 
 
-def test_a_stalled_leader_stops_before_the_standby_takes_over_and_never_writes_beside_it(
-    kubectl: Kubectl, crd: None, own_namespace: str, tmp_path: Path
-) -> None:
-    ns = own_namespace
+SCENE_TRIES = 3
+
+
+def set_scene(kubectl: Kubectl, ns: str, tmp: Path, attempt: int) -> tuple[
+        StallingProxy, OperatorProcess, OperatorProcess, str, str, dict[str, str]] | None:  # fmt: skip
+    """The replica behind the proxy active, the standby polling the lease, a job running with its two
+    pods. None, with both replicas stopped, when the active one stopped itself before the stall: on a
+    loaded 2-core host its renewals can miss the renew deadline (5 s) while both replicas start, and
+    it then stops, as it must, and the standby takes over: not the scene this test needs."""
     elect = ("--leader-elect", "--lease-namespace", ns, "-v")  # -v: every API write logged
-    proxy = StallingProxy(kubectl.kubeconfig, tmp_path / "proxied.kubeconfig")
-    first = OperatorProcess(Kubectl(proxy.kubeconfig), [ns], tmp_path / "first.log", extra=elect)
-    second = OperatorProcess(kubectl, [ns], tmp_path / "second.log", extra=elect)
+    proxy = StallingProxy(kubectl.kubeconfig, tmp / f"proxied-{attempt}.kubeconfig")
+    first = OperatorProcess(Kubectl(proxy.kubeconfig), [ns], tmp / f"first-{attempt}.log", extra=elect)
+    second = OperatorProcess(kubectl, [ns], tmp / f"second-{attempt}.log", extra=elect)
     first.start()
+    name = f"standby-{uuid.uuid4().hex[:5]}"
+    scene = None
     try:
-        first_id = kubectl.wait_for("the replica behind the proxy to hold the lease", lambda: holder(kubectl, ns),
-                                    timeout=60, interval=0.5)
-        assert first_id.endswith(f"-{first.proc.pid}"), first_id  # type: ignore[union-attr]
+        # (after a try whose standby took over, the lease is free once that holder's expires: ~10 s)
+        first_id = kubectl.wait_for("the replica behind the proxy to hold the lease",
+                                    lambda: (h := holder(kubectl, ns)).endswith(f"-{first.proc.pid}") and h,  # type: ignore[union-attr]
+                                    timeout=60, interval=0.5)  # fmt: skip
         second.start()
-        name = f"standby-{uuid.uuid4().hex[:5]}"
         kubectl.apply(job_manifest(name, ns, sleep=600, workers=SMALL))
         kubectl.wait_phase(ns, name, ("Running",), timeout=120)  # reconciled through the proxy
         # (its start: a Python process importing kopf and the client, once 34 s on a loaded 2-core host)
         kubectl.wait_for("the standby to poll the lease",
                          lambda: "waiting to hold lease" in second.log.read_text(errors="replace"), timeout=120)
-        # The standby does nothing while the other holds the lease.
-        assert "holding lease" not in second.log.read_text(errors="replace")
-        before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in kubectl.pods(ns, name)}
-        assert len(before) == 2
+        if first.proc.poll() is None and "holding lease" not in second.log.read_text(errors="replace"):  # type: ignore[union-attr]
+            # The standby does nothing while the other holds the lease.
+            before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in kubectl.pods(ns, name)}
+            assert len(before) == 2
+            scene = proxy, first, second, first_id, name, before
+            return scene
+        print(f"try {attempt}: the replica behind the proxy lost its lease before the stall: {first.tail()}")
+    finally:
+        if scene is None:  # (the test stops the replicas of the scene it runs in)
+            proxy.close()
+            first.stop()
+            second.stop()
+    kubectl.run("delete", "dtj", name, "-n", ns, "--wait=false", check=False)
+    return None
 
+
+def test_a_stalled_leader_stops_before_the_standby_takes_over_and_never_writes_beside_it(
+    kubectl: Kubectl, crd: None, own_namespace: str, tmp_path: Path
+) -> None:
+    ns = own_namespace
+    for attempt in range(SCENE_TRIES):
+        scene = set_scene(kubectl, ns, tmp_path, attempt)
+        if scene is not None:
+            break
+    else:
+        raise AssertionError(f"in each of {SCENE_TRIES} tries the replica behind the proxy lost its lease before "
+                             "the stall (its renewals missed the renew deadline: a starved host)")
+    proxy, first, second, first_id, name, before = scene
+    try:
         proxy.stall()
         stalled = time.monotonic()
         fresh = f"after-{uuid.uuid4().hex[:5]}"

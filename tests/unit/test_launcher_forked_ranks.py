@@ -9,7 +9,8 @@ from disttrain_api import constants as C
 from disttrain_trainer.launcher.env import trainer_command
 from disttrain_trainer.launcher.forked_ranks import forkable
 
-LAUNCHER = {"PATH": "/usr/bin:/bin", "HOME": "/root", "LANG": "C.UTF-8"}
+# The forkserver's environment: the launcher's, with the ranks' thread count (RankForker's `threads`).
+LAUNCHER = {"PATH": "/usr/bin:/bin", "HOME": "/root", "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1"}
 
 
 def rank_env(**extra: str) -> dict[str, str]:
@@ -29,6 +30,8 @@ def test_what_the_interpreter_or_torch_reads_at_start_is_exec_d() -> None:
     assert not forkable(trainer_command(sys.executable), {k: v for k, v in rank_env().items() if k != "LANG"},
                         LAUNCHER)  # fmt: skip
     assert not forkable(trainer_command(sys.executable), rank_env(HOME="/tmp"), LAUNCHER)
+    # torch's thread pools read the thread count at import: a rank given another one is exec'd.
+    assert not forkable(trainer_command(sys.executable), rank_env(OMP_NUM_THREADS="2"), LAUNCHER)
 
 
 def test_another_python_or_program_is_exec_d() -> None:

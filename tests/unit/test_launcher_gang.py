@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from disttrain_trainer.launcher.env import gang_slots
-from disttrain_trainer.launcher.gang import Failure, Gang, describe_exit
+from disttrain_trainer.launcher.gang import BLAME_SETTLE_S, Failure, Gang, describe_exit
 
 # Each child runs this program; its behaviour depends on RANK.
 PROGRAM = """
@@ -31,6 +31,13 @@ if mode == "config":
     if rank == 1:
         time.sleep(0.5)
         sys.exit(2)
+    sys.exit(1)
+if mode == "killed":
+    # Rank 0 exits 1 at once (its connection broke), rank 1 dies of SIGKILL a moment later: the order
+    # in which a busy host's launcher can see a killed rank and the peer it took down.
+    if rank == 1:
+        time.sleep(0.5)
+        os.kill(os.getpid(), 9)
     sys.exit(1)
 time.sleep(60)
 """
@@ -95,6 +102,26 @@ def test_a_config_rejection_decides_the_outcome_over_a_peers_transient_exit(tmp_
     outcome = gang.poll()
     assert isinstance(outcome, Failure)
     assert (outcome.rank, outcome.returncode) == (1, 2)
+
+
+def test_a_plain_exit_waits_for_its_peers_so_a_rank_killed_by_a_signal_is_blamed(tmp_path: Path) -> None:
+    gang = _start(tmp_path, "killed")
+    gang._members[0].proc.wait(timeout=30)
+    assert gang.poll() is False  # rank 0's exit 1 alone, rank 1 not reported yet: not blamed yet
+    outcome = _wait(gang)
+    assert isinstance(outcome, Failure)
+    assert (outcome.rank, outcome.returncode) == (1, -9) and outcome.reason.startswith("rank 1 (pid")
+
+
+def test_a_plain_exit_is_blamed_after_the_settle_time_while_its_peers_run(tmp_path: Path) -> None:
+    gang = _start(tmp_path, "fail")
+    gang._members[1].proc.wait(timeout=30)
+    seen = time.monotonic()
+    outcome = _wait(gang)
+    waited = time.monotonic() - seen
+    assert isinstance(outcome, Failure) and (outcome.rank, outcome.returncode) == (1, 1)
+    assert BLAME_SETTLE_S <= waited < BLAME_SETTLE_S + 5, waited
+    gang.stop(grace_s=5)
 
 
 def test_exit_3_is_a_disruption_only_after_the_launchers_own_sigterm(tmp_path: Path) -> None:

@@ -175,14 +175,18 @@ SPEC = api.parse_spec({"mode": "data", "workers": {"replicas": 8}})
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 
 
-def running(reading: dict[str, Any], hint: str | None = None) -> tuple[dict[str, Any], list[tuple[str, str, str]]]:
-    status: dict[str, Any] = {
-        "phase": "Running", "attempt": 0, "replicas": 8, "restarts": 0, "lastSpecReplicas": 8,
-        "observedGeneration": 1, "startTime": "2026-01-01T11:59:00Z",
-        "conditions": [{"type": "Running", "status": "True", "reason": "GangRunning"}],
-    }  # fmt: skip
-    if hint is not None:
-        status["hint"] = hint
+def running(reading: dict[str, Any], hint: str | None = None, *,
+            status: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[tuple[str, str, str]]]:  # fmt: skip
+    """The status and ScalingHint Events after one reading of a running 8-worker gang; `status`: the
+    one the previous reconcile wrote (else a fresh running job's, with `hint`)."""
+    if status is None:
+        status = {
+            "phase": "Running", "attempt": 0, "replicas": 8, "restarts": 0, "lastSpecReplicas": 8,
+            "observedGeneration": 1, "startTime": "2026-01-01T11:59:00Z",
+            "conditions": [{"type": "Running", "status": "True", "reason": "GangRunning"}],
+        }  # fmt: skip
+        if hint is not None:
+            status["hint"] = hint
     pods = [PodView(name=f"j-worker-{i}", role="worker", index=i, attempt=0, phase="Running", scheduled=True)
             for i in range(8)]  # fmt: skip
     plan = decide(Observed(generation=1, spec=SPEC, accepted=SPEC, status=status, pods=pods, now=NOW,
@@ -204,3 +208,34 @@ def test_a_running_job_gets_the_hint_once_and_loses_it_below_the_clear_threshold
     assert "hint" not in status and events == []
     status, events = running({names.COMM_EXPOSED_FRACTION: 0.12})
     assert "hint" not in status and events == []
+
+
+def test_a_hint_that_comes_back_with_the_same_change_is_not_announced_again() -> None:
+    """A loaded node's intervals swing across both thresholds: the hint goes and comes back, and
+    only a change the last Event did not name is news. The reconciles carry their status along."""
+    status, events = running({names.COMM_EXPOSED_FRACTION: 0.38, scraper.FORECAST: BOUND})
+    assert len(events) == 1 and status["hintAnnounced"] == "dp8 powersgd"
+    status, events = running({names.COMM_EXPOSED_FRACTION: 0.12}, status=status)
+    assert "hint" not in status and events == [] and status["hintAnnounced"] == "dp8 powersgd"
+    status, events = running({names.COMM_EXPOSED_FRACTION: 0.33, scraper.FORECAST: BOUND}, status=status)
+    assert status["hint"] == hint_text(0.33, BOUND) and events == []  # back, the same change: no Event
+    fp16 = Proposal(world_size=8, efficiency=0.5, change="dp8 fp16", current="dp8", gain=0.12)
+    status, events = running({names.COMM_EXPOSED_FRACTION: 0.35, scraper.FORECAST: fp16}, status=status)
+    assert events == [("Normal", "ScalingHint", hint_text(0.35, fp16))] and status["hintAnnounced"] == "dp8 fp16"
+    status, events = running({names.COMM_EXPOSED_FRACTION: 0.12}, status=status)
+    status, events = running({names.COMM_EXPOSED_FRACTION: 0.40, scraper.FORECAST: BOUND}, status=status)
+    assert events == [("Normal", "ScalingHint", hint_text(0.40, BOUND))]  # not the last one announced: news
+
+
+def test_a_finished_jobs_hint_is_announced_only_when_it_names_another_change() -> None:
+    status, _ = running({names.COMM_EXPOSED_FRACTION: 0.38, scraper.FORECAST: BOUND})
+    summary = {**inputs(), "testAccuracy": 0.9, "steps": 100}
+    done_pods = [PodView(name=f"j-worker-{i}", role="worker", index=i, attempt=0, phase="Succeeded", scheduled=True,
+                         message=json.dumps(summary) if i == 0 else "") for i in range(8)]  # fmt: skip
+    plan = decide(Observed(generation=1, spec=SPEC, accepted=SPEC, status=status, pods=done_pods, now=NOW))
+    assert plan.status["phase"] == "Succeeded"
+    assert plan.status["hint"].endswith("dp8 powersgd forecast +93% samples/s over dp8")  # the whole run's figures
+    assert [e for e in plan.events if e[1] == "ScalingHint"] == []  # the running hint named it already
+    fresh = {k: v for k, v in status.items() if k not in ("hint", "hintAnnounced")}
+    plan = decide(Observed(generation=1, spec=SPEC, accepted=SPEC, status=fresh, pods=done_pods, now=NOW))
+    assert [e[2] for e in plan.events if e[1] == "ScalingHint"] == [plan.status["hint"]]

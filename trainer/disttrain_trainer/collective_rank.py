@@ -19,10 +19,11 @@ from torch import nn
 
 from .data import Dataset, load_dataset
 from .models import build_model
+from .parallel.model_contract import check_model_contract
 from .process.config import TrainerConfig
 from .process.dist_env import DistContext, cleanup, finish, init_distributed, spawn_local_ranks
 from .process.precision import Amp, make_amp
-from .process.threads import threads_per_rank
+from .process.threads import THREADS_ENV, threads_per_rank
 from .telemetry.step_metrics import Metrics
 from .tracking.tracker import target_for
 
@@ -36,12 +37,15 @@ class Rank:
     model: nn.Module  # built from the spec, not wrapped or split yet
 
 
-def _set_threads(cfg: TrainerConfig) -> None:
-    if os.environ.get("OMP_NUM_THREADS"):
-        return
+def _threads(cfg: TrainerConfig) -> int:
+    """Threads per rank from the pod's CPUs (quota, affinity), not the node's cores."""
     local = cfg.master_addr in ("127.0.0.1", "localhost", "::1")
-    share = cfg.world_size if local else cfg.nproc_per_node
-    torch.set_num_threads(threads_per_rank(share))  # the pod's CPUs (quota, affinity), not the node's cores
+    return threads_per_rank(cfg.world_size if local else cfg.nproc_per_node)
+
+
+def _set_threads(cfg: TrainerConfig) -> None:
+    if not os.environ.get(THREADS_ENV):
+        torch.set_num_threads(_threads(cfg))
 
 
 @contextmanager
@@ -64,7 +68,9 @@ def collective_rank(cfg: TrainerConfig, metrics: Metrics | None = None) -> Itera
         if ctx.local_rank != 0:
             ds = load_dataset(spec)
         amp = make_amp(spec.training.precision, ctx.device)
-        yield Rank(ctx=ctx, metrics=m, ds=ds, amp=amp, model=build_model(spec, ds))
+        model = build_model(spec, ds)
+        check_model_contract(spec, model)  # every rank alike, before the mode's first collective
+        yield Rank(ctx=ctx, metrics=m, ds=ds, amp=amp, model=model)
         finished = True
     finally:
         if own_metrics:
@@ -80,6 +86,9 @@ def run_local_ranks(cfg: TrainerConfig, run: Callable[[TrainerConfig], Any]) -> 
     (returns None), else in this process (returns what `run` returns). `run` must be importable
     by name, so the spawned children can unpickle it."""
     if cfg.rank is None and cfg.nproc_per_node > 1:
+        # In the environment before the local ranks' forkserver imports torch: torch's thread pools
+        # read it at import, and a fork then set to another count may compute differently.
+        os.environ.setdefault(THREADS_ENV, str(_threads(cfg)))
         spawn_local_ranks(cfg, run)
         return None
     return run(cfg if cfg.rank is not None else cfg.for_local_rank(0))

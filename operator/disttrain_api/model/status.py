@@ -157,6 +157,11 @@ class JobStatus:
         "while it runs, the whole run once it finished): the change the scaling forecast (`disttrain explain`) "
         "predicts helps most at its size, and by how much; gone once the share falls below a fifth.",
     )
+    hint_announced: str | None = fld(
+        None,
+        desc="The change the job's last ScalingHint Event proposed (e.g. dp8 powersgd): a hint that comes back "
+        "with the same change after it went is written to status.hint again without another Event.",
+    )
     start_time: Time | None = fld(None, desc="When the first gang was created.")
     completion_time: Time | None = fld(None, desc="When the job succeeded or failed.")
     observed_generation: int = fld(0, minimum=0, desc="metadata.generation this status reflects.")

@@ -12,7 +12,10 @@ job has finished, its summary (status.result) holds both.
 The decision (`running_hint`) is pure and has hysteresis: a hint appears at EXPOSED_HINT_FRACTION,
 goes away only below HINT_CLEAR_FRACTION, and keeps its text while the same change stays the best
 one, so a job hovering around the threshold, or whose figures move by a point between intervals,
-gets one Event, not one per reconcile.
+gets one Event, not one per reconcile. A hint that went (the share fell below the clear threshold)
+and comes back proposing the change the last Event named is written again without an Event
+(`status.hintAnnounced`): on a loaded node the share of one interval swings by more than the gap
+between the two thresholds, and a 30 s job once had four Events of the same change.
 """
 
 from __future__ import annotations
@@ -86,15 +89,25 @@ def propose(inputs: dict[str, Any] | None, *, world_size: int | None = None) -> 
                     gain=alt.gain if worth else 0.0)  # fmt: skip
 
 
+_PROPOSES, _FORECAST = " of the step: ", " forecast "  # around the change in a hint_text
+
+
 def hint_text(exposed: float, p: Proposal) -> str:
     """`exposed communication 38% of the step: dp4 powersgd forecast +22% samples/s over dp4`."""
-    return (f"exposed communication {exposed:.0%} of the step: {p.change} forecast {p.gain:+.0%} samples/s "
+    return (f"exposed communication {exposed:.0%}{_PROPOSES}{p.change}{_FORECAST}{p.gain:+.0%} samples/s "
             f"over {p.current}")  # fmt: skip
+
+
+def change_of(hint: str | None) -> str | None:
+    """The change a hint_text proposes (`dp8 powersgd`), or None for no hint."""
+    if hint is None or _PROPOSES not in hint or _FORECAST not in hint:
+        return None
+    return hint.split(_PROPOSES, 1)[1].split(_FORECAST, 1)[0]
 
 
 def names_change(hint: str | None, change: str) -> bool:
     """Whether `hint` (a hint_text) proposes `change`."""
-    return hint is not None and f": {change} forecast " in hint
+    return change_of(hint) == change
 
 
 def running_hint(prev: str | None, *, exposed: float | None, proposal: Proposal | None, known: bool,

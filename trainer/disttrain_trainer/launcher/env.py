@@ -14,12 +14,9 @@ from typing import Any
 
 from disttrain_api import constants as C
 
-from ..process.threads import threads_per_rank
+from ..process.threads import THREADS_ENV, threads_per_rank
 
 LOCALHOST = "127.0.0.1"
-# Set only when the user has not: one process per core share avoids the
-# oversubscription that makes N torch processes on N cores crawl.
-ENV_OMP_THREADS = "OMP_NUM_THREADS"
 ENV_CUDA_VISIBLE = "CUDA_VISIBLE_DEVICES"
 
 
@@ -187,7 +184,9 @@ def process_env(
         }
     )
     env[C.ENV_DEVICE] = gang.device.device
-    env.setdefault(ENV_OMP_THREADS, str(gang.threads))
+    # Set only when the user has not: one process per core share avoids the oversubscription that
+    # makes N torch processes on N cores crawl.
+    env.setdefault(THREADS_ENV, str(gang.threads))
     if gang.device.visible is not None:
         env[ENV_CUDA_VISIBLE] = gang.device.visible[slot.node_rank]
     return env

@@ -10,9 +10,13 @@ start at once.
 A rank is forked only when an exec would start it the same way: the command is this Python running
 `-m disttrain_trainer`, and its environment differs from the launcher's only in variables that are
 read after start-up (`READ_AT_RUN`: the process contract, read when the trainer runs;
-OMP_NUM_THREADS, applied with torch.set_num_threads; PYTHONUNBUFFERED, applied to the streams).
-Anything else (a PYTHONPATH or a TORCH_* flag in the job's env, which the interpreter or torch reads
-while it starts) starts the rank with exec, as does a platform without a forkserver.
+PYTHONUNBUFFERED, applied to the streams). Anything else (a PYTHONPATH or a TORCH_* flag in the
+job's env, which the interpreter or torch reads while it starts) starts the rank with exec, as does
+a platform without a forkserver. OMP_NUM_THREADS is one of those: torch's thread pools (OpenMP,
+MKL) read it as torch is imported, and torch.set_num_threads in the fork is not the same: two
+replicas forked so from a server started without it, both at 1 thread, ended one float32 bit apart
+under PowerSGD's compression (3 runs in 6), never when the server started with the ranks' count.
+So the forkserver starts with the thread count the launcher gives its ranks (`threads`).
 
 A forked rank behaves as an exec'd one towards the launcher: its own session, its output appended
 to its log, a pid in pids.json that `kill -9` ends, its exit code (negative for a signal) from
@@ -35,19 +39,16 @@ from pathlib import Path
 from disttrain_api import constants as C
 
 from disttrain_trainer.launcher.env import trainer_command
+from disttrain_trainer.process.rank_imports import PRELOAD, TRAINER_MODULE
+from disttrain_trainer.process.threads import THREADS_ENV
 
-TRAINER_MODULE = "disttrain_trainer"
 FORKSERVER_LOG = "forkserver.log"  # in the run's logs folder
-# What every rank imports before its first step, whatever its mode: torch, the trainer's entry, and
-# torch._dynamo, which DDP's constructor imports (over a second). A mode's own loop is imported by
-# the rank: a shared service names no mode.
-PRELOAD = ("torch", "torch._dynamo", f"{TRAINER_MODULE}.__main__")
 # Variables a trainer reads only once it runs: they may differ between ranks and the forkserver.
 READ_AT_RUN = frozenset({
     C.ENV_MASTER_ADDR, C.ENV_MASTER_PORT, C.ENV_WORLD_SIZE, C.ENV_RANK, C.ENV_LOCAL_RANK, C.ENV_NODE_RANK,
     C.ENV_NPROC_PER_NODE, C.ENV_FT_LIGHTHOUSE, C.ENV_AWS_ACCESS_KEY_ID, C.ENV_AWS_SECRET_ACCESS_KEY,
     C.ENV_AWS_ENDPOINT_URL, C.ENV_AWS_REGION, C.ENV_AWS_DEFAULT_REGION,
-    "OMP_NUM_THREADS", "PYTHONUNBUFFERED", "CUDA_VISIBLE_DEVICES",
+    "PYTHONUNBUFFERED", "CUDA_VISIBLE_DEVICES",
 })  # fmt: skip
 READ_AT_RUN_PREFIX = "DISTTRAIN_"
 # The environment the forkserver started with (multiprocessing keeps one per process): what its
@@ -103,11 +104,6 @@ def _rank_main(env: dict[str, str], cwd: str | None, log: str, setup: Callable[[
     os.environ.update(env)
     if cwd is not None:
         os.chdir(cwd)
-    threads = env.get("OMP_NUM_THREADS", "")
-    if threads.isdigit() and int(threads) > 0:
-        import torch  # noqa: PLC0415 - imported by the forkserver already
-
-        torch.set_num_threads(int(threads))  # read by torch at import, in the forkserver
     sys.argv = [TRAINER_MODULE]
     from disttrain_trainer.__main__ import main  # noqa: PLC0415 - imported by the forkserver already
 
@@ -137,13 +133,15 @@ class ForkedRank:
 
 
 class RankForker:
-    """The launcher's forkserver, started now: it imports PRELOAD once while the launcher goes on;
-    its own output (an import that failed) goes to `log`. Create it before the launcher starts a
-    thread: the forkserver and multiprocessing's resource tracker inherit stdout and stderr as they
-    start, pointed at `log` for that moment, so that neither holds the launcher's own (a caller reading the launcher's output to its end would
-    wait for them too: the forkserver ends seconds after the launcher, torch's teardown)."""
+    """The launcher's forkserver, started now: it imports PRELOAD once while the launcher goes on,
+    with OMP_NUM_THREADS = `threads` (the ranks' own; a rank given another count is exec'd); its own
+    output (an import that failed) goes to `log`. Create it before the launcher starts a thread: the
+    forkserver and multiprocessing's resource tracker inherit the environment, stdout and stderr as
+    they start, pointed at `log` for that moment, so that neither holds the launcher's own (a caller
+    reading the launcher's output to its end would wait for them too: the forkserver ends seconds
+    after the launcher, torch's teardown)."""
 
-    def __init__(self, log: Path) -> None:
+    def __init__(self, log: Path, threads: int) -> None:
         global _server_env  # noqa: PLW0603 - one forkserver per process, as multiprocessing keeps it
         self._context: multiprocessing.context.BaseContext | None = None
         if "forkserver" not in multiprocessing.get_all_start_methods():
@@ -152,18 +150,24 @@ class RankForker:
         self._context.set_forkserver_preload([__name__, *PRELOAD])
         from multiprocessing import forkserver  # noqa: PLC0415 - with the context above
 
-        if _server_env is None:
-            _server_env = dict(os.environ)
         log.parent.mkdir(parents=True, exist_ok=True)
         out = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         saved = (os.dup(1), os.dup(2))
+        launcher_threads = os.environ.get(THREADS_ENV)
         sys.stdout.flush()
         sys.stderr.flush()
         try:
             os.dup2(out, 1)
             os.dup2(out, 2)
+            os.environ[THREADS_ENV] = str(threads)
+            if _server_env is None:  # the server this process started first, whatever a later call asks
+                _server_env = dict(os.environ)
             forkserver.ensure_running()
         finally:
+            if launcher_threads is None:
+                del os.environ[THREADS_ENV]
+            else:
+                os.environ[THREADS_ENV] = launcher_threads
             os.dup2(saved[0], 1)
             os.dup2(saved[1], 2)
             for fd in (out, *saved):

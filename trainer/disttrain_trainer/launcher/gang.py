@@ -26,6 +26,11 @@ from disttrain_trainer.launcher.env import Slot
 from disttrain_trainer.launcher.forked_ranks import ForkedRank, RankForker
 
 PIDS_FILE = "pids.json"
+# A process killed by a signal takes its peers down with connection errors a moment later, and on a
+# busy host the launcher can see a peer's exit before the killed one's (a forked rank's status comes
+# through the forkserver, which reaps them in no set order). A failure that is a plain exit, while
+# other ranks have not reported yet, is blamed only once they have or after this many seconds.
+BLAME_SETTLE_S = 2.0
 LOGS_DIR = "logs"
 _PR_SET_PDEATHSIG = 1
 
@@ -100,8 +105,11 @@ class _Member:
     forker: RankForker | None = None
 
 
-def _spawn(command: Sequence[str], env: dict[str, str], cwd: Path | None, path: Path, banner: str,
-           forker: RankForker | None) -> tuple[subprocess.Popen[bytes] | ForkedRank, int]:  # fmt: skip
+def start_rank(command: Sequence[str], env: dict[str, str], cwd: Path | None, path: Path, banner: str,
+               forker: RankForker | None) -> tuple[subprocess.Popen[bytes] | ForkedRank, int]:  # fmt: skip
+    """One rank, forked from `forker` where it can be (forked_ranks.forkable), else exec'd in a session
+    of its own; either way it dies with its parent and appends its output to `path`, after a line
+    with `banner`. Returns the process and the log's offset where its output begins."""
     with path.open("ab") as log:
         log.write(f"=== disttrain local: {banner} ===\n".encode())
         log.flush()
@@ -131,6 +139,7 @@ class Gang:
         self.stop_sent: set[int] = set()  # pids this launcher sent SIGTERM
         self.lost: dict[int, Failure] = {}  # optional ranks that failed (see poll)
         self.run_dir: Path | None = None
+        self._failure_seen: float | None = None  # when poll first saw a plain exit it did not blame yet
 
     @classmethod
     def start(
@@ -148,7 +157,7 @@ class Gang:
         try:
             for slot, env in envs:
                 path = log_path(run_dir, slot.rank)
-                proc, offset = _spawn(command, env, cwd, path, f"attempt {attempt}, rank {slot.rank}", forker)
+                proc, offset = start_rank(command, env, cwd, path, f"attempt {attempt}, rank {slot.rank}", forker)
                 members.append(_Member(slot=slot, proc=proc, log=path, log_offset=offset,
                                        command=tuple(command), env=env, cwd=cwd, forker=forker))  # fmt: skip
         except BaseException:
@@ -169,8 +178,8 @@ class Gang:
         if env:
             m.env = {**m.env, **env}
         m.replacements += 1
-        m.proc, m.log_offset = _spawn(m.command, m.env, m.cwd, m.log,
-                                      f"attempt {self.attempt}, rank {rank}, replacement {m.replacements}", m.forker)  # fmt: skip
+        m.proc, m.log_offset = start_rank(m.command, m.env, m.cwd, m.log,
+                                          f"attempt {self.attempt}, rank {rank}, replacement {m.replacements}", m.forker)  # fmt: skip
         if self.run_dir is not None:
             self._write_pids(self.run_dir)
         return m.proc.pid
@@ -218,6 +227,12 @@ class Gang:
             )
             m, rc = failed[0]
             assert rc is not None
+            if rc >= 0 and rc not in exitcodes.PERMANENT and any(c is None for _, c in codes):
+                now = time.monotonic()
+                self._failure_seen = self._failure_seen if self._failure_seen is not None else now
+                if now - self._failure_seen < BLAME_SETTLE_S:
+                    return False  # a killed peer's status may still be on its way
+            self._failure_seen = None
             return Failure(
                 rank=m.slot.rank,
                 pid=m.proc.pid,

@@ -45,6 +45,7 @@ from disttrain_trainer.launcher.progress import (
     read_jsonl,
 )
 from disttrain_trainer.process.config import FINISHED_FILE, finished_path
+from disttrain_trainer.process.threads import THREADS_ENV
 
 CONFIG_FILE = "config.json"
 CHECKPOINTS_DIR = "checkpoints"
@@ -160,13 +161,14 @@ def run_local(job: api.DistTrainJob, options: LocalOptions) -> LocalResult:
             file=out,
         )
 
-    # First, while the launcher has no thread of its own: the forkserver imports torch meanwhile.
-    forker = RankForker(log=run_dir / LOGS_DIR / FORKSERVER_LOG)
-    config_path = run_dir / CONFIG_FILE
-    config_path.write_text(json.dumps(api.to_json(spec), indent=2) + "\n")
     base_env = dict(os.environ)
     extra_env, warnings = envmod.template_env(spec.workers.template)
     base_env.update(extra_env)
+    threads = int(base_env.get(THREADS_ENV) or envmod.default_threads(spec.world_size))
+    # First, while the launcher has no thread of its own: the forkserver imports torch meanwhile.
+    forker = RankForker(log=run_dir / LOGS_DIR / FORKSERVER_LOG, threads=threads)
+    config_path = run_dir / CONFIG_FILE
+    config_path.write_text(json.dumps(api.to_json(spec), indent=2) + "\n")
     plan = envmod.plan_devices(
         gpus=spec.workers.resources.gpus,
         replicas=spec.workers.replicas,
@@ -180,7 +182,6 @@ def run_local(job: api.DistTrainJob, options: LocalOptions) -> LocalResult:
         print(f"warning: {w}", file=err)
 
     slots = envmod.gang_slots(spec.workers.replicas, spec.workers.procs_per_worker)
-    threads = int(base_env.get(envmod.ENV_OMP_THREADS) or envmod.default_threads(spec.world_size))
     rank0_log = metrics_path(run_dir, 0)
     history = read_jsonl(rank0_log)  # earlier runs' records: the plot covers the whole training
     tail = JsonlTail(rank0_log)

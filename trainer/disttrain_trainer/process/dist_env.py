@@ -3,7 +3,9 @@
 NCCL when CUDA is usable, gloo otherwise. A job that asked for GPUs and sees none
 fails (exit 2) unless CPU fallback is allowed; without GPUs asked for, CPU is normal. In a
 pod with procsPerWorker > 1 the launcher sets no RANK; `spawn_local_ranks`
-starts one process per local rank with RANK = NODE_RANK * NPROC_PER_NODE + i.
+starts one process per local rank with RANK = NODE_RANK * NPROC_PER_NODE + i, each forked from a
+forkserver that imported torch once for all of them (as `spawn` would, the forkserver is a fresh
+interpreter: nothing of this process's threads or state is forked; CUDA is first touched in a rank).
 
 Errors here are transient unless they are the config's fault: a master that
 does not resolve yet (its pod is still Pending) or a gang that does not join in
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import multiprocessing
 import multiprocessing.connection
 import os
 import signal
@@ -34,6 +37,7 @@ from torch.multiprocessing.spawn import ProcessException
 
 from . import stop_request
 from .config import ConfigError, Fenced, TrainerConfig
+from .rank_imports import PRELOAD
 
 SPAWN_GRACE_S = 3.0  # peers that hit the same config error exit with it themselves within this
 STOP_POLL_S = 0.5  # how often a pod's first process looks for a stop request while its local ranks run
@@ -239,9 +243,11 @@ def spawn_local_ranks(cfg: TrainerConfig, main: Callable[[TrainerConfig], Any]) 
     A local rank that exits CONFIG makes this raise ConfigError even when a peer
     failed first (it lost its connection to the rank that rejected the config).
     """
-    procs = mp.start_processes(
-        _spawned, args=(cfg, main), nprocs=cfg.nproc_per_node, join=False, start_method="spawn"
-    )
+    method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+    if method == "forkserver":
+        multiprocessing.get_context(method).set_forkserver_preload([__name__, *PRELOAD, main.__module__])
+    procs = mp.start_processes(_spawned, args=(cfg, main), nprocs=cfg.nproc_per_node, join=False,
+                               start_method=method)  # fmt: skip
     remove = stop_request.on_request(lambda: _forward_stop(procs))
     try:
         # Deferred: the local ranks save the step they stop at; this process waits for them.

@@ -17,6 +17,7 @@ import math
 import os
 from pathlib import Path
 
+THREADS_ENV = "OMP_NUM_THREADS"  # torch's (OpenMP's, MKL's) threads per process, read at import
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PROC_SELF_CGROUP = Path("/proc/self/cgroup")
 

@@ -198,8 +198,9 @@ def _train(r: ReplicaRun, comm: FTComm | None) -> Summary:
     alone_before = False  # the quorum's rank 0 checkpointed or evaluated after the previous step
     pace = float(os.environ.get(C.ENV_FAULT_STEP_SLEEP) or 0.0)  # tests only (constants.py)
     start = time.perf_counter()
+    quorum_taken = False  # the first step trains in gather's quorum (when: see ft_quorum.gather)
     if r.outer is None:  # (LocalSGD / DiLoCo: the first sync below; a replica late for it joins at the next)
-        ft_quorum.gather(r, series)
+        quorum_taken = ft_quorum.gather(r, series)
     committed_batches0 = r.manager.batches_committed()
     if r.outer is not None:
         ft_quorum.sync(r, series)  # the first quorum: a replica that joins a running job recovers here
@@ -210,10 +211,13 @@ def _train(r: ReplicaRun, comm: FTComm | None) -> Summary:
         t0 = time.perf_counter()
         quorum_s = 0.0
         if gate is not None:
-            if ft_quorum.step_quorum_due(r.manager, every=r.replica.quorum_interval, last_committed=gate.committed,
-                                         after_alone=alone_before):  # fmt: skip
-                _, quorum_s = ft_quorum.step_quorum(r, series)
-                # (the quorum's size changes only here; the first step always asks: its gate has not committed)
+            if quorum_taken or ft_quorum.step_quorum_due(r.manager, every=r.replica.quorum_interval,
+                                                         last_committed=gate.committed, after_alone=alone_before):  # fmt: skip
+                if not quorum_taken:
+                    _, quorum_s = ft_quorum.step_quorum(r, series)
+                quorum_taken = False
+                # (the quorum's size changes only here; the first step trains in gather's quorum or asks:
+                # its gate has not committed)
                 gate.factor = quorum_lr_factor(spec.optimizer.scale_lr, r.manager.num_participants(),
                                                r.replica.replicas)  # fmt: skip
         before = r.sampler.state_dict()

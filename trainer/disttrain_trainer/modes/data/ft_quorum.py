@@ -71,26 +71,37 @@ def for_peers() -> Iterator[None]:
         _waiting.clear()
 
 
-def gather(r: ReplicaRun, series: ReplicaSeries) -> None:
+def gather(r: ReplicaRun, series: ReplicaSeries) -> bool:
     """A gang that starts (fresh, or from the checkpoint after a gang restart) waits up to START_WAIT_S
     for all its replicas before the first step, as DDP's rendezvous would: the lighthouse forms a
     quorum as soon as minReplicas ask, and replicas still importing torch would miss the first steps.
     A quorum that is not complete is voted down (nothing trained) and asked again. A replica that
-    finds the others ahead of it is a replacement: it recovers from them in the quorum and goes on."""
+    finds the others ahead of it is a replacement: it recovers from them in the quorum and goes on.
+
+    Returns whether the first step trains in the quorum it ends with (else it asks for another).
+    - A replacement (it recovered in the quorum): yes, complete or not. The replicas already
+      training asked for that quorum as their step's and go on into its all-reduce, so the
+      replacement must not ask again: the lighthouse would keep it waiting there while they wait
+      for it in the all-reduce, until its timeout failed their step (two replicas lost and one back
+      is such an incomplete quorum).
+    - A starting gang: when the quorum is complete (all spec.workers.replicas). Every member sees
+      the same count, so all of them take it as the first step's; an incomplete one (the wait ran
+      out) is asked again at the first step by all of them alike, as before any step."""
     deadline = time.monotonic() + START_WAIT_S
     while True:
         start = time.perf_counter()
         with for_peers():
             r.manager.start_quorum()
+        n = r.manager.num_participants()
+        complete = n >= r.replica.replicas
         if r.healed:
             r.healed = False
             r.note_recovery(time.perf_counter() - start)
             series.recovered(r.recovery_s)
-            return
-        n = r.manager.num_participants()
-        if n >= r.replica.replicas or time.monotonic() >= deadline:
+            return True
+        if complete or time.monotonic() >= deadline:
             series.quorum(r.manager, r.step)
-            return
+            return complete
         r.manager.report_error(RuntimeError(f"waiting for all {r.replica.replicas} replicas (quorum {n})"))
         r.manager.should_commit()
         time.sleep(GATHER_POLL_S)

@@ -23,7 +23,7 @@ from ...models import build_model
 from ...process import serve_until_stopped, stop_request
 from ...process.config import ConfigError, TrainerConfig
 from ...process.precision import make_amp
-from ...process.threads import threads_per_rank
+from ...process.threads import THREADS_ENV, threads_per_rank
 from ...run_common import Summary, evaluate, write_summary, write_termination_message
 from ...telemetry.federated_series import AGGREGATOR, FedMetrics
 from ...tensor_transport import auth
@@ -43,7 +43,7 @@ DONE_LINGER_S = 10.0  # after the last round: time for clients to hear "done"
 def main(cfg: TrainerConfig) -> Summary | None:
     """The mode's entry (modes/__init__.py): the role DISTTRAIN_ROLE names."""
     s = load(cfg)
-    if not os.environ.get("OMP_NUM_THREADS"):
+    if not os.environ.get(THREADS_ENV):
         torch.set_num_threads(threads_per_rank(cfg.world_size + 1))  # the pod's CPUs, not the node's
     if s.role == C.ROLE_AGGREGATOR:
         return run_aggregator(cfg, s)

@@ -20,7 +20,7 @@ from ...models import build_model
 from ...process import serve_until_stopped, stop_request
 from ...process.config import ConfigError, TrainerConfig
 from ...process.precision import make_amp
-from ...process.threads import threads_per_rank
+from ...process.threads import THREADS_ENV, threads_per_rank
 from ...run_common import SUMMARY_EVAL_KEY, Summary, evaluate, loss_fn_for, write_summary
 from ...telemetry.paramserver_series import ServerMetrics, WorkerMetrics
 from ...telemetry.sink import time_fractions
@@ -45,7 +45,7 @@ def main(cfg: TrainerConfig) -> Summary | None:
     """The mode's entry (modes/__init__.py): the role DISTTRAIN_ROLE names."""
     s = load(cfg)
     frames.reuse_freed_memory()  # every pull and push moves the model's bytes through fresh buffers
-    if not os.environ.get("OMP_NUM_THREADS"):
+    if not os.environ.get(THREADS_ENV):
         torch.set_num_threads(threads_per_rank(cfg.world_size + s.shards))  # the pod's CPUs, not the node's
     if s.role == C.ROLE_SERVER:
         return run_server(cfg, s)
