@@ -24,6 +24,10 @@ from pathlib import Path
 
 import pytest
 
+# The suite's helper modules (ports.py, hf_tiny.py) for every tier: pytest imports test modules
+# with --import-mode=importlib, which puts no test folder on sys.path.
+sys.path.insert(0, str(Path(__file__).parent))
+
 STRICT_TIERS = ("dist", "cluster", "e2e")
 
 

@@ -25,8 +25,9 @@ from disttrain_trainer.launcher.env import trainer_command
 from disttrain_trainer.launcher.forked_ranks import FORKSERVER_LOG, ForkedRank, RankForker
 from disttrain_trainer.launcher.gang import start_rank
 
-# This folder's helper modules (ports.py, the workers) for the tests here: pytest imports test
-# modules with --import-mode=importlib, which puts no test folder on sys.path.
+# This folder's helper modules (the workers) for the tests here: pytest imports test modules with
+# --import-mode=importlib, which puts no test folder on sys.path (tests/conftest.py puts tests/
+# there, for ports.py).
 sys.path.insert(0, str(Path(__file__).parent))
 from ports import free_port  # noqa: E402
 

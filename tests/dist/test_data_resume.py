@@ -134,8 +134,3 @@ def test_every_format_resumes_exactly_at_another_world_size(tmp_path: Path) -> N
         assert joined == single[fmt], f"{fmt}: two ranks' slices are not the one process's batches"
         assert resumed[fmt] == single[fmt][SAVED_AT:], f"{fmt}: the resumed batches differ"
         assert len({json.dumps(b) for b in single[fmt]}) == STEPS, f"{fmt}: batches repeat"
-
-
-@pytest.fixture(autouse=True)
-def _hf_tiny_importable(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.syspath_prepend(str(Path(__file__).parents[1]))

@@ -23,8 +23,7 @@ from disttrain_trainer.checkpoints import whole as ckpt
 from disttrain_trainer.weights.initial import open_source
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-sys.path.insert(0, str(Path(__file__).parents[1]))
-import hf_tiny  # noqa: E402
+import hf_tiny  # tests/hf_tiny.py: tests/conftest.py puts tests/ on sys.path
 
 STEPS = 4
 

@@ -9,7 +9,6 @@ is exit 2 before training, an endpoint that does not answer exit 1."""
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ import torch
 from disttrain_api import constants as C
 from disttrain_api import exitcodes
 from disttrain_trainer.checkpoints import whole as ckpt
+from ports import free_port  # tests/ports.py: each xdist worker's own slice
 
 pytestmark = pytest.mark.dist
 
@@ -120,9 +120,7 @@ def test_a_missing_bucket_is_exit_2_and_an_unreachable_store_exit_1(trainer: Any
     res = trainer.run(spec, world=1, job="nobucket", env=s3_server.env(), expect_ok=False)
     assert res.returncodes == [exitcodes.CONFIG]
     assert "spec.checkpoint.uri" in res.outputs[0] and "'no-such-bucket-y'" in res.outputs[0]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    closed = f"http://127.0.0.1:{free_port()}"  # a port nobody listens on
     spec = gpt_spec(str(tmp_path / "corpus"), uri="s3://ckpt/runs", endpoint=closed)
     res = trainer.run(spec, world=1, job="closed", env=s3_server.env(), expect_ok=False)
     assert res.returncodes == [exitcodes.FAILED]

@@ -17,7 +17,7 @@ from torch.func import functional_call
 
 sys.path.insert(0, str(Path(__file__).parent))
 import pipedream_worker as worker  # noqa: E402
-from ports import free_port  # tests/dist/ports.py: conftest.py puts this folder on sys.path
+from ports import free_port  # tests/ports.py: tests/conftest.py puts tests/ on sys.path
 
 WORLD = 2
 

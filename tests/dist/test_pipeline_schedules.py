@@ -13,7 +13,7 @@ from disttrain_trainer.parallel.blocks import named_block_params, split_blocks
 
 sys.path.insert(0, str(Path(__file__).parent))
 import pipeline_worker as worker  # noqa: E402
-from ports import free_port  # tests/dist/ports.py: conftest.py puts this folder on sys.path
+from ports import free_port  # tests/ports.py: tests/conftest.py puts tests/ on sys.path
 
 SCHEDULES = ["Naive:mlp", "GPipe:mlp", "1F1B:mlp", "Interleaved1F1B:mlp", "InterleavedZeroBubble:mlp",
              "ZBVZeroBubble:mlp", "1F1B:gpt", "Interleaved1F1B:gpt"]

@@ -15,7 +15,7 @@ import pytest
 from disttrain_api import constants as C
 from disttrain_api import exitcodes
 from disttrain_api.model import parse_spec, to_json
-from ports import free_port  # tests/dist/ports.py: conftest.py puts this folder on sys.path
+from ports import free_port  # tests/ports.py: tests/conftest.py puts tests/ on sys.path
 
 TIMEOUT_S = 600  # several torch processes start at once; on a loaded 2-core machine that is slow
 # A model factory that only local rank 1 cannot import: one rank of a pod rejects the config.

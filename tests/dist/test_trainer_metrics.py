@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import urllib.error
@@ -14,6 +13,7 @@ import pytest
 from disttrain_api import constants as C
 from disttrain_api import metric_names as names
 from disttrain_api.scaling.hint import propose
+from ports import free_ports  # tests/ports.py: each xdist worker's own slice
 
 # Runs one rank with an injected Metrics whose HTTP server outlives training, so the
 # test can scrape it after the run; it exits when the test closes its stdin.
@@ -57,20 +57,6 @@ SERIES = [
 PARTS = ("compute_s", "comm_exposed_s", "data_s", "idle_s")
 
 
-def two_free_ports() -> int:
-    for _ in range(50):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            base = a.getsockname()[1]
-            with socket.socket() as b:
-                try:
-                    b.bind(("127.0.0.1", base + 1))
-                except OSError:
-                    continue
-                return int(base)
-    raise RuntimeError("no two consecutive free ports")
-
-
 def value(text: str, name: str, rank: int) -> float:
     for line in text.splitlines():
         if line.startswith(name + "{") and f'rank="{rank}"' in line:
@@ -84,7 +70,7 @@ def test_metrics_endpoint_and_time_decomposition(trainer, make_digits_spec) -> N
     )
     config = trainer.spec_file(spec, "metrics")
     run_dir = trainer.tmp / "runs" / "metrics"
-    base = two_free_ports()
+    base = free_ports(2)
     master = base + 2 if base + 2 < 65535 else base - 1
     procs = []
     for rank in range(2):

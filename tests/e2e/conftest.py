@@ -14,7 +14,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ import kubernetes
 import pytest
 import yaml
 from kubernetes.utils import parse_quantity
+from ports import free_port  # tests/ports.py: each xdist worker's own slice
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "manifests" / "crd" / "disttrainjobs.yaml"
@@ -138,12 +138,6 @@ def wait_for_room(kubectl: Kubectl, cpu_millicores: int, timeout: float = 180) -
 
 def condition(job: dict[str, Any], type_: str) -> dict[str, Any] | None:
     return next((c for c in (job.get("status") or {}).get("conditions") or [] if c.get("type") == type_), None)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="session")

@@ -34,11 +34,12 @@ import pytest
 import yaml
 from disttrain_api import metric_names as names
 
-from .conftest import ROOT, Kubectl, OperatorProcess, digits_manifest, free_port  # type: ignore[import-not-found]
+from .conftest import ROOT, Kubectl, OperatorProcess, digits_manifest  # type: ignore[import-not-found]
 
 sys.path.insert(0, str(ROOT / "hack"))
 import dashboard  # noqa: E402
 import k8s_http_sd  # noqa: E402
+from ports import free_port  # tests/ports.py: each xdist worker's own slice
 
 pytestmark = pytest.mark.timeout(900)
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import socket
 from pathlib import Path
 
 import grpc
@@ -28,6 +27,7 @@ from disttrain_trainer.tensor_transport import auth
 from disttrain_trainer.tensor_transport.channel import Tls, aio_channel
 from disttrain_trainer.tensor_transport.protos import tensor_transport_pb2 as pb
 from disttrain_trainer.tensor_transport.protos import tensor_transport_pb2_grpc as pbg
+from ports import free_port  # tests/ports.py: each xdist worker's own slice
 
 
 def _spec(**fed: object):  # noqa: ANN202
@@ -164,14 +164,9 @@ def test_rounds_report_the_time_categories_of_every_mode(tmp_path: Path) -> None
     assert step_sum > 0 and abs(total - step_sum) < 1e-6
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 async def _restart_scenario(spec, ds, groups, ckpt: Path) -> tuple[Aggregator, Aggregator, list, list]:  # noqa: ANN001
-    key, port = auth.new_key(), _free_port()
+    key, port = auth.new_key(), free_port()
 
     def make() -> Aggregator:
         agg = Aggregator(fed=spec.federated, model=inprocess.build_model(spec, ds).state_dict(), key=key,

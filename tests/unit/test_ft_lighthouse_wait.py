@@ -12,17 +12,12 @@ from datetime import timedelta
 import pytest
 from disttrain_trainer.modes.data import ft_replica
 from disttrain_trainer.process.dist_env import RendezvousError
+from ports import free_port  # tests/ports.py: each xdist worker's own slice
 from torchft.coordination import LighthouseServer
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_a_lighthouse_that_starts_late_is_waited_for_and_a_manager_then_connects(capsys: pytest.CaptureFixture[str]) -> None:
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     servers: list[LighthouseServer] = []
 
@@ -53,7 +48,7 @@ def test_a_lighthouse_that_starts_late_is_waited_for_and_a_manager_then_connects
 
 
 def test_a_lighthouse_that_never_listens_fails_at_the_deadline_naming_it() -> None:
-    port = _free_port()  # nothing listens: every connection is refused
+    port = free_port()  # nothing listens: every connection is refused
     url = f"http://127.0.0.1:{port}"
     t0 = time.monotonic()
     with pytest.raises(RendezvousError, match=rf"lighthouse at {url} did not accept a connection within 2s"):

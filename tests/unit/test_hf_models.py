@@ -6,11 +6,11 @@ the Hugging Face export and model.init from a Hugging Face directory."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import datasets
+import hf_tiny  # tests/hf_tiny.py: tests/conftest.py puts tests/ on sys.path
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pa_csv
@@ -28,9 +28,6 @@ from disttrain_trainer.process.config import ConfigError
 from disttrain_trainer.weights.export import write_export
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
-
-sys.path.insert(0, str(Path(__file__).parents[1]))
-import hf_tiny  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ is wrong."""
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ from disttrain_api.model import parse_spec
 from disttrain_trainer.data import GlobalBatchSampler, load_dataset, object_store
 from disttrain_trainer.data.formats.tokens_s3 import RemoteTokenFile
 from disttrain_trainer.process.config import ConfigError
+from ports import free_port  # tests/ports.py: each xdist worker's own slice
 
 BLOCK = 8
 GPT = {"name": "gpt", "hidden": 16, "layers": 1, "heads": 2, "blockSize": BLOCK}
@@ -137,9 +137,7 @@ def test_refused_credentials_are_a_config_error(aws_env: Any, tmp_path: Path, mo
 
 
 def test_an_endpoint_that_does_not_answer_is_transient_not_a_config_error(aws_env: Any, tmp_path: Path) -> None:
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    closed = f"http://127.0.0.1:{free_port()}"  # a port nobody listens on
     with pytest.raises(object_store.StoreUnreachable) as err:
         load_dataset(spec({"path": "s3://corpus/train.bin", "format": "tokens"}, closed), tmp_path)
     assert not isinstance(err.value, ConfigError) and "not reachable" in str(err.value) and closed in str(err.value)
@@ -158,10 +156,7 @@ def test_peeking_ahead_names_the_next_batches_and_does_not_move_the_sampler() ->
 
 
 def _hf_tiny() -> Any:
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).parents[1]))
-    import hf_tiny
+    import hf_tiny  # tests/hf_tiny.py: tests/conftest.py puts tests/ on sys.path
 
     return hf_tiny
 

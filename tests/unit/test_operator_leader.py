@@ -18,6 +18,7 @@ from disttrain_operator import leader
 from disttrain_operator.kube import Kube
 from disttrain_operator.leader import Elector, LeaseConfig, Seen, Watchdog, lease_spec, may_take
 from kubernetes import client
+from ports import free_port  # tests/ports.py: each xdist worker's own slice
 from urllib3.exceptions import HTTPError
 
 
@@ -146,9 +147,7 @@ def test_a_standby_answers_the_liveness_endpoint_and_frees_it_for_kopf() -> None
     import socket
     import urllib.request
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     url = f"http://127.0.0.1:{port}/healthz"
     server = leader.serve_standby_health(url)
     try:

@@ -4,7 +4,6 @@ byte at a time, one that sends an endless body, one that redirects elsewhere."""
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -13,6 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from disttrain_api import metric_names as names
 from disttrain_operator import progress
+from ports import free_port  # tests/ports.py: each xdist worker's own slice
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 HANG_S = 30.0  # a scrape still running after this is stuck: the bound is 1 s
@@ -90,9 +90,7 @@ def metrics_endpoint(step: float) -> tuple[int, Callable[[], None]]:
     """A trainer's real endpoint (prometheus_client), as rank 0 serves it."""
     registry = CollectorRegistry()
     Gauge(names.STEP, "step", registry=registry).set(step)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server, _ = start_http_server(port, addr="127.0.0.1", registry=registry)
     return port, server.shutdown
 

@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "hack"))
 import dashboard  # noqa: E402
 import k8s_http_sd  # noqa: E402
+from ports import free_port  # noqa: E402 - tests/ports.py: each xdist worker's own slice
 
 SCRAPE_JOB = "disttrain-workers"  # the job_name of the README's scrape config
 
@@ -42,18 +43,12 @@ SCRAPE_JOB = "disttrain-workers"  # the job_name of the README's scrape config
 FORECAST_INPUTS = json.loads((Path(__file__).parents[1] / "forecast_inputs.json").read_text())
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def worker_pods(port: int) -> list[dict[str, Any]]:
+def worker_pods(ports: list[int]) -> list[dict[str, Any]]:
     """The operator's two worker pods of job `digits` in `ml`, as the API server would show them
-    once running (rank r's metrics port is `port` + r so both fit on 127.0.0.1)."""
+    once running (rank r's metrics port is `ports[r]` so both fit on 127.0.0.1)."""
     pods = []
     for rank in range(2):
-        spec = api.parse_spec({"mode": "data", "workers": {"replicas": 2}, "metrics": {"port": port + rank}})
+        spec = api.parse_spec({"mode": "data", "workers": {"replicas": 2}, "metrics": {"port": ports[rank]}})
         pod = build_children(spec, BuildContext(name="digits", namespace="ml", image="img", replicas=2)).pods[rank]
         pod["status"] = {"phase": "Running", "podIP": "127.0.0.1",
                          "conditions": [{"type": "Ready", "status": "True"}]}
@@ -69,7 +64,7 @@ def test_a_client_that_hangs_up_before_the_answer_costs_no_traceback(capfd: pyte
     def slow_pods() -> list[dict[str, Any]]:
         time.sleep(0.5)
         listed.set()
-        return worker_pods(free_port())
+        return worker_pods([free_port(), free_port()])
 
     sd = k8s_http_sd.serve(slow_pods)
     try:
@@ -89,7 +84,7 @@ def test_a_client_that_hangs_up_before_the_answer_costs_no_traceback(capfd: pyte
 
 
 def test_targets_carry_the_pod_roles_meta_labels() -> None:
-    pods = worker_pods(9400)
+    pods = worker_pods([9400, 9401])
     groups = k8s_http_sd.pod_targets(pods)
     metrics = [g for g in groups if g["labels"].get("__meta_kubernetes_pod_container_port_name") == "metrics"]
     assert sorted(g["targets"][0] for g in metrics) == ["127.0.0.1:9400", "127.0.0.1:9401"]
@@ -126,15 +121,8 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prom]:
     binary = shutil.which("prometheus")
     assert binary, "prometheus missing: `make unit-prereqs` installs Debian's prometheus package"
     tmp = tmp_path_factory.mktemp("prom")
-    base = free_port()
-    while True:  # two adjacent free ports, one per rank
-        try:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", base + 1))
-            break
-        except OSError:
-            base = free_port()
-    ranks = [Metrics(job="digits", rank=r, mode="data", port=base + r, run_dir=None, namespace="ml",
+    ports = [free_port(), free_port()]
+    ranks = [Metrics(job="digits", rank=r, mode="data", port=ports[r], run_dir=None, namespace="ml",
                      target_steps=100_000) for r in (0, 1)]  # fmt: skip
     stop = threading.Event()
 
@@ -151,7 +139,7 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prom]:
     # Rank 0 after its first steady interval: its forecast inputs, and the forecast gauges on them.
     ranks[0].observe_forecast(FORECAST_INPUTS)
     threading.Thread(target=train, daemon=True).start()
-    sd = k8s_http_sd.serve(lambda: worker_pods(base))
+    sd = k8s_http_sd.serve(lambda: worker_pods(ports))
     config = tmp / "prometheus.yml"
     config.write_text(yaml.safe_dump({
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},

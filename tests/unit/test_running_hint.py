@@ -5,7 +5,6 @@ the decision wired into the reconciler's status and Events."""
 from __future__ import annotations
 
 import json
-import socket
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,6 +24,7 @@ from disttrain_operator.decide import decide
 from disttrain_operator.decision import Observed
 from disttrain_operator.observe import PodView
 from disttrain_trainer.telemetry.step_metrics import Metrics
+from ports import free_port  # tests/ports.py: each xdist worker's own slice
 
 MS = 1e-3
 
@@ -133,11 +133,6 @@ def test_another_best_change_replaces_the_text() -> None:
 
 # ------------------------------------------------------------------ the operator's reading
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_the_scrape_reads_the_inputs_rank_0_publishes() -> None:

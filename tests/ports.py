@@ -39,18 +39,28 @@ def worker_slice(worker: str | None, workers: str | None, high: int) -> range:
     return range(LOW + index * width, LOW + (index + 1) * width)
 
 
-def free_port() -> int:
+def free_ports(count: int) -> int:
+    """The first of `count` consecutive free ports (a job's ranks serve on a base port + rank)."""
     ports = worker_slice(os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT"),
                          _ephemeral_low())  # fmt: skip
     for _ in range(100):
-        port = _DRAW.randrange(ports.start, ports.stop)
-        if port in _given:
+        base = _DRAW.randrange(ports.start, ports.stop - count + 1)
+        run = range(base, base + count)
+        if any(port in _given for port in run) or not all(_bindable(port) for port in run):
             continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _given.add(port)
-        return port
-    raise RuntimeError(f"no free port in {ports.start}-{ports.stop - 1}")
+        _given.update(run)
+        return base
+    raise RuntimeError(f"no {count} consecutive free ports in {ports.start}-{ports.stop - 1}")
+
+
+def free_port() -> int:
+    return free_ports(1)
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
