@@ -48,9 +48,15 @@ def _set_threads(cfg: TrainerConfig) -> None:
         torch.set_num_threads(_threads(cfg))
 
 
+ModelCheck = Callable[[nn.Module, Dataset], None]  # raises the mode's ConfigError for a model it cannot run
+
+
 @contextmanager
-def collective_rank(cfg: TrainerConfig, metrics: Metrics | None = None) -> Iterator[Rank]:
-    """Set this rank up; `metrics` given: the caller's (it closes them), else the rank's own."""
+def collective_rank(cfg: TrainerConfig, metrics: Metrics | None = None, *,
+                    check_model: ModelCheck | None = None) -> Iterator[Rank]:  # fmt: skip
+    """Set this rank up; `metrics` given: the caller's (it closes them), else the rank's own.
+    `check_model`: what the mode asks of the model beyond the layout's contract (model_contract),
+    run on every rank with the contract, before the mode's first collective."""
     _set_threads(cfg)
     spec = cfg.spec
     ctx = init_distributed(cfg)
@@ -70,6 +76,8 @@ def collective_rank(cfg: TrainerConfig, metrics: Metrics | None = None) -> Itera
         amp = make_amp(spec.training.precision, ctx.device)
         model = build_model(spec, ds)
         check_model_contract(spec, model)  # every rank alike, before the mode's first collective
+        if check_model is not None:
+            check_model(model, ds)
         yield Rank(ctx=ctx, metrics=m, ds=ds, amp=amp, model=model)
         finished = True
     finally:

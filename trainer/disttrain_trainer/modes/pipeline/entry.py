@@ -30,7 +30,7 @@ from ...run_common import Summary, mark_finished, write_summary
 from ...telemetry import scaling_record
 from ...telemetry.step_metrics import Metrics
 from .loop import run_to_end
-from .run_state import setup
+from .run_state import check_pipeline_model, setup
 
 
 def check_supported(cfg: TrainerConfig) -> None:
@@ -61,7 +61,7 @@ def run(cfg: TrainerConfig, *, metrics: Metrics | None = None) -> Summary:
     """Train one rank to completion; returns the summary (rank 0 also writes summary.json)."""
     wall0 = time.perf_counter()
     check_supported(cfg)
-    with collective_rank(cfg, metrics) as rank:
+    with collective_rank(cfg, metrics, check_model=lambda model, ds: check_pipeline_model(cfg, model, ds)) as rank:
         ctx = rank.ctx
         link = scaling_record.probe_link(ctx.device, ctx.world_size)  # the forecast's link (a fraction of a second)
         prun = setup(cfg, ctx, rank.ds, rank.model, rank.metrics)

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from disttrain_api.model import JobSpec
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -149,6 +150,27 @@ def _cpu(d: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v.detach().cpu() for k, v in d.items()}
 
 
+def _microbatch_rows(spec: JobSpec, dp: int) -> int:
+    return spec.data.batch_size // dp // spec.parallelism.microbatches
+
+
+def check_pipeline_model(cfg: TrainerConfig, model: nn.Module, ds: Dataset) -> None:
+    """What cutting `model` into this job's stages needs beyond its blocks (model_contract): a block
+    for every stage, and blocks that applied in turn compute model(x) on a micro-batch of the data.
+    collective_rank runs it on every rank before the first collective: raised later (after the
+    device mesh), a rank that got there first left while a peer was still creating a group through
+    its store, and the peer failed with a broken pipe (exit 1) instead of this ConfigError."""
+    spec = cfg.spec
+    par, layout = spec.parallelism, layout_for(spec, cfg.world_size)
+    blocks = split_blocks(model, name=spec.model.name)
+    n_stages = total_stages(par.schedule, layout.pp, par.virtual_stages)
+    if len(blocks) < n_stages:
+        raise ConfigError(f"model {spec.model.name} has {len(blocks)} blocks, fewer than the {n_stages} stages of "
+                          f"parallelism.pipeline {layout.pp} x virtualStages; use more layers or fewer stages")  # fmt: skip
+    x, _ = ds.batch(np.arange(_microbatch_rows(spec, layout.dp)))
+    check_chain(model, blocks, torch.from_numpy(np.asarray(x)), name=spec.model.name)
+
+
 def setup(cfg: TrainerConfig, ctx: DistContext, ds: Dataset, model: nn.Module, metrics: Metrics) -> PipeRun:
     spec = cfg.spec
     par = spec.parallelism
@@ -158,18 +180,12 @@ def setup(cfg: TrainerConfig, ctx: DistContext, ds: Dataset, model: nn.Module, m
     dp_rank, pp_rank, tp_rank = (mesh[d].get_local_rank() for d in ("dp", "pp", "tp"))
     # Rank 0 evaluates a plain copy: the tensor-parallel blocks need their whole group in every forward.
     full = copy.deepcopy(model) if tp > 1 and ctx.is_main else model
-    blocks = split_blocks(model, name=spec.model.name)
+    blocks = split_blocks(model, name=spec.model.name)  # (checked: check_pipeline_model)
     n_stages = total_stages(par.schedule, pp, par.virtual_stages)
-    if len(blocks) < n_stages:
-        raise ConfigError(f"model {spec.model.name} has {len(blocks)} blocks, fewer than the {n_stages} stages of "
-                          f"parallelism.pipeline {pp} x virtualStages; use more layers or fewer stages")  # fmt: skip
     loaded = resume.agree_on_checkpoint(cfg.checkpoint_dir, ctx, writer=Writer.of(cfg))
     saved_plan = Plan.from_json(loaded[1]["plan"]) if loaded else None
     sampler = GlobalBatchSampler(ds.num_train, spec.data.batch_size, spec.data.seed, dp_rank, dp)
-    mb = spec.data.batch_size // dp // par.microbatches
-    sample_rows = np.arange(mb)
-    x, _ = ds.batch(sample_rows)
-    check_chain(model, blocks, torch.from_numpy(np.asarray(x)), name=spec.model.name)
+    x, _ = ds.batch(np.arange(_microbatch_rows(spec, dp)))  # the partitioner's profiling input
     plan, profiles = choose_plan(blocks, torch.from_numpy(np.asarray(x)).to(ctx.device), method=par.partition,
                           stages=n_stages, saved=saved_plan, peer=tp)  # fmt: skip
     if ctx.is_main:
