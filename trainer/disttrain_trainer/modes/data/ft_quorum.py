@@ -92,13 +92,13 @@ def gather(r: ReplicaRun, series: ReplicaSeries) -> bool:
         start = time.perf_counter()
         with for_peers():
             r.manager.start_quorum()
-        n = r.manager.num_participants()
-        complete = n >= r.replica.replicas
         if r.healed:
             r.healed = False
             r.note_recovery(time.perf_counter() - start)
             series.recovered(r.recovery_s)
             return True
+        n = r.manager.num_participants()
+        complete = n >= r.replica.replicas
         if complete or time.monotonic() >= deadline:
             series.quorum(r.manager, r.step)
             return complete
