@@ -117,31 +117,35 @@ def survivor_steps(run_dir: Path, rank: int, steps: int) -> list[dict[str, Any]]
     return trained
 
 
-def kill_at(proc: subprocess.Popen[str], run_dir: Path, *, rank: int, step: int) -> float:
-    """SIGKILL the replica `rank` once replica 0 logged `step`; returns when (time.time())."""
+def pids_of(run_dir: Path) -> dict[int, int]:
+    """{process rank: pid} as the launcher lists them now (pids.json: a replacement's once it started)."""
+    return {int(rank): int(pid) for rank, pid in json.loads((run_dir / "pids.json").read_text())["pids"].items()}
+
+
+def kill_at(proc: subprocess.Popen[str], run_dir: Path, *, rank: int, step: int) -> tuple[float, dict[int, int]]:
+    """SIGKILL the replica `rank` once replica 0 logged `step`; returns when (time.time()) and every
+    process's pid as listed just before the kill (the dead ones, to tell their replacements by)."""
     deadline = time.monotonic() + 240
     while step_of(run_dir) < step:
         assert proc.poll() is None, proc.communicate()[0][-3000:]
         assert time.monotonic() < deadline, "the run never reached the step of the kill"
         time.sleep(0.05)
-    pid = int(json.loads((run_dir / "pids.json").read_text())["pids"][str(rank)])
-    os.kill(pid, signal.SIGKILL)
-    return time.time()
+    before = pids_of(run_dir)
+    os.kill(before[rank], signal.SIGKILL)
+    return time.time(), before
 
 
-def stop_replacements(proc: subprocess.Popen[str], run_dir: Path, *, ranks: tuple[int, ...],
+def stop_replacements(proc: subprocess.Popen[str], run_dir: Path, *, dead: dict[int, int],
                       deadline: float) -> dict[int, int]:  # fmt: skip
-    """SIGSTOP the replacements of the killed processes `ranks` as soon as the launcher started them
-    (their pids in pids.json differ from the dead ones'); returns {rank: pid}. A local replacement
-    is forked from the launcher's forkserver and can be back within the heartbeat timeout, before
-    any survivor steps without it; a replacement pod takes far longer. This is that slow start,
-    for real (SIGCONT ends it)."""
-    pids = json.loads((run_dir / "pids.json").read_text())["pids"]
-    dead = {rank: int(pids[str(rank)]) for rank in ranks}
+    """SIGSTOP the replacements of the killed processes `dead` ({rank: its pid before the kill}) as
+    soon as the launcher started them (their pids in pids.json differ from the dead ones'); returns
+    {rank: pid}. A local replacement is forked from the launcher's forkserver and can be back within
+    the heartbeat timeout, before any survivor steps without it; a replacement pod takes far longer.
+    This is that slow start, for real (SIGCONT ends it)."""
     held: dict[int, int] = {}
     try:
-        for rank in ranks:
-            while (pid := int(json.loads((run_dir / "pids.json").read_text())["pids"][str(rank)])) == dead[rank]:
+        for rank in dead:
+            while (pid := pids_of(run_dir)[rank]) == dead[rank]:
                 assert proc.poll() is None and time.monotonic() < deadline, f"rank {rank} was never replaced"
                 time.sleep(0.02)
             os.kill(pid, signal.SIGSTOP)
@@ -160,12 +164,12 @@ def wait_for_quorum(proc: subprocess.Popen[str], run_dir: Path, *, after: float,
         time.sleep(0.05)
 
 
-def hold_replacement(proc: subprocess.Popen[str], run_dir: Path, *, ranks: tuple[int, ...], killed: float,
+def hold_replacement(proc: subprocess.Popen[str], run_dir: Path, *, dead: dict[int, int], killed: float,
                      quorum: int) -> None:  # fmt: skip
-    """Keep the replacements of the killed processes `ranks` stopped until replica 0 has stepped at
-    quorum `quorum` (without them), then let them go on."""
+    """Keep the replacements of the killed processes `dead` ({rank: pid}) stopped until replica 0
+    has stepped at quorum `quorum` (without them), then let them go on."""
     deadline = time.monotonic() + 120
-    held = stop_replacements(proc, run_dir, ranks=ranks, deadline=deadline)
+    held = stop_replacements(proc, run_dir, dead=dead, deadline=deadline)
     try:
         wait_for_quorum(proc, run_dir, after=killed, quorum=quorum, deadline=deadline)
     finally:
@@ -195,8 +199,8 @@ def test_a_killed_replica_leaves_a_smaller_quorum_then_rejoins(tmp_path: Path) -
     steps = REJOIN_STEPS
     proc, run_dir = start(tmp_path, manifest("ftkill", replicas=3, min_replicas=2, steps=steps, ckpt_every=100),
                           "ftkill", pace_s=PACE_S)  # fmt: skip
-    killed = kill_at(proc, run_dir, rank=1, step=15)
-    hold_replacement(proc, run_dir, ranks=(1,), killed=killed, quorum=2)
+    killed, before = kill_at(proc, run_dir, rank=1, step=15)
+    hold_replacement(proc, run_dir, dead={1: before[1]}, killed=killed, quorum=2)
     out = finish(proc)
     assert "replica 1 lost" in out and "the other 2 go on at a smaller quorum" in out, out[-3000:]
     assert "replica 1 rejoined" in out, out[-3000:]
@@ -227,11 +231,10 @@ def test_two_killed_replicas_rejoin_one_by_one_and_the_first_trains_in_the_quoru
     steps = REJOIN_STEPS
     proc, run_dir = start(tmp_path, manifest("ftkill2", replicas=4, min_replicas=2, steps=steps, ckpt_every=100,
                                              quorum_interval=1), "ftkill2", pace_s=PACE_S)  # fmt: skip
-    killed = kill_at(proc, run_dir, rank=1, step=15)
-    pid2 = int(json.loads((run_dir / "pids.json").read_text())["pids"]["2"])
-    os.kill(pid2, signal.SIGKILL)
+    killed, before = kill_at(proc, run_dir, rank=1, step=15)
+    os.kill(before[2], signal.SIGKILL)
     deadline = time.monotonic() + 180
-    held = stop_replacements(proc, run_dir, ranks=(1, 2), deadline=deadline)
+    held = stop_replacements(proc, run_dir, dead={rank: before[rank] for rank in (1, 2)}, deadline=deadline)
     try:
         wait_for_quorum(proc, run_dir, after=killed, quorum=2, deadline=deadline)
         os.kill(held.pop(1), signal.SIGCONT)
@@ -307,8 +310,9 @@ def test_a_killed_hsdp_process_takes_its_group_out_which_rejoins_from_its_peers_
     steps, procs = REJOIN_STEPS, 2
     proc, run_dir = start(tmp_path, manifest("fthsdpkill", replicas=2, min_replicas=1, steps=steps, ckpt_every=100,
                                              procs=procs), "fthsdpkill", pace_s=PACE_S)  # fmt: skip
-    killed = kill_at(proc, run_dir, rank=3, step=15)  # replica 1's second process
-    hold_replacement(proc, run_dir, ranks=(2, 3), killed=killed, quorum=1)  # the launcher replaces both
+    killed, before = kill_at(proc, run_dir, rank=3, step=15)  # replica 1's second process
+    # the launcher replaces both
+    hold_replacement(proc, run_dir, dead={rank: before[rank] for rank in (2, 3)}, killed=killed, quorum=1)
     out = finish(proc)
     assert "replica 1 lost" in out and "the other 1 go on at a smaller quorum" in out, out[-3000:]
     assert "replica 1 rejoined" in out, out[-3000:]
@@ -333,7 +337,7 @@ def test_a_stopped_hsdp_job_leaves_promptly_every_process_at_the_quorum(tmp_path
     while step_of(run_dir) < 20:
         assert proc.poll() is None and time.monotonic() < deadline, output_after_kill(proc)[0][-3000:]
         time.sleep(0.05)
-    pids = [int(pid) for pid in json.loads((run_dir / "pids.json").read_text())["pids"].values()]
+    pids = list(pids_of(run_dir).values())
     stopped = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     # Until the job's processes (the lighthouse's too) have exited, not until `disttrain local` does:
