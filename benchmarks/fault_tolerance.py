@@ -21,6 +21,7 @@ same jobs run without kills give the reference throughput.
     .venv/bin/python benchmarks/fault_tolerance.py cost --model mlp --replicas 4 [--json out.json]
     .venv/bin/python benchmarks/fault_tolerance.py window --window 240 --kill-every 60
     .venv/bin/python benchmarks/fault_tolerance.py correct [--procs 2 --replicas 2]
+    DISTTRAIN_DEVICE=cuda python3 benchmarks/fault_tolerance.py correct --model gpt --replicas 1  (one GPU)
     .venv/bin/python benchmarks/fault_tolerance.py diloco --replicas 4 --interval 50 --steps 400
 """
 
@@ -254,6 +255,7 @@ def correct(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
             job = f"{name}{rnd}"  # a run folder of its own: the next round's waits must not read this one's steps
             run = Local(work, job, manifest(job, model=args.model, replicas=args.replicas, steps=steps, ft=ft,
                                             ckpt_every=steps, log_every=10, procs=args.procs, mlp=args.mlp,
+                                            gpt=args.gpt, gpt_batch=args.gpt_batch,
                                             quorum_interval=args.quorum_interval))  # fmt: skip
             cpu[name].append(run.cpu_per_step(steps // 4, 3 * steps // 4))
             run.finish()
@@ -272,6 +274,8 @@ def correct(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
                 "cpuPerStepRatio": statistics.median(cpu_ratio), "stepCostRatios": [round(c, 3) for c in cost],
                 "cpuMsPerStep": {k: round(statistics.median(v), 2) for k, v in cpu.items()}})  # fmt: skip
     print(json.dumps(out[-1]), flush=True)
+    if args.replicas < 2:  # (a machine with one GPU: one replica) no live peer to rejoin from
+        return out
     name = "ft-kill"
     run = Local(work, name, manifest(name, model=args.model, replicas=args.replicas, steps=steps, ft=True,
                                      ckpt_every=steps, log_every=10, procs=args.procs, mlp=args.mlp,
@@ -336,9 +340,9 @@ def main() -> None:
                    help="correct: the MLP's width x layers (default 128x2, the digits example's)")
     p.add_argument("--replicas", type=int, default=4)
     p.add_argument("--gpt", type=lambda v: tuple(int(x) for x in v.split("x")), default=(64, 2),
-                   help="diloco: the GPT's width x layers (default 64x2, gpt-tokens.yaml's; 128x4 is the pipeline, "
+                   help="diloco, correct: the GPT's width x layers (default 64x2, gpt-tokens.yaml's; 128x4 is the pipeline, "
                         "tensor and hybrid examples')")
-    p.add_argument("--gpt-batch", type=int, default=8, help="GPT sequences per replica and step (window, diloco)")
+    p.add_argument("--gpt-batch", type=int, default=8, help="GPT sequences per replica and step (window, correct, diloco)")
     p.add_argument("--procs", type=int, default=1, help="processes per replica: > 1 is HSDP (dataStrategy fsdp)")
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--window", type=float, default=600.0)
