@@ -3,6 +3,8 @@ float8 conversion's choice of layers, checked without running a float8 matmul.""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 from disttrain_api.crd import openapi_schema, schema_errors, structural_problems
@@ -88,6 +90,13 @@ def test_float8_without_large_linears_or_on_a_cpu_is_refused_naming_why() -> Non
         float8.apply_float8(_gpt(64, 1, 4), fsdp=False, name="gpt")
     with pytest.raises(ConfigError, match="this process trains on cpu"):
         float8.check_device(torch.device("cpu"))
+
+
+def test_float8_in_an_image_without_torchao_is_refused_naming_the_requirement(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A None entry in sys.modules makes the import fail as a missing package does (ImportError).
+    monkeypatch.setitem(sys.modules, "torchao.float8", None)
+    with pytest.raises(ConfigError, match=r"training.float8 needs torchao, which this image lacks .*disttrain\[trainer\]"):
+        float8.apply_float8(_gpt(2048, 1, 16), fsdp=False, name="gpt")
 
 
 def test_compile_wraps_each_block_in_place_and_keeps_parameter_names() -> None:

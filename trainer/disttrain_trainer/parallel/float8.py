@@ -63,7 +63,11 @@ def check_device(device: torch.device) -> None:
 def apply_float8(model: nn.Module, *, fsdp: bool, name: str = "model") -> list[str]:
     """Swap the selected linears for Float8Linear in place (before tensor parallelism, compile and
     FSDP: parallel/block_compile.py says why); returns their names."""
-    from torchao.float8 import Float8LinearConfig, convert_to_float8_training  # noqa: PLC0415 - only with float8 on
+    try:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training  # noqa: PLC0415 - only with float8 on
+    except ImportError as e:  # an image built without the trainer's requirements
+        raise ConfigError(f"training.float8 needs torchao, which this image lacks ({e}); install the trainer's "
+                          "requirements (pip install 'disttrain[trainer]') or set training.float8: false") from None  # fmt: skip
 
     names = planned(model)
     if not names:
