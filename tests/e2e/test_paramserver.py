@@ -22,7 +22,10 @@ pytestmark = pytest.mark.timeout(900)
 def example(name: str, ns: str) -> dict[str, Any]:
     obj = yaml.safe_load((ROOT / "manifests" / "examples" / "paramserver.yaml").read_text())
     obj["metadata"] = {"name": name, "namespace": ns}
-    obj["spec"]["workers"]["resources"]["cpu"] = "500m"
+    # Six pods (4 workers, 2 server shards: both take the workers' resources) at 250m: 1.5 CPUs of
+    # the local cluster's 4 (2 nodes x 2), so the other cluster lane's job (the helm test's, 1.6)
+    # fits beside it. At 500m (3 CPUs) this job waited Pending ("Insufficient cpu") for 300 s.
+    obj["spec"]["workers"]["resources"]["cpu"] = "250m"
     return obj
 
 
