@@ -269,6 +269,7 @@ def test_below_min_replicas_the_gang_restarts_from_the_checkpoint(tmp_path: Path
     assert "fewer than faultTolerance.minReplicas=2: the gang restarts from the newest checkpoint" in out, out[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["restartAttempt"] == 1 and summary["resumedFromStep"] >= 10
+    assert summary["backend"] == "torchft-gloo"  # the process group's own name
     replicas_agree(run_dir, 2, steps)
 
 

@@ -113,6 +113,7 @@ def run(cfg: TrainerConfig) -> Summary | None:
             # Heartbeats start here: the others' quorum waits for a replica from now on.
             cuda = ctx.device.type == "cuda"
             pg = ft_replica.replica_process_group(s, cuda=cuda)
+            r.backend = pg.getBackendName()
             r.manager = ft_replica.open_manager(cfg, s, pg, state_dict=r.healable, load_state_dict=r.load_healed)
             group = None if cuda else pg  # the gradients' sums go to it directly (FTComm.sum_over_quorum)
             keep_until_exit(r.manager)
@@ -284,7 +285,7 @@ def _train(r: ReplicaRun, comm: FTComm | None) -> Summary:
         "layout": f"dp={r.replica.processes},pp=1,tp=1",
         "dataStrategy": spec.parallelism.data_strategy,
         "device": r.ctx.device.type,
-        "backend": "torchft-" + ("nccl" if r.ctx.device.type == "cuda" else "gloo"),
+        "backend": r.backend,
         "precision": tr.precision,
         "sync": tr.sync.kind,
         "trainS": train_s,

@@ -78,6 +78,7 @@ class ReplicaRun:
     ckpts: ReplicaCheckpoints
     outer: OuterSync | None = None
     manager: Any = None  # torchft.Manager, set once the replica is ready to heartbeat
+    backend: str = ""  # its process group's name (torchft-gloo, torchft-nccl), for the summary
     step: int = 0
     resumed_from: int | None = None
     summary: dict[str, Any] | None = None
