@@ -17,27 +17,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from test_ft_local import finish, kill_at, start  # tests/dist is on sys.path (conftest.py)
+from test_ft_local import manifest as ft_manifest
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
 def manifest(name: str, *, ft: bool, strategy: str, steps: int, ckpt_every: int) -> str:
-    block = "  faultTolerance: {minReplicas: 1, heartbeatTimeoutSeconds: 5, quorumIntervalSteps: 1}\n" if ft else ""
-    return f"""\
-apiVersion: disttrain.dev/v1alpha1
-kind: DistTrainJob
-metadata: {{name: {name}}}
-spec:
-  mode: data
-  workers: {{replicas: 1, resources: {{gpus: 1}}}}
-  parallelism: {{dataStrategy: {strategy}}}
-  model: {{name: mlp, hidden: 64, layers: 2}}
-  data: {{name: digits, batchSize: 64, seed: 3}}
-  optimizer: {{name: sgd, lr: 0.1, momentum: 0.9, baseBatchSize: 64, warmupSteps: 5}}
-  training: {{steps: {steps}, logIntervalSteps: 1}}
-  checkpoint: {{intervalSteps: {ckpt_every}, keep: 2}}
-  runPolicy: {{backoffLimit: 2}}
-{block}"""
+    """One replica on one GPU, a quorum every step."""
+    return ft_manifest(name, replicas=1, min_replicas=1, steps=steps, ckpt_every=ckpt_every, ft=ft, quorum_interval=1,
+                       fsdp=strategy == "fsdp", gpus=1, heartbeat_s=5)  # fmt: skip
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])

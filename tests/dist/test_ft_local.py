@@ -46,14 +46,16 @@ REJOIN_STEPS = 600
 
 
 def manifest(name: str, *, replicas: int, min_replicas: int, steps: int, ckpt_every: int, ft: bool = True,
-             procs: int = 1, quorum_interval: int | None = None) -> str:  # fmt: skip
-    """procs > 1: HSDP, each replica group `procs` processes sharding the model (dataStrategy fsdp).
-    quorum_interval None: the default (a quorum every 10 committed steps)."""
+             procs: int = 1, quorum_interval: int | None = None, fsdp: bool = False, gpus: int = 0,
+             heartbeat_s: float = HEARTBEAT_S) -> str:  # fmt: skip
+    """procs > 1 (or fsdp): HSDP, each replica group `procs` processes sharding the model (dataStrategy
+    fsdp). quorum_interval None: the default (a quorum every 10 committed steps)."""
     every = f", quorumIntervalSteps: {quorum_interval}" if quorum_interval is not None else ""
-    block = (f"  faultTolerance: {{minReplicas: {min_replicas}, heartbeatTimeoutSeconds: {HEARTBEAT_S}{every}}}\n"
+    block = (f"  faultTolerance: {{minReplicas: {min_replicas}, heartbeatTimeoutSeconds: {heartbeat_s}{every}}}\n"
              if ft else "")  # fmt: skip
-    if procs > 1:
+    if procs > 1 or fsdp:
         block += "  parallelism: {dataStrategy: fsdp}\n"
+    resources = f", resources: {{gpus: {gpus}}}" if gpus else ""
     batch = 32 * replicas * procs
     return f"""\
 apiVersion: disttrain.dev/v1alpha1
@@ -61,7 +63,7 @@ kind: DistTrainJob
 metadata: {{name: {name}}}
 spec:
   mode: data
-  workers: {{replicas: {replicas}, procsPerWorker: {procs}}}
+  workers: {{replicas: {replicas}, procsPerWorker: {procs}{resources}}}
   model: {{name: mlp, hidden: 32, layers: 2}}
   data: {{name: digits, batchSize: {batch}, seed: 3, shards: 3}}
   optimizer: {{name: sgd, lr: 0.1, momentum: 0.9, baseBatchSize: {batch}, warmupSteps: 5}}
