@@ -180,6 +180,19 @@ class BucketLayout:
         self.pending = None
 
 
+class _Backward:
+    """One backward's bookkeeping, in a plain object: every attribute written on an nn.Module goes
+    through Module.__setattr__'s checks, a few microseconds each, several times a step."""
+
+    __slots__ = ("placed", "queued", "ready", "scale")
+
+    def __init__(self) -> None:
+        self.queued = False
+        self.ready: list[int] = []  # this backward's order, while the layout is still the first one
+        self.placed: list[bool] = []  # which gradients this backward has written into their bucket
+        self.scale = 1.0
+
+
 class FTDataParallel(nn.Module):
     """`module` whose gradients are averaged over the quorum's replicas at the end of each backward
     outside `no_sync` (`comm` holds the time and bytes).
@@ -200,12 +213,10 @@ class FTDataParallel(nn.Module):
         self._first = first_iteration_buckets(self._params)
         self._cap = int(bucket_cap_mb * MIB)
         self._sync = True
-        self._queued = False
-        self._ready: list[int] = []  # this backward's order, while the layout is still the first one
-        self._placed: list[bool] = []  # which gradients this backward has written into their bucket
-        self._scale = 1.0
+        self._pass = _Backward()
         self._built_for: Buckets | None = None  # the layout the flat buckets below are cut for
         self._flats: list[torch.Tensor] = []
+        self._flat_bytes = 0
         self._views: list[torch.Tensor] = []  # parameter i's place in its bucket
         for i, p in enumerate(self._params):
             p.register_post_accumulate_grad_hook(functools.partial(self._on_ready, i))
@@ -237,46 +248,49 @@ class FTDataParallel(nn.Module):
                     offset += p.numel()
                 self._flats.append(flat)
             self._views, self._built_for = views, buckets
+            self._flat_bytes = sum(flat.numel() * flat.element_size() for flat in self._flats)
 
     def _on_ready(self, index: int, param: torch.Tensor) -> None:
         if not self._sync:
             return
-        if not self._queued:  # the first gradient of this backward: the all-reduce runs when it is all done
-            self._queued = True
+        bw = self._pass
+        if not bw.queued:  # the first gradient of this backward: the all-reduce runs when it is all done
+            bw.queued = True
             self._cut_buckets()
-            self._scale = 1.0 / max(1, self.manager.num_participants())
-            self._placed = [False] * len(self._params)
+            bw.scale = 1.0 / max(1, self.manager.num_participants())
+            bw.placed = [False] * len(self._params)
             torch.autograd.Variable._execution_engine.queue_callback(self._all_reduce)
         if self.layout.buckets is None:
-            self._ready.append(index)
+            bw.ready.append(index)
         self._place(index, param)
 
     def _place(self, index: int, param: torch.Tensor) -> None:
         """Parameter `index`'s gradient times 1 / quorum size into its place in its bucket, which
         becomes the gradient: scaled before the sum, and by the reciprocal, as DDP's reducer does
         (x * (1/3) and x / 3 round differently)."""
-        view, grad = self._views[index], param.grad
+        view, grad, scale = self._views[index], param.grad, self._pass.scale
         if grad is view:  # accumulated in place (zero_grad without set_to_none, or no_sync micro-steps)
-            view.mul_(self._scale)
+            view.mul_(scale)
         elif grad is None:  # no gradient this step: zeros, as DDP sends for an unused parameter
             view.zero_()
             param.grad = view
         else:
-            torch.mul(grad, self._scale, out=view)
+            torch.mul(grad, scale, out=view)
             param.grad = view
-        self._placed[index] = True
+        self._pass.placed[index] = True
 
     def _all_reduce(self) -> None:
-        self._queued = False
-        for i, placed in enumerate(self._placed):
+        bw = self._pass
+        bw.queued = False
+        for i, placed in enumerate(bw.placed):
             if not placed:  # unused in this backward (its hook never ran)
                 self._place(i, self._params[i])
         start = time.perf_counter()
         self.comm.sum_over_quorum(self._flats)
-        self.comm.bytes += sum(flat.numel() * flat.element_size() for flat in self._flats)
+        self.comm.bytes += self._flat_bytes
         if self.layout.buckets is None:
-            self.layout.pending = self._agree(rebuilt_buckets(self._params, self._ready, self._cap))
-        self._ready = []
+            self.layout.pending = self._agree(rebuilt_buckets(self._params, bw.ready, self._cap))
+        bw.ready = []
         self.comm.allreduce_s += time.perf_counter() - start
 
     def _agree(self, buckets: Buckets) -> Buckets:
