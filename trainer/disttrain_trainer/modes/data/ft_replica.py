@@ -46,9 +46,6 @@ MANAGER_TIMEOUT_S = 120.0
 JOIN_TIMEOUT_S = 60.0
 # A replica retries the quorum this often when the lighthouse is unreachable (its pod restarting).
 QUORUM_RETRIES = 3
-# The most a joining replica reads from a peer: this many times the tensor bytes of its own state,
-# plus the slack. A peer's state is the same model's: weights, optimizer moments (none yet in a
-# fresh replica: Adam's two would make 3x its weights), and with DiLoCo the anchor and outer momentum.
 # A replica heartbeats to the lighthouse this many times within heartbeatTimeoutSeconds, at most
 # once every HEARTBEAT_MAX_INTERVAL_S. torchft's default is every 100 ms whatever the timeout (50 a
 # timeout at the default 5 s): each heartbeat is a gRPC call through the replica's Manager server and
@@ -57,6 +54,9 @@ QUORUM_RETRIES = 3
 # tell a live replica from a dead one (a Kubernetes node renews its lease 4 times in its 40 s).
 HEARTBEATS_PER_TIMEOUT = 10
 HEARTBEAT_MAX_INTERVAL_S = 1.0
+# The most a joining replica reads from a peer: this many times the tensor bytes of its own state,
+# plus the slack. A peer's state is the same model's: weights, optimizer moments (none yet in a
+# fresh replica: Adam's two would make 3x its weights), and with DiLoCo the anchor and outer momentum.
 RECEIVE_LIMIT_FACTOR = 8
 RECEIVE_LIMIT_SLACK = 64 << 20
 
