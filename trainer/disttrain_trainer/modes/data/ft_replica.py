@@ -28,6 +28,7 @@ from datetime import timedelta
 from typing import Any
 
 from disttrain_api import constants as C
+from disttrain_api.model import fault_tolerance as ft_model
 from torchft import Manager
 from torchft.checkpointing.http_transport import HTTPTransport
 from torchft.process_group import ProcessGroup, ProcessGroupGloo, ProcessGroupNCCL
@@ -46,14 +47,6 @@ MANAGER_TIMEOUT_S = 120.0
 JOIN_TIMEOUT_S = 60.0
 # A replica retries the quorum this often when the lighthouse is unreachable (its pod restarting).
 QUORUM_RETRIES = 3
-# A replica heartbeats to the lighthouse this many times within heartbeatTimeoutSeconds, at most
-# once every HEARTBEAT_MAX_INTERVAL_S. torchft's default is every 100 ms whatever the timeout (50 a
-# timeout at the default 5 s): each heartbeat is a gRPC call through the replica's Manager server and
-# the lighthouse, whose threads took 0.48 ms of CPU per step of the digits MLP (four replicas on a
-# 2-core host, per-thread CPU from /proc) at 100 ms and 0.24 at 500 ms. Ten a timeout is plenty to
-# tell a live replica from a dead one (a Kubernetes node renews its lease 4 times in its 40 s).
-HEARTBEATS_PER_TIMEOUT = 10
-HEARTBEAT_MAX_INTERVAL_S = 1.0
 # The most a joining replica reads from a peer: this many times the tensor bytes of its own state,
 # plus the slack. A peer's state is the same model's: weights, optimizer moments (none yet in a
 # fresh replica: Adam's two would make 3x its weights), and with DiLoCo the anchor and outer momentum.
@@ -147,7 +140,7 @@ class _AdvertisedHTTPTransport(HTTPTransport):
 
 
 def heartbeat_interval(timeout_s: float) -> timedelta:
-    return timedelta(seconds=min(HEARTBEAT_MAX_INTERVAL_S, timeout_s / HEARTBEATS_PER_TIMEOUT))
+    return timedelta(seconds=min(ft_model.HEARTBEAT_MAX_INTERVAL_S, timeout_s / ft_model.HEARTBEATS_PER_TIMEOUT))
 
 
 def plain_state(state_dict: Callable[[], dict[str, Any]]) -> Callable[[], dict[str, Any]]:
