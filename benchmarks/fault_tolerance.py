@@ -16,7 +16,9 @@ same jobs run without kills give the reference throughput.
            one kill and a rejoin: every replica's parameters identical (sha256), final accuracy
            against the uninterrupted run
   diloco   GPT, every-step DDP against DiLoCo (interval H): validation loss at the same samples
-           and the bytes moved (the runs' communication metrics)
+           and the bytes moved (the runs' communication metrics); beside them one replica alone
+           (the same batch per replica and steps, a quarter of the samples): what DiLoCo's
+           averaging gains over not training the other replicas at all
 
     .venv/bin/python benchmarks/fault_tolerance.py cost --model mlp --replicas 4 [--json out.json]
     .venv/bin/python benchmarks/fault_tolerance.py window --window 240 --kill-every 60
@@ -49,14 +51,15 @@ HEARTBEAT_S = 3
 def manifest(name: str, *, model: str, replicas: int, steps: int, ft: bool, ckpt_every: int, min_replicas: int = 1,
              sync: dict[str, Any] | None = None, log_every: int = 1, eval_every: int = 0, lr: float = 0.002,
              init: Path | None = None, procs: int = 1, mlp: tuple[int, int] = (128, 2),
-             quorum_interval: int | None = None, gpt_batch: int = 8, gpt: tuple[int, int] = (64, 2)) -> str:  # fmt: skip
+             quorum_interval: int | None = None, gpt_batch: int = 8, gpt: tuple[int, int] = (64, 2),
+             data_seed: int = 0) -> str:  # fmt: skip
     """procs > 1: HSDP, each replica `procs` processes sharding the model (dataStrategy fsdp); the
     batch per process stays what it is with one (32 digits rows, `gpt_batch` GPT sequences). `mlp`:
     the MLP's hidden width and layers; `gpt`: the GPT's."""
     if model == "gpt":
         start = f", init: {json.dumps(str(init))}" if init else ""
         body = (f"  model: {{name: gpt, hidden: {gpt[0]}, layers: {gpt[1]}, heads: 4, blockSize: 64{start}}}\n"
-                f"  data: {{name: pytext, batchSize: {gpt_batch * replicas * procs}, seed: 0}}\n"
+                f"  data: {{name: pytext, batchSize: {gpt_batch * replicas * procs}, seed: {data_seed}}}\n"
                 f"  optimizer: {{name: adamw, lr: {lr}, scaleLR: none, warmupSteps: 20, decay: cosine, minLRRatio: 0.1}}\n")  # fmt: skip
     else:
         body = (f"  model: {{name: mlp, hidden: {mlp[0]}, layers: {mlp[1]}}}\n"
@@ -303,18 +306,23 @@ def diloco(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
     if args.pretrain:  # the DiLoCo paper's setting: both continue from the same pretrained weights
         pre = Local(work, "pretrain", manifest("pretrain", model="gpt", replicas=args.replicas, steps=args.pretrain,
                                                ft=False, ckpt_every=args.pretrain, log_every=args.interval,
-                                               gpt_batch=args.gpt_batch, gpt=args.gpt))  # fmt: skip
+                                               gpt_batch=args.gpt_batch, gpt=args.gpt, data_seed=args.data_seed))  # fmt: skip
         pre.finish()
         init = pre.run_dir / "checkpoints" / "pretrain" / "export"
         out.append({"case": "pretrain", "steps": args.pretrain, "valLoss": pre.summary().get("valLoss")})
         print(json.dumps(out[-1]), flush=True)
-    cases = [("every-step", None)] if not args.diloco_only else []
-    cases.append(("diloco", {"kind": "diloco", "interval": args.interval, "outerOptimizer": outer}))
-    for name, sync in cases:
-        run = Local(work, name, manifest(name, model="gpt", replicas=args.replicas, steps=args.steps, ft=False,
-                                         ckpt_every=args.steps, sync=sync, log_every=args.interval,
-                                         lr=args.inner_lr if sync else 0.002, init=init, gpt_batch=args.gpt_batch,
-                                         gpt=args.gpt))  # fmt: skip
+    diloco_sync = {"kind": "diloco", "interval": args.interval, "outerOptimizer": outer}
+    # (case, replicas, sync): one replica alone trains on a quarter of the samples (with 4 replicas).
+    cases = [] if args.diloco_only else [("every-step", args.replicas, None)]
+    cases.append(("diloco", args.replicas, diloco_sync))
+    if not args.diloco_only:
+        cases.append(("one replica", 1, None))
+    for name, replicas, sync in cases:
+        run = Local(work, name.replace(" ", "-"),
+                    manifest(name.replace(" ", "-"), model="gpt", replicas=replicas, steps=args.steps, ft=False,
+                             ckpt_every=args.steps, sync=sync, log_every=args.interval,
+                             lr=args.inner_lr if sync else 0.002, init=init, gpt_batch=args.gpt_batch, gpt=args.gpt,
+                             data_seed=args.data_seed))  # fmt: skip
         run.finish()
         s = run.summary()
         moved = sum(r["gradient_bytes"] * r["steps"] for r in run.records())
@@ -322,12 +330,13 @@ def diloco(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
                     "gradientBytesMetric": moved, "trainS": round(s.get("trainS", 0.0), 1),
                     "commExposedFraction": s.get("commExposedFraction")})  # fmt: skip
         print(json.dumps(out[-1]), flush=True)
-    runs = [o for o in out if o["case"] in ("every-step", "diloco")]
-    if len(runs) < 2:
+    by = {o["case"]: o for o in out}
+    if "every-step" not in by:
         return out
-    a, b = runs
+    a, b, one = by["every-step"], by["diloco"], by["one replica"]
     out.append({"case": "diloco vs every-step", "valLossRatio": b["valLoss"] / a["valLoss"],
-                "bytesRatio": a["gradientBytesMetric"] / b["gradientBytesMetric"]})  # fmt: skip
+                "bytesRatio": a["gradientBytesMetric"] / b["gradientBytesMetric"],
+                "oneReplicaVsEveryStep": one["valLoss"] / a["valLoss"]})  # fmt: skip
     print(json.dumps(out[-1]), flush=True)
     return out
 
@@ -359,6 +368,7 @@ def main() -> None:
     p.add_argument("--quorum-interval", type=int, default=None,
                    help="spec.faultTolerance.quorumIntervalSteps of the fault-tolerant jobs (default: unset, 10)")
     p.add_argument("--seed", type=int, default=43)
+    p.add_argument("--data-seed", type=int, default=0, help="diloco: the jobs' data.seed (their shuffle and init)")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-ft-") as tmp:
