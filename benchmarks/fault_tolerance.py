@@ -311,7 +311,8 @@ def diloco(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
         init = pre.run_dir / "checkpoints" / "pretrain" / "export"
         out.append({"case": "pretrain", "steps": args.pretrain, "valLoss": pre.summary().get("valLoss")})
         print(json.dumps(out[-1]), flush=True)
-    diloco_sync = {"kind": "diloco", "interval": args.interval, "outerOptimizer": outer}
+    diloco_sync = {"kind": "diloco", "interval": args.interval, "outerOptimizer": outer,
+                   "everyStepFirst": args.every_step_first}
     # (case, replicas, sync): one replica alone trains on a quarter of the samples (with 4 replicas).
     cases = [] if args.diloco_only else [("every-step", args.replicas, None)]
     cases.append(("diloco", args.replicas, diloco_sync))
@@ -364,6 +365,8 @@ def main() -> None:
     p.add_argument("--pretrain", type=int, default=0, help="diloco: steps of every-step DDP both runs start from")
     p.add_argument("--inner-lr", type=float, default=0.002, help="diloco's inner AdamW lr (every-step: 0.002)")
     p.add_argument("--diloco-only", action="store_true", help="skip the every-step reference (a sweep)")
+    p.add_argument("--every-step-first", type=int, default=0,
+                   help="diloco: training.sync.everyStepFirst (DDP steps before the replicas step apart)")
     p.add_argument("--rounds", type=int, default=1, help="correct: plain and fault-tolerant runs, alternated")
     p.add_argument("--quorum-interval", type=int, default=None,
                    help="spec.faultTolerance.quorumIntervalSteps of the fault-tolerant jobs (default: unset, 10)")

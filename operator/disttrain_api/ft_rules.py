@@ -49,6 +49,10 @@ def fault_tolerance(spec: JobSpec, c: Checker) -> None:
 
 def sync(spec: JobSpec, c: Checker) -> None:
     s = spec.training.sync
+    if s.kind == "every-step" and s.every_step_first and c.ok("spec.training.sync"):
+        c.add("spec.training.sync.everyStepFirst",
+              f"{s.every_step_first} applies to sync kinds localsgd and diloco; every-step all-reduces every step "
+              "anyway: remove everyStepFirst")
     if s.kind == "every-step" or not c.ok("spec.training.sync"):
         return
     if c.ok("spec.mode") and spec.mode != "data":
@@ -66,6 +70,21 @@ def sync(spec: JobSpec, c: Checker) -> None:
         c.add("spec.checkpoint.intervalSteps",
               f"{spec.checkpoint.interval_steps} must be a multiple of training.sync.interval {s.interval}: a "
               "checkpoint between two syncs would hold one replica's weights, not the replicas' common model")
+    if c.ok("spec.training.sync.everyStepFirst", "spec.training.sync.interval") and s.every_step_first % s.interval:
+        c.add("spec.training.sync.everyStepFirst",
+              f"{s.every_step_first} must be a multiple of training.sync.interval {s.interval}: the replicas "
+              "synchronise on multiples of the interval, from the first after the every-step steps")
+    if c.ok("spec.training.steps", "spec.training.sync.everyStepFirst") and s.every_step_first >= spec.training.steps:
+        c.add("spec.training.sync.everyStepFirst",
+              f"{s.every_step_first} must be below training.steps {spec.training.steps}: every step would "
+              f"all-reduce the gradients (that is sync kind every-step)")
+    ft = spec.fault_tolerance
+    if (ft is not None and ft.enabled and s.every_step_first and c.ok("spec.faultTolerance")
+            and c.ok("spec.training.sync.everyStepFirst")):  # fmt: skip
+        c.add("spec.training.sync.everyStepFirst",
+              f"{s.every_step_first} is not supported with faultTolerance: fault-tolerant replicas run either "
+              "the every-step protocol or the sync protocol for the whole job; train the every-step steps in a "
+              "job of their own and start this one from its export (model.init)")
     if c.ok("spec.training.steps", "spec.training.sync.interval") and s.interval > spec.training.steps:
         c.add("spec.training.sync.interval",
               f"{s.interval} exceeds training.steps {spec.training.steps}: the replicas would never synchronise")

@@ -66,6 +66,8 @@ def test_the_block_is_the_opt_in_and_round_trips() -> None:
     ({"faultTolerance": {"quorumIntervalSteps": 0}}, "spec.faultTolerance.quorumIntervalSteps", ">= 1"),
     ({"faultTolerance": {"quorumIntervalSteps": 10}, "training": {"sync": {"kind": "diloco", "interval": 20}}},
      "spec.faultTolerance.quorumIntervalSteps", "once per training.sync.interval"),
+    ({"training": {"sync": {"kind": "diloco", "interval": 20, "everyStepFirst": 40}}},
+     "spec.training.sync.everyStepFirst", "40 is not supported with faultTolerance"),
 ])  # fmt: skip
 def test_what_fault_tolerance_refuses_and_why(change: dict[str, Any], path: str, words: str) -> None:
     found = [e for e in errors(manifest(**change)) if e.startswith(path + ":")]
@@ -77,6 +79,13 @@ def test_what_fault_tolerance_refuses_and_why(change: dict[str, Any], path: str,
      "mode tensor has none"),
     ({"kind": "diloco", "interval": 5}, {"parallelism": {"dataStrategy": "fsdp"}}, "spec.training.sync.kind", "shards them"),
     ({"kind": "diloco", "interval": 900}, {}, "spec.training.sync.interval", "never synchronise"),
+    ({"kind": "diloco", "interval": 50, "everyStepFirst": 120}, {}, "spec.training.sync.everyStepFirst",
+     "120 must be a multiple of training.sync.interval 50"),
+    ({"kind": "localsgd", "interval": 50, "everyStepFirst": 500}, {}, "spec.training.sync.everyStepFirst",
+     "500 must be below training.steps 500"),
+    ({"kind": "every-step", "everyStepFirst": 100}, {}, "spec.training.sync.everyStepFirst",
+     "applies to sync kinds localsgd and diloco"),
+    ({"kind": "diloco", "interval": 50, "everyStepFirst": -50}, {}, "spec.training.sync.everyStepFirst", ">= 0"),
 ])  # fmt: skip
 def test_sync_rules(sync: dict[str, Any], extra: dict[str, Any], path: str, words: str) -> None:
     obj = manifest(training={"steps": 500, "sync": sync}, **extra)

@@ -31,8 +31,9 @@ def model(value: float) -> torch.nn.Linear:
     return m
 
 
-def sync(kind: str, **outer: object) -> object:
-    return parse_spec({"training": {"sync": {"kind": kind, "interval": 4, "outerOptimizer": outer}}}).training.sync
+def sync(kind: str, first: int = 0, **outer: object) -> object:
+    spec = {"kind": kind, "interval": 4, "outerOptimizer": outer, "everyStepFirst": first}
+    return parse_spec({"training": {"sync": spec}}).training.sync
 
 
 def test_localsgd_averages_the_parameters_every_interval() -> None:
@@ -72,6 +73,39 @@ def test_a_discarded_sync_goes_back_to_the_anchor_and_state_round_trips() -> Non
     other = OuterSync(model(0.0), sync("diloco"), TwoReplicas([torch.zeros(1, 2)]))
     other.load_state_dict(saved)
     assert torch.equal(other.anchor[0], torch.full((1, 2), 1.0))
+
+
+def test_every_step_first_syncs_from_the_first_interval_after_it_and_counts_its_all_reduces() -> None:
+    spec = sync("diloco", first=8)
+    m = model(1.0)
+    s = OuterSync(m, spec, TwoReplicas([torch.full((1, 2), -3.0)]))
+    assert [s.every_step(k) for k in range(1, 13)] == [True] * 8 + [False] * 4
+    assert [s.due(k) for k in range(1, 17)] == [False] * 11 + [True, False, False, False, True]
+    # One all-reduce a step up to step 8, then one per interval: brute force against the count.
+    for first in range(1, 20):
+        for last in range(first - 1, 20):
+            brute = sum(1 for k in range(first, last + 1) if s.every_step(k) or s.due(k))
+            assert spec.all_reduces(first, last) == brute, (first, last)
+    assert sync("localsgd").all_reduces(1, 16) == 4 and sync("every-step").all_reduces(3, 7) == 5
+
+
+def test_stepping_apart_makes_the_reached_model_the_anchor_with_a_fresh_outer_momentum() -> None:
+    # The anchor was the model at step 0 (weight 0); DDP's steps moved every replica to 2.
+    m = model(0.0)
+    s = OuterSync(m, sync("diloco", first=4, name="nesterov", lr=1.0, momentum=0.5),
+                  TwoReplicas([torch.full((1, 2), 1.0)]))  # fmt: skip
+    s.sync()  # a momentum buffer from a sync before (a resumed run's saved state)
+    assert s.outer is not None and s.outer.state
+    with torch.no_grad():
+        m.weight.fill_(2.0)
+    s.step_apart()
+    assert torch.equal(s.anchor[0], torch.full((1, 2), 2.0)) and not s.outer.state
+    # This replica moves to 3, the other to 5: mean pseudo-gradient -2, Nesterov's first step 1.5 x 2.
+    with torch.no_grad():
+        m.weight.fill_(3.0)
+    s.averager = TwoReplicas([torch.full((1, 2), -3.0)])
+    s.sync()
+    assert torch.allclose(m.weight, torch.full((1, 2), 2.0 + 1.5 * 2))
 
 
 def test_the_forecast_counts_the_sync_once_per_interval() -> None:

@@ -77,8 +77,26 @@ class SyncSpec:
     )
     interval: int = fld(50, minimum=1, desc="localsgd, diloco: inner steps between two synchronisations (H).")
     outer_optimizer: OuterOptimizerSpec = fld(factory=OuterOptimizerSpec, desc="diloco: the outer optimizer.")
+    every_step_first: int = fld(
+        0, minimum=0,
+        desc="localsgd, diloco: the first this many steps all-reduce the gradients every step (DDP), then the "
+        "replicas step apart from the model they reached (post-local SGD, Lin et al. 2020). Replicas that step "
+        "apart from the first step gain little from each other's samples early in training; a multiple of "
+        "interval, below training.steps.",
+    )
 
     @property
     def every(self) -> int:
-        """Steps between two synchronisations: 1 for every-step."""
+        """Steps between two synchronisations once the replicas step apart: 1 for every-step."""
         return 1 if self.kind == "every-step" else self.interval
+
+    def all_reduces(self, first: int, last: int) -> int:
+        """All-reduces of the model's size in steps first..last (1-based, inclusive): one a step up to
+        every_step_first, then one per interval."""
+        if last < first:
+            return 0
+        if self.kind == "every-step":
+            return last - first + 1
+        warm = max(0, min(last, self.every_step_first) - first + 1)
+        lo = max(first, self.every_step_first + 1)
+        return warm + (last // self.interval - (lo - 1) // self.interval if last >= lo else 0)

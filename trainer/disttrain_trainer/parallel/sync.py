@@ -6,7 +6,8 @@ pseudo-gradient anchor - params, is averaged and applied to the anchor by an out
 (SGD with Nesterov momentum, lr 0.7 in the paper); every replica then continues from the new anchor.
 
 Each sync all-reduces one copy of the parameters: H times fewer bytes than all-reducing the
-gradients every step. The all-reduce goes through an `Averager`: the job's process group, or
+gradients every step. With spec.every_step_first the first steps all-reduce the gradients (the
+trainer wraps the model in DDP for them) and the replicas step apart from the model they reach. The all-reduce goes through an `Averager`: the job's process group, or
 torchft's Manager for fault-tolerant replicas (a sync is then one quorum + commit: when it fails,
 every replica goes back to the anchor and the H steps since are discarded, as torchft does).
 """
@@ -99,9 +100,22 @@ class OuterSync:
     def bytes_per_sync(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.params)
 
+    def every_step(self, step: int) -> bool:
+        """Whether the step numbered `step` (1-based) all-reduces its gradients (spec.every_step_first)."""
+        return step <= self.spec.every_step_first
+
     def due(self, step: int) -> bool:
         """Whether the step numbered `step` (1-based) ends with a sync."""
-        return step % self.spec.interval == 0
+        return step > self.spec.every_step_first and step % self.spec.interval == 0
+
+    @torch.no_grad()
+    def step_apart(self) -> None:
+        """The every-step steps are over: the model they reached (the same on every replica) is the
+        anchor the replicas now step apart from, with a fresh outer optimizer."""
+        for a, p in zip(self.anchor, self.params, strict=True):
+            a.copy_(p.detach())
+        if self.outer is not None:
+            self.outer.state.clear()
 
     @torch.no_grad()
     def sync(self) -> SyncResult:

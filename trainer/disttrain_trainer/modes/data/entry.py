@@ -17,6 +17,7 @@ from ...collective_rank import collective_rank, run_local_ranks
 from ...data import GlobalBatchSampler
 from ...models import resolve
 from ...optim import build_optimizer, build_scheduler
+from ...parallel import ddp
 from ...parallel.sync import GroupAverager, OuterSync
 from ...process import stop_request
 from ...process.config import ConfigError, TrainerConfig
@@ -90,6 +91,9 @@ def run(cfg: TrainerConfig, *, metrics: Metrics | None = None) -> Summary:
             r.outer = OuterSync(inner, spec.training.sync, GroupAverager())
         keep_until_exit(r)
         resume_newest(r)
+        if r.outer is not None and r.outer.every_step(r.step + 1):  # sync.everyStepFirst: DDP until then
+            r.model = ddp.wrap_ddp(inner, ctx=ctx, training=spec.training)
+            r.comm = layouts.comm_clock_for(r.model) if rank.metrics.enabled else None
         if r.summary is not None and r.step >= spec.training.steps:
             summary = r.summary  # a finished run resumed: nothing to train, its figures stand
             if ctx.is_main:

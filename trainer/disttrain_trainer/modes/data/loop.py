@@ -110,7 +110,10 @@ def train(run: Run) -> Summary | None:
     spec, ctx, metrics = run.cfg.spec, run.ctx, run.metrics
     tr = spec.training
     comm = run.comm if metrics.enabled else None
-    step_fn = run.scaling.with_census(layouts.train_step_for(run.model, comm), run.model)
+    # localsgd / diloco: the model is DDP only for the every-step steps (sync.everyStepFirst), whose
+    # per-step all-reduce the census must not count as the run's.
+    step_fn = run.scaling.with_census(layouts.train_step_for(run.model, comm),
+                                      run.model if run.outer is None else run.inner)  # fmt: skip
     layout = layouts.layout(run.cfg)
     loss_fn = compile_loss(loss_fn_for(run.ds), loss_mode(tr.compile_mode, tensor_parallel=layout.tp > 1))
     compiled = CompileRecord(tr.compile_mode)  # compile time apart; recompilations after the warm-up
@@ -118,8 +121,8 @@ def train(run: Run) -> Summary | None:
     dp = layout.dp  # ranks of one tensor-parallel group share their samples
     if run.sharded:
         grad_bytes = hybrid.data_gradient_bytes(run.inner, layout)
-    elif run.outer is not None:  # localsgd / diloco: a sync's parameters, per step of its interval
-        grad_bytes = run.outer.bytes_per_sync // run.outer.spec.interval
+    elif run.outer is not None:  # localsgd / diloco: per log interval (_sync_bytes_per_step)
+        grad_bytes = 0
     else:
         grad_bytes = ddp.gradient_bytes(run.inner)
     ckpt_every, eval_every, log_every = spec.checkpoint.interval_steps, tr.eval_interval_steps, tr.log_interval_steps
@@ -176,6 +179,9 @@ def train(run: Run) -> Summary | None:
                 if run.outer is not None and run.outer.due(step):  # localsgd / diloco: this step ends with a sync
                     sync_s = run.outer.sync().comm.exposed_s
                     exposed, busy = (exposed or 0.0) + sync_s, (busy or 0.0) + sync_s
+                elif run.outer is not None and step == tr.sync.every_step_first:  # the replicas step apart now
+                    _step_apart(run)
+                    comm, sampled = None, False
                 run.step = step
                 last_loss = res.loss
                 losses.append(res.loss)
@@ -192,9 +198,10 @@ def train(run: Run) -> Summary | None:
                 record((t0, t1, end - idle, end, exposed, busy, idle, res.samples, measured or not cuda))
                 if last_of_interval(run.step):
                     fold_steps(steps, interval, metrics)
-                    _log_interval(run, interval, losses, grad_bytes, dp)
+                    _log_interval(run, interval, losses, _sync_bytes_per_step(run, interval, grad_bytes), dp)
                     run.totals.merge(interval)
-                    run.scaling.interval(interval)
+                    if run.outer is None or run.step - interval.steps >= tr.sync.every_step_first:
+                        run.scaling.interval(interval)  # (the forecast models the steps apart, not the DDP ones)
                     compiled.interval()
                     if ctx.is_main and run.scaling.steady.steps and metrics.forecast_due():
                         run.metrics.observe_forecast(_forecast_inputs(run, layout, interval))
@@ -213,7 +220,7 @@ def train(run: Run) -> Summary | None:
     if stopped:
         if steps:  # the interval cut short: its figures and its progress line, like a full one
             fold_steps(steps, interval, metrics)
-            _log_interval(run, interval, losses, grad_bytes, dp)
+            _log_interval(run, interval, losses, _sync_bytes_per_step(run, interval, grad_bytes), dp)
         return None
     if stop is not None:
         stop.close()
@@ -244,10 +251,12 @@ def train(run: Run) -> Summary | None:
         # Fractions of step time; busy overlaps compute, the other three add up with compute.
         **t.fractions(),
         "replicaMaxAbsDiff": divergence,
-        # Every step's gradients, or (localsgd / diloco) one copy of the parameters per sync.
+        # Every step's gradients, or (localsgd / diloco) one copy of the parameters per sync and per
+        # every-step step (sync.everyStepFirst).
         "sync": tr.sync.kind,
         "syncEvery": tr.sync.every,
-        "commBytes": (run.outer.syncs * run.outer.bytes_per_sync if run.outer is not None
+        "everyStepFirst": tr.sync.every_step_first,
+        "commBytes": ((run.outer.syncs + tr.sync.every_step_first) * run.outer.bytes_per_sync if run.outer is not None
                       else grad_bytes * (run.step - (run.resumed_from or 0)) if dp > 1 else 0),
     }
     summary.update(throughput_fields(spec, vocab=run.ds.num_classes, samples_per_s=summary["samplesPerS"],
@@ -299,6 +308,26 @@ def checkpoint_on_stop(run: Run) -> NoReturn:
         print(f"disttrain-trainer: stopped on request after step {run.step}; checkpoint of step {run.step} "
               f"in {run.cfg.checkpoint_dir}", flush=True)  # fmt: skip
     raise stop_request.StopRequested(f"after step {run.step}")
+
+
+def _step_apart(run: Run) -> None:
+    """The end of sync.everyStepFirst: the replicas go on from the model DDP left on each of them as
+    plain modules, synchronised every interval steps. A backward of the module outside DDP's forward
+    all-reduces nothing (DDP's hooks act only after its own forward: tests/dist/test_sync_trainer.py);
+    from here on a step's communication is its sync's (timed by the sync, no clock)."""
+    assert run.outer is not None
+    run.model = run.inner
+    run.comm = None
+    run.outer.step_apart()
+
+
+def _sync_bytes_per_step(run: Run, interval: Tally, grad_bytes: int) -> int:
+    """The bytes all-reduced per step of the interval that ends at run.step: `grad_bytes` (every step's
+    gradients) unless localsgd / diloco, whose every-step steps and syncs are one model's size each."""
+    if run.outer is None or not interval.steps:
+        return grad_bytes
+    moved = run.outer.spec.all_reduces(run.step - interval.steps + 1, run.step) * run.outer.bytes_per_sync
+    return round(moved / interval.steps)
 
 
 def _log_interval(run: Run, interval: Tally, losses: list[torch.Tensor], grad_bytes: int, dp: int) -> None:
