@@ -7,9 +7,10 @@ pseudo-gradient anchor - params, is averaged and applied to the anchor by an out
 
 Each sync all-reduces one copy of the parameters: H times fewer bytes than all-reducing the
 gradients every step. With spec.every_step_first the first steps all-reduce the gradients (the
-trainer wraps the model in DDP for them) and the replicas step apart from the model they reach. The all-reduce goes through an `Averager`: the job's process group, or
-torchft's Manager for fault-tolerant replicas (a sync is then one quorum + commit: when it fails,
-every replica goes back to the anchor and the H steps since are discarded, as torchft does).
+trainer wraps the model in DDP for them) and the replicas step apart from the model they reach.
+The all-reduce goes through an `Averager`: the job's process group, or torchft's Manager for
+fault-tolerant replicas (a sync is then one quorum + commit: when it fails, every replica goes back
+to the anchor and the H steps since are discarded, as torchft does).
 """
 
 from __future__ import annotations
