@@ -90,13 +90,15 @@ class SyncSpec:
         """Steps between two synchronisations once the replicas step apart: 1 for every-step."""
         return 1 if self.kind == "every-step" else self.interval
 
+    def every_step_at(self, step: int) -> bool:
+        """Whether the step numbered `step` (1-based) all-reduces its gradients."""
+        return self.kind == "every-step" or step <= self.every_step_first
+
+    def sync_at(self, step: int) -> bool:
+        """Whether the step numbered `step` (1-based) of a localsgd / diloco job ends with a sync."""
+        return self.kind != "every-step" and step > self.every_step_first and step % self.interval == 0
+
     def all_reduces(self, first: int, last: int) -> int:
-        """All-reduces of the model's size in steps first..last (1-based, inclusive): one a step up to
-        every_step_first, then one per interval."""
-        if last < first:
-            return 0
-        if self.kind == "every-step":
-            return last - first + 1
-        warm = max(0, min(last, self.every_step_first) - first + 1)
-        lo = max(first, self.every_step_first + 1)
-        return warm + (last // self.interval - (lo - 1) // self.interval if last >= lo else 0)
+        """All-reduces of the model's size in steps first..last (1-based, inclusive); counted once per
+        log interval, over its steps."""
+        return sum(1 for k in range(first, last + 1) if self.every_step_at(k) or self.sync_at(k))

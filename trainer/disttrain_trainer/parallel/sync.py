@@ -103,11 +103,11 @@ class OuterSync:
 
     def every_step(self, step: int) -> bool:
         """Whether the step numbered `step` (1-based) all-reduces its gradients (spec.every_step_first)."""
-        return step <= self.spec.every_step_first
+        return self.spec.every_step_at(step)
 
     def due(self, step: int) -> bool:
         """Whether the step numbered `step` (1-based) ends with a sync."""
-        return step > self.spec.every_step_first and step % self.spec.interval == 0
+        return self.spec.sync_at(step)
 
     @torch.no_grad()
     def step_apart(self) -> None:
